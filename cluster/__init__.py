@@ -1,0 +1,1 @@
+"""Ray bootstrap, the composition root, `ray job submit` entry points, KubeRay manifests."""

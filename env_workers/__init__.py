@@ -1,0 +1,1 @@
+"""Playwright browser workers as Ray actors, observations, the action space, the account pool."""

@@ -1,0 +1,1 @@
+"""The local cloud (console_sim), the cloud client, provisioning, observability, deploy."""

@@ -1,0 +1,301 @@
+"""OSS buckets over OSS's real REST protocol (what the official ``oss2`` SDK speaks), path-style:
+``GET /`` ListBuckets, ``PUT /bucket/`` PutBucket, ``PUT|GET /bucket/?acl``, ``GET
+/bucket/?bucketInfo``, ``DELETE /bucket/``. Signature V1 (``Authorization: OSS AK:sig``, HMAC-SHA1
+over verb, Content-MD5, Content-Type, Date, x-oss-* headers and the resource). Objects are out of
+scope. Every call goes through the shared service layer, so it is audited like any API call."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+import time
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import parse_qsl
+from xml.sax.saxutils import escape
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .. import ids
+from ..accounts import Account
+from ..catalog import RT_BUCKET
+from ..config import SimConfig
+from ..errors import CloudError
+from ..params import Params
+from ..service import CallContext, Caller, CloudService, Product
+from ..timeutil import iso
+
+PRODUCT = Product("Oss", "2019-05-17", "oss-cn-hangzhou.aliyuncs.com", "oss.console.aliyun.com")
+BUCKET = "oss_bucket"
+ACLS = ("private", "public-read", "public-read-write")
+STORAGE_CLASSES = ("Standard", "IA", "Archive", "ColdArchive")
+_SUBRESOURCES = frozenset({"acl", "bucketInfo", "location", "stat", "tagging", "cors", "lifecycle",
+                           "logging", "website", "referer", "policy", "versioning", "encryption",
+                           "uploads", "delete", "resourceGroup"})
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+
+
+def _region(ctx: CallContext) -> str:
+    return "cn-hangzhou"
+
+
+def _bucket_name(p: Params) -> str:
+    name = p.req("BucketName", max_len=1024)
+    if not _BUCKET_RE.fullmatch(name):
+        raise CloudError("InvalidBucketName",
+                         "The specified bucket is not valid: a bucket name is 3 to 63 characters "
+                         "of lowercase letters, digits and hyphens, and starts and ends with a "
+                         "letter or digit.", 400)
+    return name
+
+
+def get_bucket(ctx: CallContext, name: str) -> dict[str, Any]:
+    ctx.ref(RT_BUCKET, name)
+    bucket = ctx.store.get(ctx.account_id, BUCKET, name)
+    if bucket is None:
+        if ctx.store.owner_of_name(BUCKET, name) is not None:
+            raise CloudError("AccessDenied", "You have no right to access this bucket.", 403)
+        raise CloudError("NoSuchBucket", "The specified bucket does not exist.", 404)
+    return bucket
+
+
+def _save(ctx: CallContext, bucket: dict[str, Any]) -> None:
+    ctx.store.put(ctx.account_id, BUCKET, bucket["Name"], bucket["Region"], bucket,
+                  name=bucket["Name"], created_ms=bucket["_created_ms"])
+
+
+@PRODUCT.action("PutBucket", resource_type=RT_BUCKET)
+def put_bucket(ctx: CallContext, p: Params) -> dict[str, Any]:
+    name = _bucket_name(p)
+    ctx.ref(RT_BUCKET, name)
+    ctx.region = _region(ctx)
+    acl = p.str("Acl", default="private", max_len=32) or "private"
+    if acl not in ACLS:
+        raise CloudError("InvalidArgument", f"no such bucket access control exists: {acl[:32]}; "
+                         f"allowed: {', '.join(ACLS)}.", 400)
+    storage = p.str("StorageClass", default="Standard", max_len=32) or "Standard"
+    if storage not in STORAGE_CLASSES:
+        raise CloudError("InvalidArgument", f"Invalid storage class {storage[:32]}; allowed: "
+                         f"{', '.join(STORAGE_CLASSES)}.", 400)
+    if ctx.store.owner_of_name(BUCKET, name) is not None:
+        raise CloudError("BucketAlreadyExists", "The requested bucket name is not available. "
+                         "The bucket namespace is shared by all users of the system. Please "
+                         "select a different name and try again.", 409)
+    if ctx.store.count(ctx.account_id, BUCKET) >= 100:
+        raise CloudError("TooManyBuckets", "You have attempted to create more buckets than "
+                         "allowed (100).", 400)
+    bucket = {"Name": name, "Acl": acl, "StorageClass": storage, "Region": ctx.region,
+              "Location": f"oss-{ctx.region}", "CreationDate": iso(ctx.now_ms).replace("Z", ".000Z"),
+              "_created_ms": ctx.now_ms}
+    _save(ctx, bucket)
+    return {}
+
+
+@PRODUCT.action("PutBucketAcl", resource_type=RT_BUCKET)
+def put_bucket_acl(ctx: CallContext, p: Params) -> dict[str, Any]:
+    name = _bucket_name(p)
+    acl = p.req("Acl", max_len=32)
+    if acl not in ACLS:
+        raise CloudError("InvalidArgument", f"no such bucket access control exists: {acl[:32]}; "
+                         f"allowed: {', '.join(ACLS)}.", 400)
+    bucket = get_bucket(ctx, name)
+    ctx.region = bucket["Region"]
+    bucket["Acl"] = acl
+    _save(ctx, bucket)
+    return {}
+
+
+@PRODUCT.action("GetBucketAcl", rw="Read", resource_type=RT_BUCKET)
+def get_bucket_acl(ctx: CallContext, p: Params) -> dict[str, Any]:
+    bucket = get_bucket(ctx, _bucket_name(p))
+    ctx.region = bucket["Region"]
+    return {"Acl": bucket["Acl"]}
+
+
+@PRODUCT.action("GetBucketInfo", rw="Read", resource_type=RT_BUCKET)
+def get_bucket_info(ctx: CallContext, p: Params) -> dict[str, Any]:
+    bucket = get_bucket(ctx, _bucket_name(p))
+    ctx.region = bucket["Region"]
+    return {"Bucket": {k: v for k, v in bucket.items() if not k.startswith("_")}}
+
+
+@PRODUCT.action("DeleteBucket", resource_type=RT_BUCKET)
+def delete_bucket(ctx: CallContext, p: Params) -> dict[str, Any]:
+    bucket = get_bucket(ctx, _bucket_name(p))
+    ctx.region = bucket["Region"]
+    ctx.store.delete(ctx.account_id, BUCKET, bucket["Name"])
+    return {}
+
+
+@PRODUCT.action("ListBuckets", rw="Read", resource_type=RT_BUCKET)
+def list_buckets(ctx: CallContext, p: Params) -> dict[str, Any]:
+    ctx.region = _region(ctx)
+    prefix = p.str("prefix", default="", max_len=1024) or ""
+    marker = p.str("marker", default="", max_len=1024) or ""
+    max_keys = p.int("max-keys", default=100, lo=1, hi=1000)
+    assert max_keys is not None
+    buckets = sorted((b for b in ctx.store.list(ctx.account_id, BUCKET)
+                      if b["Name"].startswith(prefix) and b["Name"] > marker),
+                     key=lambda b: b["Name"])
+    shown = buckets[:max_keys]
+    truncated = len(buckets) > max_keys
+    return {"Buckets": [{k: v for k, v in b.items() if not k.startswith("_")} for b in shown],
+            "Prefix": prefix, "Marker": marker, "MaxKeys": max_keys, "IsTruncated": truncated,
+            "NextMarker": shown[-1]["Name"] if truncated else ""}
+
+
+# ---- the REST protocol ------------------------------------------------------------------------
+
+def _xml(tag: str, value: Any) -> str:
+    if isinstance(value, dict):
+        inner = "".join(_xml(k, v) for k, v in value.items())
+    elif isinstance(value, bool):
+        inner = "true" if value else "false"
+    else:
+        inner = escape(str(value))
+    return f"<{tag}>{inner}</{tag}>"
+
+
+def _doc(tag: str, value: Any) -> str:
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + _xml(tag, value)
+
+
+def string_to_sign(method: str, headers: dict[str, str], resource: str) -> str:
+    oss_headers = "".join(f"{k}:{headers[k]}\n" for k in sorted(headers) if k.startswith("x-oss-"))
+    date = headers.get("x-oss-date") or headers.get("date", "")
+    return "\n".join([method, headers.get("content-md5", ""), headers.get("content-type", ""),
+                      date, oss_headers + resource])
+
+
+def sign(secret: str, text: str) -> str:
+    return base64.b64encode(hmac.new(secret.encode(), text.encode(), hashlib.sha1).digest()).decode()
+
+
+class OssApi:
+    def __init__(self, service: CloudService, accounts: list[Account], auth: Any,
+                 config: SimConfig):
+        self.service = service
+        self.by_key = {a.access_key_id: a for a in accounts}
+        self.config = config
+
+    def _error(self, err: CloudError, request_id: str, bucket: str = "") -> Response:
+        body = {"Code": err.code, "Message": err.message, "RequestId": request_id,
+                "HostId": PRODUCT.host}
+        if bucket:
+            body["BucketName"] = bucket
+        return Response(_doc("Error", body), err.status, media_type="application/xml",
+                        headers={"x-oss-request-id": request_id})
+
+    def _authenticate(self, request: Request, resource: str) -> tuple[Account, str]:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        authorization = headers.get("authorization", "")
+        m = re.fullmatch(r"OSS ([^:\s]+):(\S+)", authorization)
+        if not m:
+            raise CloudError("AccessDenied", "Authorization header is invalid: OSS signature "
+                             "version 1 (OSS AccessKeyId:Signature) is required.", 403)
+        account = self.by_key.get(m[1])
+        if account is None:
+            raise CloudError("InvalidAccessKeyId",
+                             "The OSS Access Key Id you provided does not exist in our records.", 403)
+        date = headers.get("x-oss-date") or headers.get("date", "")
+        try:
+            sent = parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError, IndexError):
+            raise CloudError("AccessDenied", "Missing or invalid Date header.", 403) from None
+        if abs(time.time() - sent) > self.config.max_clock_skew_s:
+            raise CloudError("RequestTimeTooSkewed", "The difference between the request time "
+                             "and the current time is too large.", 403)
+        expected = sign(account.access_key_secret,
+                        string_to_sign(request.method, headers, resource))
+        if not hmac.compare_digest(expected, m[2]):
+            raise CloudError("SignatureDoesNotMatch", "The request signature we calculated does "
+                             "not match the signature you provided. Check your key and signing "
+                             "method.", 403)
+        return account, m[1]
+
+    async def handle(self, request: Request) -> Response:
+        request_id = ids.request_id().replace("-", "")[:24]
+        bucket = request.path_params.get("bucket", "")
+        try:
+            raw_query = request.scope.get("query_string", b"").decode("utf-8", "strict")
+            query = dict(parse_qsl(raw_query, keep_blank_values=True))
+        except (UnicodeDecodeError, ValueError):
+            return self._error(CloudError("InvalidArgument", "The query string is not valid "
+                                          "UTF-8.", 400), request_id, bucket)
+        sub = sorted(k for k in query if k in _SUBRESOURCES)
+        sub_string = ("?" + "&".join(f"{k}={query[k]}" if query[k] else k for k in sub)) if sub else ""
+        resource = f"/{bucket}/{sub_string}" if bucket else f"/{sub_string}"
+        try:
+            account, access_key_id = self._authenticate(request, resource)
+            action, params = self._route(request, bucket, query, sub)
+            if request.method == "PUT" and action == "PutBucket":
+                body = await request.body()
+                if len(body) > 64 * 1024:
+                    raise CloudError("InvalidArgument", "The request body is too large.", 400)
+                storage = re.search(rb"<StorageClass>([^<]{0,32})</StorageClass>", body)
+                if storage:
+                    params["StorageClass"] = storage[1].decode("utf-8", "replace")
+            caller = Caller(account=account, access_key_id=access_key_id,
+                            source_ip=request.client.host if request.client else "",
+                            user_agent=request.headers.get("user-agent", "")[:512])
+            result = self.service.invoke(PRODUCT, action, params, caller, request_id)
+        except CloudError as err:
+            return self._error(err, request_id, bucket)
+        return self._render(action, result, account, request_id)
+
+    def _route(self, request: Request, bucket: str, query: dict[str, str], sub: list[str]
+               ) -> tuple[str, dict[str, str]]:
+        method = request.method
+        if not bucket:
+            if method == "GET":
+                return "ListBuckets", {k: query[k] for k in ("prefix", "marker", "max-keys")
+                                       if k in query}
+            raise CloudError("MethodNotAllowed", "The specified method is not allowed against "
+                             "this resource.", 405)
+        params = {"BucketName": bucket}
+        acl = request.headers.get("x-oss-acl")
+        routes = {("PUT", ()): "PutBucket", ("PUT", ("acl",)): "PutBucketAcl",
+                  ("GET", ("acl",)): "GetBucketAcl", ("GET", ("bucketInfo",)): "GetBucketInfo",
+                  ("DELETE", ()): "DeleteBucket"}
+        action = routes.get((method, tuple(sub)))
+        if action is None:
+            raise CloudError("NotImplemented", "The local cloud supports bucket create, list, "
+                             "ACL, info and delete; objects and other sub-resources are not "
+                             "implemented.", 400)
+        if acl is not None:
+            params["Acl"] = acl
+        return action, params
+
+    def _render(self, action: str, result: dict[str, Any], account: Account,
+                request_id: str) -> Response:
+        headers = {"x-oss-request-id": request_id}
+        owner = {"ID": account.account_id, "DisplayName": account.account_id}
+        if action == "ListBuckets":
+            buckets = "".join(_xml("Bucket", {
+                "CreationDate": b["CreationDate"], "ExtranetEndpoint": f"{b['Location']}.aliyuncs.com",
+                "IntranetEndpoint": f"{b['Location']}-internal.aliyuncs.com",
+                "Location": b["Location"], "Name": b["Name"], "Region": b["Region"],
+                "StorageClass": b["StorageClass"]}) for b in result["Buckets"])
+            extra = "".join(_xml(k, result[k]) for k in ("Prefix", "Marker", "MaxKeys",
+                                                          "IsTruncated", "NextMarker"))
+            text = ('<?xml version="1.0" encoding="UTF-8"?>\n<ListAllMyBucketsResult>'
+                    f"{extra}{_xml('Owner', owner)}<Buckets>{buckets}</Buckets>"
+                    "</ListAllMyBucketsResult>")
+            return Response(text, 200, media_type="application/xml", headers=headers)
+        if action == "GetBucketAcl":
+            text = _doc("AccessControlPolicy", {"Owner": owner,
+                                                "AccessControlList": {"Grant": result["Acl"]}})
+            return Response(text, 200, media_type="application/xml", headers=headers)
+        if action == "GetBucketInfo":
+            b = result["Bucket"]
+            text = _doc("BucketInfo", {"Bucket": {
+                "CreationDate": b["CreationDate"], "ExtranetEndpoint": f"{b['Location']}.aliyuncs.com",
+                "IntranetEndpoint": f"{b['Location']}-internal.aliyuncs.com",
+                "Location": b["Location"], "Name": b["Name"], "Region": b["Region"],
+                "StorageClass": b["StorageClass"], "Owner": owner,
+                "AccessControlList": {"Grant": b["Acl"]}}})
+            return Response(text, 200, media_type="application/xml", headers=headers)
+        status = 204 if action == "DeleteBucket" else 200
+        return Response(b"", status, headers=headers)

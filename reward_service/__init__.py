@@ -1,0 +1,1 @@
+"""ActionTrail client, rule DSL and verifier, LLM-judge channel, fusion."""

@@ -1,0 +1,116 @@
+"""Shared fixtures: a real local-cloud server process on a free port."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infra.cloud import CloudClient, CloudConfig, Credentials
+from infra.console_sim.accounts import Account, load_accounts
+from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class CloudServer:
+    """A ``python -m infra.console_sim`` process; ``restart()`` keeps the state dir."""
+
+    state_dir: Path
+    extra_args: list[str] = field(default_factory=list)
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.endpoint}"
+
+    def start(self) -> None:
+        self.port = self.port or free_port()
+        log = open(self.state_dir / "server.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "infra.console_sim", "--port", str(self.port),
+             "--state-dir", str(self.state_dir), *self.extra_args],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"local cloud exited: {(self.state_dir / 'server.log').read_text()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError("local cloud did not start within 30 s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture(scope="session")
+def accounts() -> list[Account]:
+    return load_accounts(DEFAULT_ACCOUNTS_FILE)
+
+
+def _server(tmp_path_factory, name: str, args: list[str]) -> Iterator[CloudServer]:
+    server = CloudServer(tmp_path_factory.mktemp(name), args)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def cloud(tmp_path_factory) -> Iterator[CloudServer]:
+    """The shared server: fast transitions, no LookupEvents limit (tests query a lot)."""
+    yield from _server(tmp_path_factory, "cloud", ["--transition", "0.3", "--network-ready",
+                                                   "0.1", "--lookup-qps", "0"])
+
+
+@pytest.fixture
+def make_client(cloud: CloudServer, accounts: list[Account]):
+    def make(index: int = 0, signature: str = "v3", server: CloudServer | None = None,
+             secret: str | None = None, key: str | None = None) -> CloudClient:
+        account = accounts[index]
+        creds = Credentials(key or account.access_key_id, secret or account.access_key_secret)
+        return CloudClient(CloudConfig(endpoint=(server or cloud).endpoint,
+                                       signature=signature), creds)
+    return make
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(interval)

@@ -1,0 +1,1 @@
+"""GRPO (verl algorithm functions) and SFT, the update engine, checkpoints, weight publishing."""
