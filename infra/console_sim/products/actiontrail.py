@@ -65,7 +65,8 @@ def _time(p: Params, name: str, default_ms: int) -> int:
     return ms
 
 
-def _token_scope(attrs: list[tuple[str, str]], start: int, end: int, direction: str) -> str:
+def _token_scope(attrs: list[tuple[str, str]], start: str | None, end: str | None,
+                 direction: str) -> str:
     raw = json.dumps([attrs, start, end, direction]).encode()
     return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -113,7 +114,8 @@ def lookup_events(ctx: CallContext, p: Params) -> dict[str, Any]:
     direction = (p.str("Direction", default="BACKWARD", max_len=16) or "BACKWARD").upper()
     if direction not in ("FORWARD", "BACKWARD"):
         raise invalid("Direction", "allowed values are FORWARD, BACKWARD")
-    scope = _token_scope(attrs, start, end, direction)
+    # Defaults (EndTime = now) move between pages, so the scope uses the parameters as given.
+    scope = _token_scope(attrs, p.raw.get("StartTime"), p.raw.get("EndTime"), direction)
 
     # Events still "in delivery" are not visible yet.
     visible_until = ctx.now_ms - int(ctx.config.delivery_delay_s * 1000)

@@ -1,0 +1,156 @@
+"""Authentication and the listed error codes, through the official SDK clients."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from alibabacloud_ecs20140526 import models as ecs
+from alibabacloud_tea_openapi import client as openapi_client
+from alibabacloud_tea_openapi.client import Client as OpenApiClient
+from alibabacloud_tea_openapi.utils_models import OpenApiRequest, Params
+from Tea.exceptions import TeaException
+
+from consolerl.errors import CloudAPIError
+from tests.conftest import CloudServer
+
+SIGNATURES = ["v3", "v2"]
+
+
+def describe_sgs(c):
+    return c.call(c.ecs.describe_security_groups_with_options,
+                  ecs.DescribeSecurityGroupsRequest(region_id="cn-hangzhou"))
+
+
+def error_of(fn, *args) -> CloudAPIError:
+    with pytest.raises(CloudAPIError) as info:
+        fn(*args)
+    return info.value
+
+
+@pytest.mark.parametrize("sig", SIGNATURES)
+def test_wrong_secret_is_refused(make_client, sig):
+    err = error_of(describe_sgs, make_client(0, sig, secret="not-the-right-secret-at-all"))
+    assert (err.code, err.status) == ("SignatureDoesNotMatch", 400)
+
+
+@pytest.mark.parametrize("sig", SIGNATURES)
+def test_unknown_access_key_is_refused(make_client, sig):
+    err = error_of(describe_sgs, make_client(0, sig, key="LTAI5tUnknownKey00000"))
+    assert (err.code, err.status) == ("InvalidAccessKeyId.NotFound", 404)
+
+
+@pytest.mark.parametrize("sig", SIGNATURES)
+def test_stale_date_is_refused(make_client, monkeypatch, sig):
+    stale = (datetime.now(timezone.utc) - timedelta(minutes=16)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    monkeypatch.setattr(openapi_client.Utils, "get_timestamp", staticmethod(lambda: stale))
+    err = error_of(describe_sgs, make_client(0, sig))
+    assert (err.code, err.status) == ("InvalidTimeStamp.Expired", 400)
+
+
+@pytest.mark.parametrize("sig", SIGNATURES)
+def test_date_within_skew_is_accepted(make_client, monkeypatch, sig):
+    early = (datetime.now(timezone.utc) - timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    monkeypatch.setattr(openapi_client.Utils, "get_timestamp", staticmethod(lambda: early))
+    assert describe_sgs(make_client(0, sig)).request_id
+
+
+@pytest.mark.parametrize("sig", SIGNATURES)
+def test_replayed_nonce_is_refused(make_client, monkeypatch, sig):
+    nonce = f"fixed-nonce-{sig}-{datetime.now().timestamp()}"
+    monkeypatch.setattr(openapi_client.Utils, "get_nonce", staticmethod(lambda: nonce))
+    c = make_client(0, sig)
+    assert describe_sgs(c).request_id
+    err = error_of(describe_sgs, c)
+    assert (err.code, err.status) == ("SignatureNonceUsed", 400)
+
+
+def test_unknown_action_and_version(make_client):
+    c = make_client(0)
+    err = error_of(c.rpc, "Ecs", "LaunchRockets", {"RegionId": "cn-hangzhou"})
+    assert (err.code, err.status) == ("InvalidAction.NotFound", 404)
+    api = Params(action="DescribeInstances", version="2099-01-01", protocol="HTTPS", pathname="/",
+                 method="POST", auth_type="AK", style="RPC", req_body_type="formData",
+                 body_type="json")
+    with pytest.raises(TeaException) as info:
+        OpenApiClient.call_api(c.ecs, api, OpenApiRequest(query={"RegionId": "cn-hangzhou"}),
+                               c.runtime())
+    assert (info.value.code, info.value.data["statusCode"]) == ("InvalidVersion", 400)
+
+
+@pytest.mark.parametrize("sig", SIGNATURES)
+def test_parameter_errors(make_client, sig):
+    c = make_client(0, sig)
+    err = error_of(c.rpc, "Ecs", "CreateSecurityGroup", {})
+    assert (err.code, err.status) == ("MissingParameter", 400) and "RegionId" in err.message
+    err = error_of(c.rpc, "Ecs", "DescribeSecurityGroups",
+                   {"RegionId": "cn-hangzhou", "PageSize": "5000"})
+    assert (err.code, err.status) == ("InvalidParameter", 400) and "PageSize" in err.message
+    err = error_of(c.rpc, "Ecs", "DescribeSecurityGroups", {"RegionId": "mars-north-1"})
+    assert err.code == "InvalidRegionId.NotFound"
+    err = error_of(c.rpc, "Actiontrail", "LookupEvents", {"MaxResults": "51"})
+    assert (err.code, err.status) == ("InvalidParameter", 400)
+
+
+def test_not_found_codes(make_client):
+    c = make_client(0)
+    cases = [
+        ("Ecs", "DescribeSecurityGroupAttribute", {"RegionId": "cn-hangzhou",
+                                                   "SecurityGroupId": "sg-bp000"},
+         "InvalidSecurityGroupId.NotFound"),
+        ("Ecs", "StopInstance", {"InstanceId": "i-bp000"}, "InvalidInstanceId.NotFound"),
+        ("Vpc", "DeleteVSwitch", {"VSwitchId": "vsw-bp000"}, "InvalidVSwitchId.NotFound"),
+        ("Vpc", "DeleteVpc", {"VpcId": "vpc-bp000"}, "InvalidVpcId.NotFound"),
+        ("Ram", "GetUser", {"UserName": "nobody"}, "EntityNotExist.User"),
+    ]
+    for product, action, params, code in cases:
+        err = error_of(c.rpc, product, action, params)
+        assert (err.code, err.status) == (code, 404), (action, err)
+
+
+def test_throttling(tmp_path, make_client):
+    server = CloudServer(tmp_path, ["--lookup-qps", "2"])
+    server.start()
+    try:
+        c = make_client(0, server=server)
+        codes = []
+        for _ in range(6):
+            try:
+                c.rpc("Actiontrail", "LookupEvents", {"MaxResults": "1"})
+                codes.append("ok")
+            except CloudAPIError as err:
+                codes.append(err.code)
+        assert codes[:2] == ["ok", "ok"]
+        assert "Throttling.User" in codes
+        # The limit is per account: another account is not throttled.
+        assert make_client(1, server=server).rpc("Actiontrail", "LookupEvents", {})["RequestId"]
+    finally:
+        server.stop()
+
+
+def test_state_survives_restart(tmp_path, make_client, monkeypatch):
+    server = CloudServer(tmp_path, ["--network-ready", "0"])
+    server.start()
+    try:
+        c = make_client(0, server=server)
+        vpc_id = c.rpc("Vpc", "CreateVpc", {"RegionId": "cn-hangzhou", "VpcName": "keep"})["VpcId"]
+        sg_id = c.rpc("Ecs", "CreateSecurityGroup", {"RegionId": "cn-hangzhou", "VpcId": vpc_id})[
+            "SecurityGroupId"]
+        nonce = f"restart-nonce-{datetime.now().timestamp()}"
+        monkeypatch.setattr(openapi_client.Utils, "get_nonce", staticmethod(lambda: nonce))
+        c.rpc("Ram", "CreateUser", {"UserName": "survivor"})
+        monkeypatch.undo()
+        server.restart()
+        assert [v["VpcId"] for v in c.rpc("Vpc", "DescribeVpcs", {"RegionId": "cn-hangzhou"})[
+            "Vpcs"]["Vpc"]] == [vpc_id]
+        groups = c.rpc("Ecs", "DescribeSecurityGroups", {"RegionId": "cn-hangzhou"})
+        assert [g["SecurityGroupId"] for g in groups["SecurityGroups"]["SecurityGroup"]] == [sg_id]
+        assert c.rpc("Ram", "GetUser", {"UserName": "survivor"})["User"]["UserName"] == "survivor"
+        events = c.rpc("Actiontrail", "LookupEvents", {"LookupAttribute.1.Key": "EventName",
+                                                       "LookupAttribute.1.Value": "CreateVpc"})
+        assert [e["resourceName"] for e in events["Events"]] == [vpc_id]
+        # A nonce used before the restart is still refused after it.
+        monkeypatch.setattr(openapi_client.Utils, "get_nonce", staticmethod(lambda: nonce))
+        err = error_of(c.rpc, "Ram", "GetUser", {"UserName": "survivor"})
+        assert err.code == "SignatureNonceUsed"
+    finally:
+        server.stop()
