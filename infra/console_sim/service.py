@@ -127,8 +127,8 @@ class CloudService:
                              f"({product.name} {product.version} has no action {action!r})", 404)
         params = Params(raw)
         now_ms = int(time.time() * 1000)
-        region = "" if product.global_ else (raw.get("RegionId") or "")
-        ctx = CallContext(self.store, self.config, caller, region, now_ms, runtime=self.runtime)
+        # Handlers set the region once they have validated RegionId (or found the resource).
+        ctx = CallContext(self.store, self.config, caller, "", now_ms, runtime=self.runtime)
         try:
             with self.store.tx():
                 body = spec.handler(ctx, params)

@@ -310,3 +310,35 @@ def test_account_isolation(make_client):
     assert [(e["eventName"], e["errorCode"]) for e in bob_events] == [
         ("DeleteSecurityGroup", "InvalidSecurityGroupId.NotFound")]
     assert all(e["userIdentity"]["accountId"] == "1000000000000002" for e in bob_events)
+
+
+def test_region_is_optional_for_instance_actions_in_any_region(make_client):
+    c = make_client(5)
+    vpc = c.rpc("Vpc", "CreateVpc", {"RegionId": "cn-shanghai", "CidrBlock": "10.0.0.0/16"})
+    wait_for(lambda: c.rpc("Vpc", "DescribeVpcs", {"RegionId": "cn-shanghai", "VpcId": vpc["VpcId"]})[
+        "Vpcs"]["Vpc"][0]["Status"] == "Available")
+    vsw = c.rpc("Vpc", "CreateVSwitch", {"RegionId": "cn-shanghai", "VpcId": vpc["VpcId"],
+                                         "ZoneId": "cn-shanghai-e", "CidrBlock": "10.0.1.0/24"})
+    sg = c.rpc("Ecs", "CreateSecurityGroup", {"RegionId": "cn-shanghai", "VpcId": vpc["VpcId"]})
+    run = c.rpc("Ecs", "RunInstances", {"RegionId": "cn-shanghai", "ImageId": IMAGE,
+                                        "InstanceType": "ecs.g7.large",
+                                        "VSwitchId": vsw["VSwitchId"],
+                                        "SecurityGroupId": sg["SecurityGroupId"]})
+    instance_id = run["InstanceIdSets"]["InstanceIdSet"][0]
+    assert instance_id.startswith("i-uf")   # Shanghai's id infix
+    wait_for(lambda: _status_in(c, "cn-shanghai", instance_id) == "Running")
+    c.rpc("Ecs", "StopInstance", {"InstanceId": instance_id})   # no RegionId
+    assert _status_in(c, "cn-shanghai", instance_id) == "Stopping"
+    # Not visible from another region.
+    assert c.rpc("Ecs", "DescribeInstances", {"RegionId": "cn-hangzhou",
+                                              "InstanceIds": f'["{instance_id}"]'})["TotalCount"] == 0
+    from alibabacloud_actiontrail20200706 import models as at
+    events = c.call(c.actiontrail.lookup_events_with_options, at.LookupEventsRequest(
+        lookup_attribute=[at.LookupEventsRequestLookupAttribute(key="EventName", value="StopInstance")]
+    )).events
+    assert events[0]["acsRegion"] == "cn-shanghai"
+
+
+def _status_in(c, region: str, instance_id: str) -> str:
+    return c.rpc("Ecs", "DescribeInstances", {"RegionId": region, "InstanceIds": f'["{instance_id}"]'})[
+        "Instances"]["Instance"][0]["Status"]

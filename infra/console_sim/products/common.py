@@ -15,7 +15,10 @@ NAME_RE = r"[A-Za-z\u4e00-\u9fa5][A-Za-z0-9\u4e00-\u9fa5._:-]{1,127}"
 
 
 def region(ctx: CallContext, p: Params, required: bool = True) -> str:
-    value = p.str("RegionId", required=required) or ctx.region or "cn-hangzhou"
+    value = p.str("RegionId", required=required, max_len=64)
+    if value is None:
+        # Optional and absent: the resource's own region applies (ids are global).
+        return ""
     if value not in REGIONS:
         raise CloudError("InvalidRegionId.NotFound",
                          f"The specified RegionId \"{value[:64]}\" does not exist. "

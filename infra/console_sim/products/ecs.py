@@ -34,6 +34,7 @@ def get_sg(ctx: CallContext, sg_id: str) -> dict[str, Any]:
     sg = ctx.store.get(ctx.account_id, SG, sg_id)
     if sg is None or (ctx.region and sg["RegionId"] != ctx.region):
         raise not_found("InvalidSecurityGroupId.NotFound", "SecurityGroupId", sg_id)
+    ctx.region = ctx.region or sg["RegionId"]
     return sg
 
 
@@ -297,6 +298,7 @@ def get_instance(ctx: CallContext, instance_id: str) -> dict[str, Any]:
     inst = ctx.store.get(ctx.account_id, INSTANCE, instance_id)
     if inst is None or (ctx.region and inst["RegionId"] != ctx.region):
         raise not_found("InvalidInstanceId.NotFound", "InstanceId", instance_id)
+    ctx.region = ctx.region or inst["RegionId"]
     return settle(inst, ctx.now_ms)
 
 

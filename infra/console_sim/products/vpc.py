@@ -29,6 +29,7 @@ def get_vpc(ctx: CallContext, vpc_id: str) -> dict[str, Any]:
     vpc = ctx.store.get(ctx.account_id, VPC, vpc_id)
     if vpc is None or (ctx.region and vpc["RegionId"] != ctx.region):
         raise not_found("InvalidVpcId.NotFound", "VpcId", vpc_id)
+    ctx.region = ctx.region or vpc["RegionId"]
     return _settle(ctx, vpc)
 
 
@@ -37,6 +38,7 @@ def get_vswitch(ctx: CallContext, vsw_id: str) -> dict[str, Any]:
     vsw = ctx.store.get(ctx.account_id, VSWITCH, vsw_id)
     if vsw is None or (ctx.region and vsw["RegionId"] != ctx.region):
         raise not_found("InvalidVSwitchId.NotFound", "VSwitchId", vsw_id)
+    ctx.region = ctx.region or vsw["RegionId"]
     return _settle(ctx, vsw)
 
 
