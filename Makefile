@@ -45,8 +45,9 @@ setup-ml: setup-python
 test: $(PY)
 	$(PY) -m pytest -q
 
+# pytest exits 5 when no test carries the mark yet; that is not a failure.
 test-slow: $(PY)
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow || [ $$? -eq 5 ]
 
 test-all: $(PY)
 	$(PY) -m pytest -q -m "not gpu"
