@@ -6,7 +6,6 @@ import contextlib
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -53,7 +52,7 @@ class CloudApp:
         self.metrics = SimMetrics()
         self.service.on_event.append(
             lambda e: self.metrics.events.labels(e["serviceName"], e["eventType"]).inc())
-        self.oss = oss.OssApi(self.service, self.accounts, self.auth, config)
+        self.oss = oss.OssApi(self.service, self.accounts, config)
 
     async def _read_body(self, request: Request) -> bytes:
         declared = request.headers.get("content-length")
@@ -148,7 +147,3 @@ def build_app(config: SimConfig, accounts: list[Account] | None = None) -> Starl
     app = Starlette(routes=cloud.routes(), lifespan=lifespan)
     app.state.cloud = cloud
     return app
-
-
-def state_dir_default() -> Path:
-    return Path("var/console_sim")

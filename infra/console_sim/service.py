@@ -40,16 +40,6 @@ class Caller:
 
 
 @dataclass
-class Result:
-    """What an action returns: the response body (without RequestId) and the resources it
-    referenced, as ``{ActionTrail resource type: [ids]}``."""
-
-    body: dict[str, Any]
-    resources: dict[str, list[str]] = field(default_factory=dict)
-    region: str = ""
-
-
-@dataclass
 class CallContext:
     store: Store
     config: SimConfig

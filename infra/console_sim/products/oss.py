@@ -174,8 +174,7 @@ def sign(secret: str, text: str) -> str:
 
 
 class OssApi:
-    def __init__(self, service: CloudService, accounts: list[Account], auth: Any,
-                 config: SimConfig):
+    def __init__(self, service: CloudService, accounts: list[Account], config: SimConfig):
         self.service = service
         self.by_key = {a.access_key_id: a for a in accounts}
         self.config = config
