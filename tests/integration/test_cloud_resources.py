@@ -1,7 +1,6 @@
 """Resources round-trip through the official SDK clients, in both signature modes."""
 from __future__ import annotations
 
-import time
 import uuid
 
 import oss2

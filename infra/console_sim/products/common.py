@@ -5,7 +5,7 @@ import re
 from typing import Any
 
 from ..catalog import REGIONS
-from ..errors import CloudError, invalid
+from ..errors import CloudError, invalid, not_found
 from ..params import Params
 from ..service import CallContext
 
@@ -25,6 +25,19 @@ def region(ctx: CallContext, p: Params, required: bool = True) -> str:
                          f"Valid regions: {', '.join(REGIONS)}.", 404)
     ctx.region = value
     return value
+
+
+def lookup(ctx: CallContext, kind: str, rid: str, resource_type: str, code: str,
+           field: str) -> dict[str, Any]:
+    """A regional resource of the caller's account by id, referenced for the audit event even
+    when missing; outside the call's region it does not exist. Without a RegionId the call
+    takes the resource's region."""
+    ctx.ref(resource_type, rid)
+    item = ctx.store.get(ctx.account_id, kind, rid)
+    if item is None or (ctx.region and item["RegionId"] != ctx.region):
+        raise not_found(code, field, rid)
+    ctx.region = ctx.region or item["RegionId"]
+    return item
 
 
 def zone_ok(region_id: str, zone: str) -> bool:

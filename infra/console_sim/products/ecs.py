@@ -30,12 +30,8 @@ INCORRECT_STATUS = "The current status of the resource does not support this ope
 # ---- security groups --------------------------------------------------------------------------
 
 def get_sg(ctx: CallContext, sg_id: str) -> dict[str, Any]:
-    ctx.ref(RT_SECURITY_GROUP, sg_id)
-    sg = ctx.store.get(ctx.account_id, SG, sg_id)
-    if sg is None or (ctx.region and sg["RegionId"] != ctx.region):
-        raise not_found("InvalidSecurityGroupId.NotFound", "SecurityGroupId", sg_id)
-    ctx.region = ctx.region or sg["RegionId"]
-    return sg
+    return common.lookup(ctx, SG, sg_id, RT_SECURITY_GROUP, "InvalidSecurityGroupId.NotFound",
+                         "SecurityGroupId")
 
 
 def _save_sg(ctx: CallContext, sg: dict[str, Any]) -> None:
@@ -294,11 +290,8 @@ def _transition(ctx: CallContext, inst: dict[str, Any], now_status: str, final: 
 
 
 def get_instance(ctx: CallContext, instance_id: str) -> dict[str, Any]:
-    ctx.ref(RT_INSTANCE, instance_id)
-    inst = ctx.store.get(ctx.account_id, INSTANCE, instance_id)
-    if inst is None or (ctx.region and inst["RegionId"] != ctx.region):
-        raise not_found("InvalidInstanceId.NotFound", "InstanceId", instance_id)
-    ctx.region = ctx.region or inst["RegionId"]
+    inst = common.lookup(ctx, INSTANCE, instance_id, RT_INSTANCE, "InvalidInstanceId.NotFound",
+                         "InstanceId")
     return settle(inst, ctx.now_ms)
 
 

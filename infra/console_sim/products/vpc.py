@@ -6,7 +6,7 @@ from typing import Any
 
 from .. import ids
 from ..catalog import REGIONS, RT_VPC, RT_VSWITCH
-from ..errors import CloudError, not_found
+from ..errors import CloudError
 from ..params import Params
 from ..service import CallContext, Product
 from ..timeutil import iso
@@ -25,21 +25,12 @@ def _settle(ctx: CallContext, item: dict[str, Any]) -> dict[str, Any]:
 
 
 def get_vpc(ctx: CallContext, vpc_id: str) -> dict[str, Any]:
-    ctx.ref(RT_VPC, vpc_id)
-    vpc = ctx.store.get(ctx.account_id, VPC, vpc_id)
-    if vpc is None or (ctx.region and vpc["RegionId"] != ctx.region):
-        raise not_found("InvalidVpcId.NotFound", "VpcId", vpc_id)
-    ctx.region = ctx.region or vpc["RegionId"]
-    return _settle(ctx, vpc)
+    return _settle(ctx, common.lookup(ctx, VPC, vpc_id, RT_VPC, "InvalidVpcId.NotFound", "VpcId"))
 
 
 def get_vswitch(ctx: CallContext, vsw_id: str) -> dict[str, Any]:
-    ctx.ref(RT_VSWITCH, vsw_id)
-    vsw = ctx.store.get(ctx.account_id, VSWITCH, vsw_id)
-    if vsw is None or (ctx.region and vsw["RegionId"] != ctx.region):
-        raise not_found("InvalidVSwitchId.NotFound", "VSwitchId", vsw_id)
-    ctx.region = ctx.region or vsw["RegionId"]
-    return _settle(ctx, vsw)
+    return _settle(ctx, common.lookup(ctx, VSWITCH, vsw_id, RT_VSWITCH,
+                                      "InvalidVSwitchId.NotFound", "VSwitchId"))
 
 
 def _network(field: str, value: str, code: str) -> ipaddress.IPv4Network:
