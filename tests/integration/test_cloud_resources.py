@@ -341,3 +341,14 @@ def test_region_is_optional_for_instance_actions_in_any_region(make_client):
 def _status_in(c, region: str, instance_id: str) -> str:
     return c.rpc("Ecs", "DescribeInstances", {"RegionId": region, "InstanceIds": f'["{instance_id}"]'})[
         "Instances"]["Instance"][0]["Status"]
+
+
+def test_describe_security_groups_counts_member_instances(make_client):
+    c = make_client(7)
+    vpc_id, vsw_id = make_network(c)
+    used, empty = make_sg(c, vpc_id), make_sg(c, vpc_id)
+    c.rpc("Ecs", "RunInstances", {"RegionId": REGION, "ImageId": IMAGE, "InstanceType": "ecs.g7.large",
+                                  "VSwitchId": vsw_id, "SecurityGroupId": used, "Amount": "3"})
+    groups = c.rpc("Ecs", "DescribeSecurityGroups", {"RegionId": REGION, "VpcId": vpc_id})
+    counts = {g["SecurityGroupId"]: g["EcsCount"] for g in groups["SecurityGroups"]["SecurityGroup"]}
+    assert counts == {used: 3, empty: 0}

@@ -207,9 +207,7 @@ def revoke_security_group_egress(ctx: CallContext, p: Params) -> dict[str, Any]:
     return _revoke(ctx, p, "egress")
 
 
-def _sg_view(ctx: CallContext, sg: dict[str, Any]) -> dict[str, Any]:
-    members = sum(1 for i in ctx.store.list(ctx.account_id, INSTANCE, region=sg["RegionId"])
-                  if sg["SecurityGroupId"] in i["SecurityGroupIds"]["SecurityGroupId"])
+def _sg_view(sg: dict[str, Any], members: int) -> dict[str, Any]:
     return {
         "SecurityGroupId": sg["SecurityGroupId"], "SecurityGroupName": sg["SecurityGroupName"],
         "Description": sg["Description"], "VpcId": sg["VpcId"], "CreationTime": sg["CreationTime"],
@@ -236,8 +234,14 @@ def describe_security_groups(ctx: CallContext, p: Params) -> dict[str, Any]:
               and (wanted_type is None or g["SecurityGroupType"] == wanted_type)
               and has_tags(g)]
     shown, paging = common.page(p, groups, default_size=10, max_size=50)
-    return {**paging, "RegionId": region,
-            "SecurityGroups": {"SecurityGroup": [_sg_view(ctx, g) for g in shown]}}
+    # Instance counts per group, from one pass over the region's instances.
+    members = dict.fromkeys((g["SecurityGroupId"] for g in shown), 0)
+    for inst in ctx.store.list(ctx.account_id, INSTANCE, region=region) if shown else ():
+        for sg_id in inst["SecurityGroupIds"]["SecurityGroupId"]:
+            if sg_id in members:
+                members[sg_id] += 1
+    return {**paging, "RegionId": region, "SecurityGroups": {"SecurityGroup": [
+        _sg_view(g, members[g["SecurityGroupId"]]) for g in shown]}}
 
 
 @PRODUCT.action("DescribeSecurityGroupAttribute", rw="Read", resource_type=RT_SECURITY_GROUP)
