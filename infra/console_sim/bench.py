@@ -22,6 +22,7 @@ import json
 import multiprocessing as mp
 import shutil
 import socket
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -31,11 +32,14 @@ import uuid
 from pathlib import Path
 from urllib.parse import quote
 
+from infra.cloud import CloudClient, CloudConfig, Credentials
+
 from .accounts import load_accounts
 from .config import DEFAULT_ACCOUNTS_FILE
+from .products import rpc_products
 from .signing import ACS3, EMPTY_SHA256, acs3_signature, acs3_string_to_sign
 
-VERSIONS = {"Ecs": "2014-05-26", "Ram": "2015-05-01", "Actiontrail": "2020-07-06", "Vpc": "2016-04-28"}
+VERSIONS = {p.name: p.version for p in rpc_products().values()}
 
 
 class LightClient:
@@ -130,7 +134,6 @@ def run(events: int, seconds: float, clients: int) -> dict:
         errors = sum(r[1] for r in results)
 
         _progress("official SDK client, one thread")
-        from infra.cloud import CloudClient, CloudConfig, Credentials
         sdk = CloudClient(CloudConfig(endpoint=f"127.0.0.1:{port}"),
                           Credentials(a.access_key_id, a.access_key_secret))
         n, t0 = 0, time.perf_counter()
@@ -163,7 +166,6 @@ def run(events: int, seconds: float, clients: int) -> dict:
             latencies.append((time.perf_counter() - t) * 1000)
             assert status == 200 and len(body["Events"]) == 50, body
         latencies.sort()
-        import sqlite3
         db = sqlite3.connect(state / "cloud.db")
         stored = db.execute("SELECT COUNT(*) FROM events WHERE account_id=?",
                             (b.account_id,)).fetchone()[0]
