@@ -1,5 +1,5 @@
 """The local cloud's HTTP application: the RPC OpenAPI on ``/``, OSS's REST API (``Authorization:
-OSS ...``), ``/metrics`` and ``/healthz``."""
+OSS ...``), the console web UI under ``/console/``, ``/metrics`` and ``/healthz``."""
 from __future__ import annotations
 
 import contextlib
@@ -12,12 +12,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from . import ids
 from .accounts import Account, load_accounts
 from .auth import Authenticator
 from .config import SimConfig
+from .console.shell import build_console
 from .errors import CloudError
 from .metrics import SimMetrics
 from .products import all_products, oss, rpc_products
@@ -53,6 +54,8 @@ class CloudApp:
         self.service.on_event.append(
             lambda e: self.metrics.events.labels(e["serviceName"], e["eventType"]).inc())
         self.oss = oss.OssApi(self.service, self.accounts, config)
+        self.console, self.console_routes = build_console(
+            self.service, self.accounts, self.metrics.registry, self.oss.handle)
 
     async def _read_body(self, request: Request) -> bytes:
         declared = request.headers.get("content-length")
@@ -124,13 +127,19 @@ class CloudApp:
             self.metrics.resources.labels(rtype).set(count)
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    async def favicon(self, request: Request) -> Response:
+        # Browsers ask for it on every console page; without this route it would reach OSS.
+        return Response(status_code=204)
+
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "accounts": len(self.accounts)})
 
-    def routes(self) -> list[Route]:
+    def routes(self) -> list[BaseRoute]:
         return [
             Route("/metrics", self.metrics_endpoint, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/favicon.ico", self.favicon, methods=["GET"]),
+            *self.console_routes,
             Route("/", self.rpc, methods=["GET", "POST", "PUT", "DELETE", "HEAD"]),
             Route("/{bucket}", self.oss.handle, methods=["GET", "POST", "PUT", "DELETE", "HEAD"]),
             Route("/{bucket}/", self.oss.handle, methods=["GET", "POST", "PUT", "DELETE", "HEAD"]),

@@ -129,6 +129,18 @@ class CloudService:
             raise
         return {"RequestId": request_id, **body}
 
+    def read(self, product: Product, action: str, raw: dict[str, str], caller: Caller
+             ) -> dict[str, Any]:
+        """Run a read-only action without auditing it: how console page views read state (a page
+        view is not an API call and must not appear in ActionTrail). Refuses write actions."""
+        spec = product.actions.get(action)
+        if spec is None or spec.rw != "Read":
+            raise ValueError(f"{product.name} {action} is not a read action")
+        ctx = CallContext(self.store, self.config, caller, "", int(time.time() * 1000),
+                          runtime=self.runtime)
+        with self.store.tx():
+            return spec.handler(ctx, Params(raw))
+
     def _append_event(self, product: Product, spec: ActionSpec, raw: dict[str, str],
                       caller: Caller, ctx: CallContext, request_id: str,
                       body: dict[str, Any] | None, err: CloudError | None) -> None:
