@@ -12,6 +12,21 @@ Starts a server process on a free port with a fresh state dir, then measures
   EventName filter and a ResourceName filter in turn) with ``--events`` audit events stored for
   the account, all made by real calls.
 
+With ``--console`` it measures the console web UI instead, in real headless Chromium (the
+system's, see ``consolerl.chromium``) driven by Playwright, signed in as account 0:
+
+- ``list_page_p50_ms`` / ``list_page_p95_ms``: the ECS instance list with 100 rows per page
+  (``/console/ecs/instances?size=100``) over 200 Running instances made through the API. One
+  sample is the wall time of ``page.goto(url, wait_until="load")``: request, server render,
+  transfer, parse, stylesheet and script, up to the load event (plus Playwright's round trip,
+  well under a millisecond locally). Every sample checks that 100 rows are shown.
+- ``form_submit_p50_ms`` / ``form_submit_p95_ms``: the RAM "Create User" form. The form is
+  loaded untimed; one sample is the wall time from the click on "Create" to the load event of
+  the user's page the browser is redirected to (POST, CreateUser through the API action,
+  303, GET of the detail page). At the end ListUsers must show exactly one user per submit.
+
+``--console-samples`` samples of each after 3 warm-ups.
+
 Prints one JSON object with ``--json``; progress goes to stderr.
 """
 from __future__ import annotations
@@ -28,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from urllib.parse import quote
@@ -187,6 +203,180 @@ def run(events: int, seconds: float, clients: int) -> dict:
         shutil.rmtree(state, ignore_errors=True)
 
 
+# ---- console web UI --------------------------------------------------------------------------
+CONSOLE_REGION = "cn-hangzhou"
+CONSOLE_INSTANCES = 200
+CONSOLE_PAGE_SIZE = 100
+CONSOLE_WARMUPS = 3
+
+
+def _percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+    return round(statistics.median(ordered), 2), round(p95, 2)
+
+
+def _wait_healthy(port: int, server: subprocess.Popen) -> None:
+    for _ in range(300):
+        if server.poll() is not None:
+            raise RuntimeError(f"server exited with status {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("server did not answer /healthz within 30s")
+
+
+def _wait_for(what: str, check, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _instance_statuses(client: CloudClient) -> list[str]:
+    statuses: list[str] = []
+    page = 1
+    while True:
+        body = client.rpc("Ecs", "DescribeInstances", {"RegionId": CONSOLE_REGION,
+                                                        "PageSize": "100", "PageNumber": str(page)})
+        batch = body["Instances"]["Instance"]
+        statuses += [i["Status"] for i in batch]
+        if not batch or len(statuses) >= body["TotalCount"]:
+            return statuses
+        page += 1
+
+
+def _seed_instances(client: CloudClient) -> int:
+    """200 instances in one vSwitch, all Running; returns how many DescribeInstances shows."""
+    vpc_id = client.rpc("Vpc", "CreateVpc", {"RegionId": CONSOLE_REGION,
+                                             "CidrBlock": "192.168.0.0/16"})["VpcId"]
+    _wait_for("the VPC", lambda: client.rpc("Vpc", "DescribeVpcs", {
+        "RegionId": CONSOLE_REGION, "VpcId": vpc_id})["Vpcs"]["Vpc"][0]["Status"] == "Available")
+    vsw_id = client.rpc("Vpc", "CreateVSwitch", {"RegionId": CONSOLE_REGION, "VpcId": vpc_id,
+                                                 "ZoneId": "cn-hangzhou-h",
+                                                 "CidrBlock": "192.168.0.0/20"})["VSwitchId"]
+    _wait_for("the vSwitch", lambda: client.rpc("Vpc", "DescribeVSwitches", {
+        "RegionId": CONSOLE_REGION, "VSwitchId": vsw_id})["VSwitches"]["VSwitch"][0]["Status"]
+        == "Available")
+    sg_id = client.rpc("Ecs", "CreateSecurityGroup", {"RegionId": CONSOLE_REGION,
+                                                      "VpcId": vpc_id})["SecurityGroupId"]
+    for batch in range(CONSOLE_INSTANCES // 100):
+        _progress(f"seeding instances: {batch * 100}/{CONSOLE_INSTANCES}")
+        client.rpc("Ecs", "RunInstances", {
+            "RegionId": CONSOLE_REGION, "InstanceType": "ecs.g7.large",
+            "ImageId": "ubuntu_22_04_x64_20G_alibase_20240710.vhd", "VSwitchId": vsw_id,
+            "SecurityGroupId": sg_id, "Amount": "100"})
+    _progress("waiting until all instances are Running")
+    statuses: list[str] = []
+
+    def all_running() -> bool:
+        statuses[:] = _instance_statuses(client)
+        return len(statuses) == CONSOLE_INSTANCES and all(s == "Running" for s in statuses)
+    _wait_for("the instances to be Running", all_running)
+    return len(statuses)
+
+
+def run_console(samples: int) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    from consolerl.chromium import chromium_path
+
+    accounts = load_accounts(DEFAULT_ACCOUNTS_FILE)
+    a = accounts[0]
+    executable = chromium_path()
+    state = Path(tempfile.mkdtemp(prefix="cloud-bench-console-"))
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "infra.console_sim", "--port", str(port),
+                               "--state-dir", str(state), "--lookup-qps", "0",
+                               "--transition", "0.2", "--network-ready", "0.1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_healthy(port, server)
+        client = CloudClient(CloudConfig(endpoint=f"127.0.0.1:{port}"),
+                             Credentials(a.access_key_id, a.access_key_secret))
+        resources = _seed_instances(client)
+
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=executable)
+            try:
+                version = browser.version
+                page = browser.new_context().new_page()
+                _progress(f"Chromium {version}: signing in as {a.login_name}")
+                page.goto(f"{base}/console/signin")
+                page.get_by_label("Account name").fill(a.login_name)
+                page.get_by_label("Password").fill(a.password)
+                with page.expect_navigation(url=f"{base}/console/", wait_until="load"):
+                    page.get_by_role("button", name="Sign In").click()
+
+                list_url = f"{base}/console/ecs/instances?size={CONSOLE_PAGE_SIZE}"
+                rows = page.locator("#live tbody tr")
+                list_ms: list[float] = []
+                _progress(f"list page: {CONSOLE_WARMUPS} warm-ups, {samples} samples")
+                for i in range(CONSOLE_WARMUPS + samples):
+                    t = time.perf_counter()
+                    response = page.goto(list_url, wait_until="load")
+                    elapsed = (time.perf_counter() - t) * 1000
+                    shown = rows.count()
+                    if response is None or response.status != 200 or shown != CONSOLE_PAGE_SIZE:
+                        raise RuntimeError(f"list page: status "
+                                           f"{response and response.status}, {shown} rows")
+                    if i >= CONSOLE_WARMUPS:
+                        list_ms.append(elapsed)
+
+                form_url = f"{base}/console/ram/users/create"
+                submit_ms: list[float] = []
+                _progress(f"form submit: {CONSOLE_WARMUPS} warm-ups, {samples} samples")
+                for i in range(CONSOLE_WARMUPS + samples):
+                    name = f"bench-user-{i + 1:04d}"
+                    page.goto(form_url, wait_until="load")
+                    page.get_by_label("Logon Name").fill(name)
+                    button = page.get_by_role("button", name="Create")
+                    t = time.perf_counter()
+                    with page.expect_navigation(wait_until="load") as navigation:
+                        button.click()
+                    elapsed = (time.perf_counter() - t) * 1000
+                    response = navigation.value
+                    if (response is None or response.status != 200
+                            or page.url != f"{base}/console/ram/users/{name}"):
+                        raise RuntimeError(f"form submit of {name}: landed on {page.url} "
+                                           f"(status {response and response.status})")
+                    if i >= CONSOLE_WARMUPS:
+                        submit_ms.append(elapsed)
+            finally:
+                browser.close()
+
+        users = client.rpc("Ram", "ListUsers", {"MaxItems": "1000"})["Users"]["User"]
+        created = sum(u["UserName"].startswith("bench-user-") for u in users)
+        if created != CONSOLE_WARMUPS + samples or len(users) != created:
+            raise RuntimeError(f"expected {CONSOLE_WARMUPS + samples} users, ListUsers shows "
+                               f"{len(users)} ({created} made by the benchmark)")
+        list_p50, list_p95 = _percentiles(list_ms)
+        submit_p50, submit_p95 = _percentiles(submit_ms)
+        return {
+            "list_page_p50_ms": list_p50,
+            "list_page_p95_ms": list_p95,
+            "list_page_samples": len(list_ms),
+            "list_page_rows": CONSOLE_PAGE_SIZE,
+            "list_page_resources": resources,
+            "form_submit_p50_ms": submit_p50,
+            "form_submit_p95_ms": submit_p95,
+            "form_submit_samples": len(submit_ms),
+            "users_created": created,
+            "warmups": CONSOLE_WARMUPS,
+            "chromium_version": version,
+        }
+    finally:
+        server.terminate()
+        server.wait(10)
+        shutil.rmtree(state, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.console_sim.bench",
                                      description=__doc__.split("\n\n")[0])
@@ -194,8 +384,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--console", action="store_true",
+                        help="measure the console web UI in headless Chromium instead")
+    parser.add_argument("--console-samples", type=int, default=30, metavar="N",
+                        help="samples of each console measurement (default: 30)")
     args = parser.parse_args(argv)
-    result = run(args.events, args.seconds, args.clients)
+    if args.console_samples < 1:
+        parser.error(f"--console-samples must be at least 1, got {args.console_samples}")
+    if args.console:
+        result = run_console(args.console_samples)
+    else:
+        result = run(args.events, args.seconds, args.clients)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
 

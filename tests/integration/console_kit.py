@@ -1,0 +1,99 @@
+"""Helpers for console tests in real Chromium: sign in, follow forms and dialogs the way a user
+does (by label and role), and read the audit log through the official ActionTrail SDK."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from alibabacloud_actiontrail20200706 import models as at
+from playwright.sync_api import Locator, Page, expect
+
+from infra.cloud import CloudClient
+from infra.console_sim.accounts import Account
+
+
+@dataclass
+class Console:
+    page: Page
+    base: str
+    account: Account
+
+    def goto(self, path: str) -> None:
+        self.page.goto(self.base + path)
+
+    def sign_in(self, drift: str = "") -> None:
+        self.goto("/console/signin" + (f"?drift={drift}" if drift else ""))
+        self.page.get_by_label("Account name").fill(self.account.login_name)
+        self.page.get_by_label("Password").fill(self.account.password)
+        with self.page.expect_navigation():
+            self.page.get_by_role("button", name="Sign In").click()
+        expect(self.page.get_by_role("heading", level=1)).to_contain_text("Welcome")
+
+    def click_and_wait(self, target: Locator) -> None:
+        """Click something that submits a form; wait for the page it leads to."""
+        with self.page.expect_navigation():
+            target.click()
+
+    def button(self, name: str, exact: bool = True) -> Locator:
+        return self.page.get_by_role("button", name=name, exact=exact)
+
+    def link(self, name: str, exact: bool = True) -> Locator:
+        return self.page.get_by_role("link", name=name, exact=exact)
+
+    def field(self, label: str) -> Locator:
+        return self.page.get_by_label(label, exact=True)
+
+    def pick(self, label: str, text: str) -> None:
+        """Choose the option of a select whose text contains ``text``."""
+        select = self.field(label)
+        value = select.locator("option", has_text=text).first.get_attribute("value")
+        assert value, f"no option with {text!r} in {label}"
+        select.select_option(value)
+
+    def row(self, text: str) -> Locator:
+        return self.page.get_by_role("row").filter(has_text=text)
+
+    def confirm(self, ok_name: str = "OK", typed: str | None = None) -> None:
+        """Finish an open confirmation dialog (typing ``typed`` when it asks for it)."""
+        dialog = self.page.get_by_role("dialog")
+        expect(dialog).to_be_visible()
+        if typed is not None:
+            dialog.get_by_label(re.compile("To confirm, type")).fill(typed)
+        self.click_and_wait(dialog.get_by_role("button", name=ok_name, exact=True))
+
+    def toast(self) -> str:
+        return " ".join(self.page.get_by_role("status").all_inner_texts() +
+                        self.page.locator(".toast-error").all_inner_texts())
+
+    def alert(self) -> str:
+        return " ".join(self.page.get_by_role("alert").all_inner_texts())
+
+
+def audit_events(client: CloudClient) -> list[dict[str, Any]]:
+    """Every audit event of the client's account, oldest first (all pages)."""
+    events: list[dict[str, Any]] = []
+    token = None
+    while True:
+        req = at.LookupEventsRequest(max_results="50", next_token=token)
+        resp = client.call(client.actiontrail.lookup_events_with_options, req)
+        events.extend(resp.events or [])
+        token = resp.next_token
+        if not token:
+            return events[::-1]   # LookupEvents answers newest first
+
+
+def console_writes(client: CloudClient, account: Account) -> list[tuple[str, str]]:
+    """(eventName, errorCode) of the account's console operations, in order; asserts each is
+    a write made from the console, audited the way the real console is."""
+    found = []
+    for e in audit_events(client):
+        if e["eventType"] != "ConsoleOperation":
+            continue
+        assert e["eventRW"] == "Write", f"a console read was audited: {e['eventName']}"
+        assert e["userAgent"].endswith(".console.aliyun.com"), e["userAgent"]
+        assert e["eventSource"] == e["userAgent"]
+        assert e["sourceIpAddress"] == "127.0.0.1"
+        assert e["userIdentity"]["accountId"] == account.account_id
+        found.append((e["eventName"], e["errorCode"]))
+    return found
