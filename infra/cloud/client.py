@@ -91,7 +91,10 @@ def _api_error(exc: TeaException, action: str) -> CloudAPIError:
     data = getattr(exc, "data", None) or {}
     status = getattr(exc, "status_code", None) or getattr(exc, "statusCode", None) \
         or data.get("statusCode") or 0
-    return CloudAPIError(str(exc.code or "Unknown"), str(exc.message or exc), int(status),
+    # The SDK's message wraps the cloud's ("code: 400, <Message> request id: ..."); the error
+    # body it keeps in ``data`` holds the cloud's own words.
+    message = data.get("Message") or exc.message or str(exc)
+    return CloudAPIError(str(exc.code or "Unknown"), str(message), int(status),
                          str(data.get("RequestId", "")), action)
 
 

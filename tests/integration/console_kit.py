@@ -51,6 +51,11 @@ class Console:
         assert value, f"no option with {text!r} in {label}"
         select.select_option(value)
 
+    def switch_region(self, region_id: str) -> None:
+        """The top bar's region selector (it submits itself on change)."""
+        with self.page.expect_navigation():
+            self.page.get_by_label("Region", exact=True).select_option(region_id)
+
     def row(self, text: str) -> Locator:
         return self.page.get_by_role("row").filter(has_text=text)
 

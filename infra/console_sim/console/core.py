@@ -153,12 +153,23 @@ def _safe_next(target: str) -> bool:
     return bool(re.fullmatch(r"/console/[A-Za-z0-9/_.?=&%:,-]*", target)) and "//" not in target
 
 
+# Error codes whose code and message name no parameter, and the parameter they are about.
+_CODE_FIELDS = {"EntityAlreadyExists.User": "UserName", "BucketAlreadyExists": "BucketName",
+                "TooManyBuckets": "BucketName"}
+
+
 def field_for(err: CloudError, fields: list[Field]) -> str | None:
-    """The form field an API error is about: the API parameter its message names."""
-    for f in sorted((f for f in fields if f.api), key=lambda f: -len(f.name)):
-        if re.search(rf"(?<![\w.]){re.escape(f.name)}(?![\w])", err.message):
-            return f.name
-    return None
+    """The form field an API error is about: the API parameter its message names, else the one
+    its code names (``InvalidBucketName``, ``InvalidParameter.UserName.Length``)."""
+    candidates = sorted((f.name for f in fields if f.api), key=len, reverse=True)
+    for name in candidates:
+        if re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", err.message):
+            return name
+    for name in candidates:
+        if name in err.code:
+            return name
+    by_code = _CODE_FIELDS.get(err.code)
+    return by_code if by_code in candidates else None
 
 
 class ConsoleApp:
