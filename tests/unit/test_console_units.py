@@ -1,0 +1,53 @@
+"""Console pieces that need no server: drift profiles, error-to-field mapping, redirects."""
+from __future__ import annotations
+
+import pytest
+
+from consolerl.errors import ConfigError
+from infra.console_sim.console import drift
+from infra.console_sim.console.core import _safe_next, field_for
+from infra.console_sim.console.ui import Field
+from infra.console_sim.errors import CloudError, invalid, missing
+
+
+def test_drift_parse():
+    assert drift.parse("") == frozenset()
+    assert drift.parse(None) == frozenset()
+    assert drift.parse("rename, wizard") == {"rename", "wizard"}
+    assert drift.parse("all") == frozenset(drift.KINDS)
+    assert len(drift.KINDS) >= 4
+    with pytest.raises(ConfigError, match="teleport.*allowed: rename"):
+        drift.parse("rename,teleport")
+
+
+def test_drift_labels_change_only_with_rename():
+    assert drift.Drift().label("Delete") == "Delete"
+    assert drift.Drift(frozenset({"rename"})).label("Delete") == "Release"
+    assert drift.Drift(frozenset({"rename"})).label("Unmapped label") == "Unmapped label"
+    assert str(drift.Drift(frozenset({"wizard", "rename"}))) == "rename,wizard"
+
+
+FIELDS = [Field("VpcId", "VPC"), Field("VpcName", "VPC Name"), Field("UserName", "Logon Name"),
+          Field("BucketName", "Bucket"), Field("Region", "Region", api=False)]
+
+
+@pytest.mark.parametrize("err,expected", [
+    (missing("VpcName"), "VpcName"),
+    (invalid("VpcId", "bad"), "VpcId"),
+    (CloudError("InvalidParameter.UserName.Length", "too long"), "UserName"),
+    (CloudError("InvalidBucketName", "The specified bucket is not valid"), "BucketName"),
+    (CloudError("EntityAlreadyExists.User", "The user already exists: x."), "UserName"),
+    (CloudError("InvalidRegionId.NotFound", "The Region is wrong"), None),   # not an API field
+    (CloudError("DependencyViolation", "still in use"), None),
+])
+def test_field_for_maps_api_errors_to_fields(err, expected):
+    assert field_for(err, FIELDS) == expected
+
+
+@pytest.mark.parametrize("target,ok", [
+    ("/console/", True), ("/console/ecs/instances?page=2&q=a", True),
+    ("https://evil.example/", False), ("//evil.example/console/", False),
+    ("/console//evil", False), ("/metrics", False), ("/console/x\nSet-Cookie:", False),
+])
+def test_safe_next(target, ok):
+    assert _safe_next(target) is ok
