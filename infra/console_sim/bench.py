@@ -20,6 +20,9 @@ system's, see ``consolerl.chromium``) driven by Playwright, signed in as account
   sample is the wall time of ``page.goto(url, wait_until="load")``: request, server render,
   transfer, parse, stylesheet and script, up to the load event (plus Playwright's round trip,
   well under a millisecond locally). Every sample checks that 100 rows are shown.
+  ``list_page_default_size_*``: the same list at the console's default 20 rows per page.
+  ``navigation_floor_p50_ms``: the same measurement of ``/healthz`` (a tiny JSON document):
+  what any navigation costs in this browser on this machine, before the console does anything.
 - ``form_submit_p50_ms`` / ``form_submit_p95_ms``: the RAM "Create User" form. The form is
   loaded untimed; one sample is the wall time from the click on "Create" to the load event of
   the user's page the browser is redirected to (POST, CreateUser through the API action,
@@ -281,6 +284,24 @@ def _seed_instances(client: CloudClient) -> int:
     return len(statuses)
 
 
+def _time_loads(page, url: str, rows: int | None, samples: int) -> list[float]:
+    """Wall times of ``page.goto(url)`` to the load event, after warm-ups; each load must
+    answer 200 and show ``rows`` table rows (None: not a console page)."""
+    shown = page.locator("#live tbody tr")
+    times: list[float] = []
+    for i in range(CONSOLE_WARMUPS + samples):
+        t = time.perf_counter()
+        response = page.goto(url, wait_until="load")
+        elapsed = (time.perf_counter() - t) * 1000
+        if response is None or response.status != 200 or (
+                rows is not None and shown.count() != rows):
+            raise RuntimeError(f"{url}: status {response and response.status}, "
+                               f"{shown.count()} rows (expected {rows})")
+        if i >= CONSOLE_WARMUPS:
+            times.append(elapsed)
+    return times
+
+
 def run_console(samples: int) -> dict:
     from playwright.sync_api import sync_playwright
 
@@ -314,20 +335,11 @@ def run_console(samples: int) -> dict:
                 with page.expect_navigation(url=f"{base}/console/", wait_until="load"):
                     page.get_by_role("button", name="Sign In").click()
 
-                list_url = f"{base}/console/ecs/instances?size={CONSOLE_PAGE_SIZE}"
-                rows = page.locator("#live tbody tr")
-                list_ms: list[float] = []
-                _progress(f"list page: {CONSOLE_WARMUPS} warm-ups, {samples} samples")
-                for i in range(CONSOLE_WARMUPS + samples):
-                    t = time.perf_counter()
-                    response = page.goto(list_url, wait_until="load")
-                    elapsed = (time.perf_counter() - t) * 1000
-                    shown = rows.count()
-                    if response is None or response.status != 200 or shown != CONSOLE_PAGE_SIZE:
-                        raise RuntimeError(f"list page: status "
-                                           f"{response and response.status}, {shown} rows")
-                    if i >= CONSOLE_WARMUPS:
-                        list_ms.append(elapsed)
+                _progress(f"list pages: {CONSOLE_WARMUPS} warm-ups, {samples} samples each")
+                list_ms = _time_loads(page, f"{base}/console/ecs/instances?size="
+                                      f"{CONSOLE_PAGE_SIZE}", CONSOLE_PAGE_SIZE, samples)
+                default_ms = _time_loads(page, f"{base}/console/ecs/instances", 20, samples)
+                floor_ms = _time_loads(page, f"{base}/healthz", None, samples)
 
                 form_url = f"{base}/console/ram/users/create"
                 submit_ms: list[float] = []
@@ -357,6 +369,7 @@ def run_console(samples: int) -> dict:
             raise RuntimeError(f"expected {CONSOLE_WARMUPS + samples} users, ListUsers shows "
                                f"{len(users)} ({created} made by the benchmark)")
         list_p50, list_p95 = _percentiles(list_ms)
+        default_p50, default_p95 = _percentiles(default_ms)
         submit_p50, submit_p95 = _percentiles(submit_ms)
         return {
             "list_page_p50_ms": list_p50,
@@ -364,6 +377,9 @@ def run_console(samples: int) -> dict:
             "list_page_samples": len(list_ms),
             "list_page_rows": CONSOLE_PAGE_SIZE,
             "list_page_resources": resources,
+            "list_page_default_size_p50_ms": default_p50,
+            "list_page_default_size_p95_ms": default_p95,
+            "navigation_floor_p50_ms": _percentiles(floor_ms)[0],
             "form_submit_p50_ms": submit_p50,
             "form_submit_p95_ms": submit_p95,
             "form_submit_samples": len(submit_ms),

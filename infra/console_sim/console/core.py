@@ -9,6 +9,7 @@ the one action it is for, with parameters built only from the fields the form de
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import secrets
@@ -149,6 +150,17 @@ class Page:
         return HTMLResponse(html, status_code=http_status)
 
 
+_STATIC_URLS: dict[str, str] = {}
+
+
+def static_url(name: str) -> str:
+    """``/console/static/<name>?v=<content hash>``: a new URL whenever the file changes."""
+    if name not in _STATIC_URLS:
+        digest = hashlib.sha256((HERE / "static" / name).read_bytes()).hexdigest()[:12]
+        _STATIC_URLS[name] = f"/console/static/{name}?v={digest}"
+    return _STATIC_URLS[name]
+
+
 def _safe_next(target: str) -> bool:
     return bool(re.fullmatch(r"/console/[A-Za-z0-9/_.?=&%:,-]*", target)) and "//" not in target
 
@@ -182,7 +194,8 @@ class ConsoleApp:
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-        self.env.globals.update(TRANSITIONAL=TRANSITIONAL, STATUS_TONE=STATUS_TONE)
+        self.env.globals.update(TRANSITIONAL=TRANSITIONAL, STATUS_TONE=STATUS_TONE,
+                                static=static_url)
         self.navs: list[ProductNav] = []
         self.routes: list[Route] = []
         # (session, form token) -> where the first submit went: a repeated submit creates

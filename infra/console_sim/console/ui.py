@@ -21,8 +21,9 @@ class Column:
 
 @dataclass(frozen=True)
 class Button:
-    """An action. ``href``: a link; ``post``: a form POST (``params`` as hidden fields); a
-    ``confirm`` message makes it open the confirmation dialog first."""
+    """An action. ``href``: a link; ``post``: a form POST; a ``confirm`` message makes it open
+    the confirmation dialog first. ``params`` go with the POST (a direct POST, one without a
+    confirmation, carries at most one: it is the button's own name and value)."""
 
     label: str
     href: str = ""
@@ -34,6 +35,10 @@ class Button:
     primary: bool = False
     disabled: bool = False
     why_disabled: str = ""
+
+    def __post_init__(self) -> None:
+        if self.post and not self.confirm and len(self.params) > 1:
+            raise ValueError(f"button {self.label!r}: a direct POST carries at most one param")
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@
   function openConfirm(btn) {
     const form = $("#confirm-form");
     form.action = btn.dataset.action;
-    $("#confirm-title").textContent = btn.dataset.label;
+    $("#confirm-title").textContent = btn.textContent.trim();
     $("#confirm-message").textContent = btn.dataset.confirm;
     const holder = $("#confirm-params");
     holder.replaceChildren();
@@ -81,7 +81,9 @@
     form.dataset.submitting = "1";
     form.setAttribute("aria-busy", "true");
     // Disabled after the event, so the browser still sends the form.
-    setTimeout(() => $$('button[type="submit"], button:not([type])', form).forEach((b) => {
+    // form.elements also holds buttons that belong to the form from elsewhere (form="...").
+    const buttons = Array.from(form.elements).filter((b) => b.tagName === "BUTTON" && b.type === "submit");
+    setTimeout(() => buttons.forEach((b) => {
       b.disabled = true;
       b.classList.add("is-loading");
     }), 0);
@@ -91,7 +93,9 @@
     $$("form[data-submitting]").forEach((f) => {
       delete f.dataset.submitting;
       f.removeAttribute("aria-busy");
-      $$("button.is-loading", f).forEach((b) => { b.disabled = false; b.classList.remove("is-loading"); });
+      Array.from(f.elements).filter((b) => b.classList.contains("is-loading")).forEach((b) => {
+        b.disabled = false; b.classList.remove("is-loading");
+      });
     });
   });
   $$("select[data-autosubmit]").forEach((s) => s.addEventListener("change", () => s.form.requestSubmit()));
