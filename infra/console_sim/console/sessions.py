@@ -6,12 +6,14 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..store import Store
 from .drift import Drift
 
 COOKIE = "consolerl_console_session"
+_MAX_FLASH_SESSIONS = 10_000
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS console_sessions (
     token_hash TEXT PRIMARY KEY,
@@ -44,8 +46,10 @@ class SessionStore:
         self.store = store
         self.ttl_ms = int(ttl_s * 1000)
         self.store.db.executescript(SCHEMA)
-        # Toasts waiting for the next page view; losing them on restart is harmless.
-        self._flashes: dict[str, list[tuple[str, str]]] = {}
+        # Toasts waiting for the next page view, for the most recently seen sessions (env
+        # workers sign in once per episode: an unbounded map would grow forever). Losing them
+        # on restart or eviction is harmless.
+        self._flashes: OrderedDict[str, list[tuple[str, str]]] = OrderedDict()
 
     def create(self, account_id: str, region: str, drift: Drift) -> tuple[str, Session]:
         token = secrets.token_urlsafe(32)
@@ -70,8 +74,11 @@ class SessionStore:
         if row is None or row[4] < time.time() * 1000:
             return None
         kinds = frozenset(k for k in row[2].split(",") if k)
-        return Session(token_hash, row[0], row[1], Drift(kinds), row[3], row[4],
-                       self._flashes.setdefault(token_hash, []))
+        flashes = self._flashes.pop(token_hash, [])
+        self._flashes[token_hash] = flashes
+        while len(self._flashes) > _MAX_FLASH_SESSIONS:
+            self._flashes.popitem(last=False)
+        return Session(token_hash, row[0], row[1], Drift(kinds), row[3], row[4], flashes)
 
     def set_region(self, session: Session, region: str) -> None:
         with self.store.tx():
