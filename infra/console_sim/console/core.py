@@ -56,6 +56,32 @@ class ProductNav:
     regional: bool = True
 
 
+@dataclass(frozen=True)
+class PagedSource:
+    """A paged Describe* action as a list's source: ``path`` to the items (``Instances.
+    Instance``), ``to_row`` makes a table row of an item, ``params`` are fixed (RegionId)."""
+
+    product: str
+    action: str
+    path: str
+    to_row: Callable[[dict[str, Any]], dict[str, Any]]
+    params: tuple[tuple[str, str], ...] = ()
+    max_page_size: int = 50
+
+    def page(self, page: Page, number: int, size: int) -> tuple[list[dict[str, Any]], int]:
+        body = page.read(self.product, self.action, PageNumber=number, PageSize=size,
+                         **dict(self.params))
+        items = body
+        for key in self.path.split("."):
+            items = items[key]
+        return [self.to_row(i) for i in items], body["TotalCount"]
+
+    def all(self, page: Page) -> list[dict[str, Any]]:
+        return [self.to_row(i) for i in page.read_all(
+            self.product, self.action, self.path, page_size=self.max_page_size,
+            **dict(self.params))]
+
+
 class BadRequest(Exception):
     """A request the console cannot take (malformed form, stale page); answered with a page."""
 
@@ -275,26 +301,46 @@ class ConsoleApp:
 
     # ---- generic pages ------------------------------------------------------------------------
     def list_page(self, page: Page, *, product: ProductNav, active: str, title: str,
-                  rows: list[dict[str, Any]], columns: list[Column],
+                  rows: list[dict[str, Any]] | PagedSource, columns: list[Column],
                   actions: Callable[[dict[str, Any]], list[Button]], toolbar: list[Button],
                   search: tuple[tuple[str, str], ...], intro: str = "") -> Response:
         """A list with a search box (``by`` one of ``search`` keys, ``q`` a substring), page
-        numbers, a status column that refreshes itself while anything is in transition."""
+        numbers, a status column that refreshes itself while anything is in transition.
+        ``rows``: all rows, or a :class:`PagedSource` that reads just the page shown when
+        there is no search."""
         by = page.query.get("by", search[0][0])
         if by not in dict(search):
             by = search[0][0]
         q = page.query.get("q", "").strip()[:128]
-        if q:
-            rows = [r for r in rows if q.lower() in str(r.get(by, "")).lower()]
         size = _int(page.query.get("size"), 20)
         size = size if size in PAGE_SIZES else 20
-        pages = max(1, -(-len(rows) // size))
-        number = min(max(1, _int(page.query.get("page"), 1)), pages)
+        wanted = max(1, _int(page.query.get("page"), 1))
+        if isinstance(rows, PagedSource):
+            if not q and size <= rows.max_page_size:
+                shown, total = rows.page(page, wanted, size)
+                if not shown and total and wanted > 1:   # past the end: show the last page
+                    wanted = -(-total // size)
+                    shown, total = rows.page(page, wanted, size)
+                return self._render_list(page, product, active, title, intro, shown, total,
+                                         wanted, columns, actions, toolbar, search, by, q, size)
+            rows = rows.all(page)
+        if q:
+            rows = [r for r in rows if q.lower() in str(r.get(by, "")).lower()]
+        number = min(wanted, max(1, -(-len(rows) // size)))
         shown = rows[(number - 1) * size: number * size]
+        return self._render_list(page, product, active, title, intro, shown, len(rows), number,
+                                 columns, actions, toolbar, search, by, q, size)
+
+    def _render_list(self, page: Page, product: ProductNav, active: str, title: str, intro: str,
+                     shown: list[dict[str, Any]], total: int, number: int,
+                     columns: list[Column], actions: Callable[[dict[str, Any]], list[Button]],
+                     toolbar: list[Button], search: tuple[tuple[str, str], ...], by: str,
+                     q: str, size: int) -> Response:
         return page.render(
             "list.html", product=product, active=active, title=title, intro=intro, rows=shown,
             columns=columns, actions=actions, toolbar=toolbar, search=search, by=by, q=q,
-            total=len(rows), size=size, sizes=PAGE_SIZES, number=number, pages=pages,
+            total=total, size=size, sizes=PAGE_SIZES, number=number,
+            pages=max(1, -(-total // size)),
             live=any(r.get("Status") in TRANSITIONAL for r in shown))
 
     def form(self, page: Page, spec: FormSpec, *, product: ProductNav, active: str,

@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from ..catalog import IMAGES, INSTANCE_TYPES, REGIONS
 from ..errors import CloudError, not_found
-from .core import REGION_NAMES, ConsoleApp, Page, ProductNav
+from .core import REGION_NAMES, ConsoleApp, Page, PagedSource, ProductNav
 from .ui import Button, Column, Field, FormSpec, Option, Section, Step
 
 NAV = ProductNav("ecs", "Elastic Compute Service", "ECS", (
@@ -47,6 +47,11 @@ def _instance_row(inst: dict[str, Any]) -> dict[str, Any]:
         "Description": inst["Description"],
         "_href": f"{INSTANCES}/{inst['InstanceId']}",
     }
+
+
+def _group_row(g: dict[str, Any]) -> dict[str, Any]:
+    return {**g, "_href": f"{GROUPS}/{g['SecurityGroupId']}",
+            "Type": "Basic" if g["SecurityGroupType"] == "normal" else "Advanced"}
 
 
 def _instance_buttons(row: dict[str, Any], with_manage: bool) -> list[Button]:
@@ -91,8 +96,8 @@ def register(console: ConsoleApp) -> None:
     # ---- instances ------------------------------------------------------------------------
     @console.route("/ecs/instances", name="ecs_instances")
     def instances(page: Page) -> Response:
-        rows = [_instance_row(i) for i in page.read_all(
-            "Ecs", "DescribeInstances", "Instances.Instance", page_size=100, RegionId=page.region)]
+        rows = PagedSource("Ecs", "DescribeInstances", "Instances.Instance", _instance_row,
+                           (("RegionId", page.region),), max_page_size=100)
         return console.list_page(
             page, product=NAV, active=INSTANCES, title="Instances", rows=rows,
             columns=[Column("InstanceId", "Instance ID/Name", "link", sub="InstanceName"),
@@ -204,10 +209,8 @@ def register(console: ConsoleApp) -> None:
     # ---- security groups ------------------------------------------------------------------
     @console.route("/ecs/security-groups", name="ecs_groups")
     def groups(page: Page) -> Response:
-        rows = [{**g, "_href": f"{GROUPS}/{g['SecurityGroupId']}",
-                 "Type": "Basic" if g["SecurityGroupType"] == "normal" else "Advanced"}
-                for g in page.read_all("Ecs", "DescribeSecurityGroups",
-                                       "SecurityGroups.SecurityGroup", RegionId=page.region)]
+        rows = PagedSource("Ecs", "DescribeSecurityGroups", "SecurityGroups.SecurityGroup",
+                           _group_row, (("RegionId", page.region),))
         return console.list_page(
             page, product=NAV, active=GROUPS, title="Security Groups", rows=rows,
             columns=[Column("SecurityGroupId", "Security Group ID/Name", "link",

@@ -8,7 +8,7 @@ from starlette.responses import Response
 
 from ..catalog import REGIONS
 from ..errors import not_found
-from .core import ConsoleApp, Page, ProductNav
+from .core import ConsoleApp, Page, PagedSource, ProductNav
 from .ui import Button, Column, Field, FormSpec, Option, Section, Step
 
 NAV = ProductNav("vpc", "Virtual Private Cloud", "VPC", (
@@ -61,8 +61,8 @@ def register(console: ConsoleApp) -> None:
 
     @console.route("/vpc/vpcs", name="vpc_vpcs")
     def vpcs(page: Page) -> Response:
-        rows = [_vpc_row(v) for v in page.read_all("Vpc", "DescribeVpcs", "Vpcs.Vpc",
-                                                   RegionId=page.region)]
+        rows = PagedSource("Vpc", "DescribeVpcs", "Vpcs.Vpc", _vpc_row,
+                           (("RegionId", page.region),))
         return console.list_page(
             page, product=NAV, active=VPCS, title="VPCs", rows=rows,
             columns=[Column("VpcId", "VPC ID/Name", "link", sub="VpcName"),
@@ -125,8 +125,8 @@ def register(console: ConsoleApp) -> None:
 
     @console.route("/vpc/vswitches", name="vpc_vswitches")
     def vswitches(page: Page) -> Response:
-        rows = [_vsw_row(s) for s in page.read_all("Vpc", "DescribeVSwitches", "VSwitches.VSwitch",
-                                                   RegionId=page.region)]
+        rows = PagedSource("Vpc", "DescribeVSwitches", "VSwitches.VSwitch", _vsw_row,
+                           (("RegionId", page.region),))
         return console.list_page(
             page, product=NAV, active=VSWITCHES, title="vSwitches", rows=rows,
             columns=_vsw_columns(True), actions=_vsw_buttons,
