@@ -1,0 +1,58 @@
+"""Types that cross process (Ray) boundaries between env workers, the rollout service and the
+reward service. Frozen, picklable dataclasses; secrets never appear in them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EnvError:
+    """An infrastructure failure (not the agent's): the episode is marked env_error and kept
+    out of the training signal. ``kind``: signin_failed | browser_crashed | navigation_failed |
+    timeout | lease_lost | internal."""
+
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """Where an episode starts: a console path (``/console/ecs/instances``) on the cloud's
+    console host, the drift profile to sign in with, and the episode's limits."""
+
+    start_path: str = "/console/"
+    drift: str = ""
+    max_steps: int = 30
+    max_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the agent sees after a step. ``text``: the compact accessibility tree with bids
+    (see ``env_workers.observation``); ``screenshot``: image bytes when asked for."""
+
+    url: str
+    title: str
+    text: str
+    focused: str = ""
+    last_action_error: str = ""
+    step: int = 0
+    screenshot: bytes | None = field(default=None, repr=False)
+    screenshot_mime: str = ""
+    blocked_requests: int = 0       # requests the sandbox refused so far in the episode
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The outcome of one action. ``done`` ends the episode: the agent stopped
+    (``answer``) or declared the task infeasible (``infeasible``), a limit was hit
+    (``truncated``), or the environment failed (``env_error``)."""
+
+    observation: Observation
+    done: bool = False
+    answer: str | None = None
+    infeasible: str | None = None
+    truncated: str = ""              # "", "max_steps" or "max_seconds"
+    env_error: EnvError | None = None
+    action_text: str = ""            # the canonical action that ran ("" when it did not parse)
+    elapsed_ms: float = 0.0
