@@ -363,6 +363,7 @@ def _find_action_line(text: str) -> str:
 
 _ESCAPES = {'"': '"', "'": "'", "\\": "\\", "n": "\n", "t": "\t"}
 _BARE_RE = re.compile(r"""[^ \t,()'"\\]+""")
+_BRACKETED_BID_RE = re.compile(r"\[([A-Za-z0-9_-]{1,16})\]")
 
 
 def _parse_line(line: str) -> Action:
@@ -414,6 +415,10 @@ def _read_args(line: str, pos: int, fail: Callable[[str], InvalidActionError]
         if line[pos] in "\"'":
             value, pos = _read_string(line, pos, fail)
             args.append((value, True))
+        elif (bracketed := _BRACKETED_BID_RE.match(line, pos)) is not None:
+            # Observations show bids as "[17]"; a model copying the brackets means bid 17.
+            args.append((bracketed.group(1), False))
+            pos = bracketed.end()
         elif (bare := _BARE_RE.match(line, pos)) is not None:
             args.append((bare.group(), False))
             pos = bare.end()

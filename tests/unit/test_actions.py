@@ -321,3 +321,10 @@ def test_host_allowed_ignores_malformed_entries() -> None:
     assert not host_allowed("http://a.example/", ["a.example/path", "x@a.example", "",
                                                   "a.example:notaport"])
     assert host_allowed("http://a.example/", ("bad entry", "a.example"))
+
+
+def test_bids_copied_with_their_brackets_from_the_observation():
+    assert parse_action("click([17])") == Click("17")
+    assert parse_action('fill([3], "x")') == Fill("3", "x")
+    assert isinstance(parse_action("click([17)"), ActionError)
+    assert isinstance(parse_action("click([])"), ActionError)
