@@ -1,0 +1,167 @@
+"""Env workers as Ray actors, and the pool that runs N of them.
+
+``EnvWorkerActor`` wraps one :class:`~env_workers.worker.EnvWorker` and owns the account side of
+an episode: it takes a lease from the :class:`~env_workers.leases.AccountPool` (Redis), renews it
+from a heartbeat thread in its own process while the episode runs — so when the actor dies the
+renewals stop and the account is free again within the lease TTL — signs in with the account
+(whose password never leaves the actor's process), and releases the lease at the end.
+
+``EnvPool`` starts ``workers`` actors (Ray restarts a crashed one: ``max_restarts``), reports
+their health and drains them: no new episodes, running ones end, leases are released.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from consolerl.errors import ConfigError
+from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
+
+from .accounts import PoolConfig
+from .leases import AccountPool, Heartbeat, Lease, NoAccountAvailable, PoolError
+from .worker import EnvWorker, WorkerConfig
+
+log = logging.getLogger("env_workers.pool")
+
+
+@dataclass(frozen=True)
+class EpisodeStart:
+    """What ``start_episode`` answers: the first observation (or why there is none) and the
+    lease the episode runs under — its fencing number goes into the episode's record."""
+
+    observation: Observation | None
+    env_error: EnvError | None
+    account_id: str = ""
+    fencing: int = 0
+    worker: str = ""
+
+
+@dataclass(frozen=True)
+class EnvPoolConfig:
+    workers: int = 2
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    pool: PoolConfig | None = None          # required; None only as a dataclass default
+    num_cpus_per_worker: float = 0.5
+    max_restarts: int = -1                  # -1: restart a crashed worker forever
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise ConfigError(f"env pool: field 'workers' must be an integer >= 1, "
+                              f"got {self.workers!r}")
+        if self.pool is None:
+            raise ConfigError("env pool: field 'pool' (a PoolConfig) is required")
+
+
+class EnvWorkerBody:
+    """The actor's body (kept a plain class so it can be tested without Ray)."""
+
+    def __init__(self, worker_config: WorkerConfig, pool_config: PoolConfig, name: str):
+        self.name = name
+        self.worker = EnvWorker(worker_config)
+        self.pool = AccountPool.from_config(pool_config)
+        self.heartbeat: Heartbeat | None = None
+        self.lease: Lease | None = None
+        self.draining = False
+        self.episodes = 0
+
+    async def start_episode(self, spec: EpisodeSpec, acquire_timeout_s: float | None = None
+                            ) -> EpisodeStart:
+        if self.draining:
+            return EpisodeStart(None, EnvError("internal", f"{self.name} is draining"),
+                                worker=self.name)
+        await self.end_episode()
+        try:
+            lease = await asyncio.to_thread(self.pool.acquire, self.name, acquire_timeout_s)
+        except NoAccountAvailable as exc:
+            return EpisodeStart(None, EnvError("timeout", str(exc)), worker=self.name)
+        except PoolError as exc:
+            return EpisodeStart(None, EnvError("internal", f"account pool: {exc}"),
+                                worker=self.name)
+        self.lease = lease
+        self.heartbeat = Heartbeat(self.pool, lease).start()
+        account = self.pool.account(lease.account_id)
+        result = await self.worker.reset(spec, account)
+        if isinstance(result, EnvError):
+            if result.kind == "signin_failed":
+                await asyncio.to_thread(self.pool.report_signin_failure, lease.account_id)
+            await self.end_episode()
+            return EpisodeStart(None, result, lease.account_id, lease.fencing, self.name)
+        await asyncio.to_thread(self.pool.report_signin_success, lease.account_id)
+        self.episodes += 1
+        return EpisodeStart(result, None, lease.account_id, lease.fencing, self.name)
+
+    async def step(self, action_text: str) -> StepResult:
+        if self.heartbeat is not None and self.heartbeat.lost:
+            # Someone else may hold the account now: acting would corrupt their episode.
+            await self.worker.close_episode()
+            return StepResult(Observation("", "", ""), done=True, env_error=EnvError(
+                "lease_lost", f"the lease on account {self.lease.account_id if self.lease else ''}"
+                              " expired before the episode ended"))
+        return await self.worker.step(action_text)
+
+    async def end_episode(self) -> bool:
+        """Close the episode and release its lease; False when the lease was already lost."""
+        await self.worker.close_episode()
+        heartbeat, lease = self.heartbeat, self.lease
+        self.heartbeat = self.lease = None
+        if heartbeat is not None:
+            heartbeat.stop()
+        if lease is None:
+            return True
+        return await asyncio.to_thread(self.pool.release, heartbeat.lease if heartbeat else lease)
+
+    async def health(self) -> dict[str, Any]:
+        return {"worker": self.name, "episodes": self.episodes, "draining": self.draining,
+                "in_episode": self.lease is not None,
+                "browser_pss_mb": round(self.worker.browser_rss_mb(), 1)}
+
+    async def drain(self) -> None:
+        self.draining = True
+        await self.end_episode()
+        await self.worker.shutdown()
+        self.pool.close()
+
+
+EnvWorkerActor = ray.remote(EnvWorkerBody)
+
+
+class EnvPool:
+    """N env worker actors on the current Ray cluster (``ray.init`` first)."""
+
+    def __init__(self, config: EnvPoolConfig):
+        self.config = config
+        self.actors = [
+            EnvWorkerActor.options(name=None, max_restarts=config.max_restarts,
+                                   max_task_retries=0, num_cpus=config.num_cpus_per_worker,
+                                   max_concurrency=4)
+            .remote(config.worker, config.pool, f"env-worker-{i}")
+            for i in range(config.workers)]
+
+    def health(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+        """One entry per worker; a worker that does not answer in time is reported down."""
+        refs = [actor.health.remote() for actor in self.actors]
+        report = []
+        for i, ref in enumerate(refs):
+            try:
+                report.append({**ray.get(ref, timeout=timeout_s), "up": True})
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                report.append({"worker": f"env-worker-{i}", "up": False,
+                               "error": type(exc).__name__})
+        return report
+
+    def drain(self, timeout_s: float = 30.0) -> None:
+        """End running episodes, release their leases, stop the browsers and the actors."""
+        deadline = time.monotonic() + timeout_s
+        refs = [actor.drain.remote() for actor in self.actors]
+        for ref in refs:
+            try:
+                ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                log.warning("a worker did not drain cleanly: %s", exc)
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)

@@ -1,0 +1,72 @@
+"""A local ``redis-server`` process on a free loopback port, with AOF (fsync every second):
+for tests, benchmarks and the embedded single-machine setup. Never port 6379, which Ray's GCS
+takes."""
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from consolerl.errors import ConfigError
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RedisServer:
+    """``start()`` / ``stop()`` a redis-server whose files live in ``data_dir``."""
+
+    data_dir: Path
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True)
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        self.port = self.port or _free_port()
+        if self.port == 6379:
+            raise ConfigError("refusing to start redis-server on 6379 (Ray's GCS port)")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.data_dir / "redis.log", "ab")
+        self.proc = subprocess.Popen(
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+             "--dir", str(self.data_dir)],
+            stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited: "
+                                   f"{(self.data_dir / 'redis.log').read_text()[-2000:]}")
+            try:
+                with self.client() as c:
+                    if c.ping():
+                        return self
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not answer within {timeout_s} s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
