@@ -6,7 +6,8 @@ system Chromium:
 - ``step_p50_ms`` / ``step_p95_ms``: one step = parse the action, run it in the browser, wait
   for any navigation it started, take the observation (accessibility tree to text). The steps
   cycle through typing into a form field, a link to the user list and a link back to the form
-  (``fill``, ``click``, ``click``): two in three navigate to another console page. ``step_p50_ms_screenshot``: the same with a
+  (``fill``, ``click``, ``click``): two in three navigate to another console page.
+  ``step_p50_ms_same_page`` / ``step_p50_ms_navigating`` split the two kinds. ``step_p50_ms_screenshot``: the same with a
   JPEG screenshot in every observation.
 - ``episodes_per_min``: complete episodes for 1, 2 and 4 concurrent workers (one asyncio loop,
   each worker its own Chromium): lease an account from Redis (heartbeat running), sign in,
@@ -53,10 +54,14 @@ def _pct(values: list[float], q: float) -> float:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
 
 
-async def _step_latency(url: str, screenshot: bool, samples: int) -> list[float]:
+async def _step_latency(url: str, screenshot: bool, samples: int
+                        ) -> tuple[list[float], list[float], list[float]]:
+    """(all steps, steps that stayed on the page, steps that loaded another page) in ms."""
     account = load_accounts(DEFAULT_ACCOUNTS_FILE)[0]
     worker = EnvWorker(WorkerConfig(console_url=url, screenshot=screenshot))
     times: list[float] = []
+    same_page: list[float] = []
+    navigating: list[float] = []
     try:
         d = ScriptedDriver(worker.step, expect_observation(await worker.reset(
             EpisodeSpec("/console/ram/users/create", max_steps=10_000), account)))
@@ -72,9 +77,10 @@ async def _step_latency(url: str, screenshot: bool, samples: int) -> list[float]
                 raise RuntimeError(f"step failed: {result.observation.last_action_error}")
             if i >= 6:
                 times.append(result.elapsed_ms)
+                (same_page if i % 3 == 0 else navigating).append(result.elapsed_ms)
     finally:
         await worker.shutdown()
-    return times
+    return times, same_page, navigating
 
 
 async def _episodes(url: str, redis_url: str, workers: int, per_worker: int, tag: str
@@ -147,9 +153,9 @@ def run(samples: int, per_worker: int) -> dict:
                 raise RuntimeError("the local cloud did not start")
             time.sleep(0.1)
         _progress(f"step latency: {samples} steps, screenshots off")
-        plain = asyncio.run(_step_latency(url, False, samples))
+        plain, same_page, navigating = asyncio.run(_step_latency(url, False, samples))
         _progress(f"step latency: {samples} steps, screenshots on")
-        shots = asyncio.run(_step_latency(url, True, samples))
+        shots = asyncio.run(_step_latency(url, True, samples))[0]
         rates: dict[str, float] = {}
         counts: dict[str, int] = {}
         pss = 0.0
@@ -163,7 +169,10 @@ def run(samples: int, per_worker: int) -> dict:
             "step_p50_ms": _pct(plain, 0.5), "step_p95_ms": _pct(plain, 0.95),
             "step_p50_ms_screenshot": _pct(shots, 0.5),
             "step_p95_ms_screenshot": _pct(shots, 0.95),
-            "step_samples": len(plain), "episodes_per_min": rates, "episodes": counts,
+            "step_samples": len(plain),
+            "step_p50_ms_same_page": _pct(same_page, 0.5),
+            "step_p50_ms_navigating": _pct(navigating, 0.5),
+            "episodes_per_min": rates, "episodes": counts,
             "rss_mb_per_worker": round(pss / 4, 1),
             "step_mean_ms": round(statistics.fmean(plain), 1),
         }

@@ -334,7 +334,10 @@ class EnvWorker:
     async def _settle(self, page: Page) -> None:
         """Let a navigation the action started finish (a form submit, a link)."""
         try:
-            await page.wait_for_load_state("load", timeout=self.config.navigation_timeout_s * 1000)
+            # DOMContentLoaded: the document and its deferred script have run; the console
+            # loads nothing later that the accessibility tree depends on.
+            await page.wait_for_load_state("domcontentloaded",
+                                           timeout=self.config.navigation_timeout_s * 1000)
         except PlaywrightError:
             pass   # the next observation shows whatever state the page reached
 
