@@ -3,7 +3,7 @@
 #   make test        the fast suite (unit + integration against real local services)
 #   make test-slow   the slow tests (run before resolving an issue)
 #   make cloud       serve the local cloud on $(CLOUD_PORT)
-#   make bench       local-cloud benchmark, one JSON object
+#   make bench       benchmarks (local cloud API, console, env workers), one JSON object each
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -54,6 +54,8 @@ test-all: $(PY)
 
 bench: $(PY)
 	$(PY) -m infra.console_sim.bench --json
+	$(PY) -m infra.console_sim.bench --console --json
+	$(PY) -m env_workers.bench --json
 
 cloud: $(PY)
 	$(PY) -m infra.console_sim --port $(CLOUD_PORT) --state-dir $(STATE_DIR)

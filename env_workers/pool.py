@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from prometheus_client import CollectorRegistry, start_http_server
 
 from consolerl.errors import ConfigError
 from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
@@ -48,6 +49,10 @@ class EnvPoolConfig:
     pool: PoolConfig | None = None          # required; None only as a dataclass default
     num_cpus_per_worker: float = 0.5
     max_restarts: int = -1                  # -1: restart a crashed worker forever
+    # Each worker serves its Prometheus metrics (consolerl_env_worker_*, consolerl_env_pool_*)
+    # on this port of its node (0: a free port, listed by health(); None: not served).
+    metrics_port: int | None = 0
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if not isinstance(self.workers, int) or self.workers < 1:
@@ -60,10 +65,19 @@ class EnvPoolConfig:
 class EnvWorkerBody:
     """The actor's body (kept a plain class so it can be tested without Ray)."""
 
-    def __init__(self, worker_config: WorkerConfig, pool_config: PoolConfig, name: str):
+    def __init__(self, worker_config: WorkerConfig, pool_config: PoolConfig, name: str,
+                 metrics_port: int | None = None, metrics_host: str = "127.0.0.1"):
         self.name = name
-        self.worker = EnvWorker(worker_config)
-        self.pool = AccountPool.from_config(pool_config)
+        self.registry = CollectorRegistry()
+        self.worker = EnvWorker(worker_config, self.registry)
+        self.pool = AccountPool.from_config(pool_config, registry=self.registry)
+        self.metrics_url = ""
+        self._metrics_server = None
+        if metrics_port is not None:
+            self._metrics_server, _ = start_http_server(metrics_port, addr=metrics_host,
+                                                        registry=self.registry)
+            self.metrics_url = (f"http://{metrics_host}:{self._metrics_server.server_port}"
+                                "/metrics")
         self.heartbeat: Heartbeat | None = None
         self.lease: Lease | None = None
         self.draining = False
@@ -117,7 +131,7 @@ class EnvWorkerBody:
 
     async def health(self) -> dict[str, Any]:
         return {"worker": self.name, "episodes": self.episodes, "draining": self.draining,
-                "in_episode": self.lease is not None,
+                "in_episode": self.lease is not None, "metrics_url": self.metrics_url,
                 "browser_pss_mb": round(self.worker.browser_rss_mb(), 1)}
 
     async def drain(self) -> None:
@@ -125,6 +139,8 @@ class EnvWorkerBody:
         await self.end_episode()
         await self.worker.shutdown()
         self.pool.close()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
 
 
 EnvWorkerActor = ray.remote(EnvWorkerBody)
@@ -139,7 +155,8 @@ class EnvPool:
             EnvWorkerActor.options(name=None, max_restarts=config.max_restarts,
                                    max_task_retries=0, num_cpus=config.num_cpus_per_worker,
                                    max_concurrency=4)
-            .remote(config.worker, config.pool, f"env-worker-{i}")
+            .remote(config.worker, config.pool, f"env-worker-{i}", config.metrics_port,
+                    config.metrics_host)
             for i in range(config.workers)]
 
     def health(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 import ray
 
@@ -88,6 +89,9 @@ def test_pool_runs_episodes_restarts_a_killed_worker_and_drains(pool_cloud, redi
         health = pool.health()
         assert [h["up"] for h in health] == [True, True]
         assert all(h["in_episode"] for h in health)
+        scraped = httpx.get(health[0]["metrics_url"], timeout=5).text
+        assert 'consolerl_env_worker_steps_total{outcome="ok"} 3.0' in scraped
+        assert "consolerl_env_pool_leases_acquired_total" in scraped
     finally:
         pool.drain()
     assert leases.status().leased == 0

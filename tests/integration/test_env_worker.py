@@ -229,3 +229,20 @@ def test_a_crashed_browser_is_an_env_error_and_is_relaunched(env_cloud, accounts
         finally:
             await worker.shutdown()
     run(flow())
+
+
+def test_wall_clock_limit_and_browser_restart_past_the_memory_limit(env_cloud, accounts):
+    async def flow():
+        worker = worker_for(env_cloud, max_browser_rss_mb=1)   # every browser is "too big"
+        try:
+            expect_observation(await worker.reset(EpisodeSpec("/console/", max_seconds=0.2),
+                                                  accounts[7]))
+            await asyncio.sleep(0.3)
+            result = await worker.step('scroll("down")')
+            assert result.done and result.truncated == "max_seconds"
+            launches = worker.metrics.browser_launches._value.get()
+            expect_observation(await worker.reset(EpisodeSpec("/console/"), accounts[7]))
+            assert worker.metrics.browser_launches._value.get() == launches + 1
+        finally:
+            await worker.shutdown()
+    run(flow())
