@@ -1,6 +1,8 @@
 """Shared fixtures: a real local-cloud server process on a free port."""
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import socket
 import subprocess
@@ -103,6 +105,13 @@ def make_client(cloud: CloudServer, accounts: list[Account]):
         return CloudClient(CloudConfig(endpoint=(server or cloud).endpoint,
                                        signature=signature), creds)
     return make
+
+
+def run_async(coro):
+    """Run a coroutine on a fresh event loop in its own thread: the session's sync Playwright
+    (console tests) keeps an event loop running on the main thread, where asyncio.run fails."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):

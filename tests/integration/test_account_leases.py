@@ -25,7 +25,7 @@ from env_workers.accounts import PoolConfig, environment_accounts, secrets_file_
 from env_workers.leases import (AccountPool, Heartbeat, Lease, LeaseLost, NoAccountAvailable,
                                 PoolStatus, UnknownAccount, _Wait)
 from infra.console_sim.accounts import Account
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, run_async, wait_for
 from tests.integration.redis_server import RedisServer
 
 FAST = dict(lease_ttl_s=10.0, poll_interval_s=0.01, waiter_ttl_s=1.0)
@@ -391,7 +391,7 @@ def test_acquire_async_and_cancel_leaves_queue(make_pool):
         assert pool.release(lease)
         assert (await pool.acquire_async("next", timeout_s=1)).fencing > lease.fencing
 
-    asyncio.run(scenario())
+    run_async(scenario())
 
 
 # -- quarantine -----------------------------------------------------------------------------

@@ -3,7 +3,6 @@ the local cloud: concurrent episodes on distinct accounts, a killed worker resta
 its account free again within the lease TTL, health, drain."""
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 
@@ -19,6 +18,7 @@ from env_workers.pool import EnvPool, EnvPoolConfig
 from env_workers.worker import WorkerConfig
 from tests.conftest import CloudServer, _server, wait_for
 from tests.integration.redis_server import RedisServer
+from tests.conftest import run_async
 
 TTL = 2.0
 
@@ -74,7 +74,7 @@ def test_pool_runs_episodes_restarts_a_killed_worker_and_drains(pool_cloud, redi
             await d.fill("Logon Name", "from-the-pool")
             await d.click("button", "Create")
             return d.observation.url
-        assert asyncio.run(flow()).endswith("/console/ram/users/from-the-pool")
+        assert run_async(flow()).endswith("/console/ram/users/from-the-pool")
 
         # Kill the other worker mid-episode: Ray restarts it, its lease expires within the TTL.
         killed_account = starts[1].account_id

@@ -15,6 +15,7 @@ from consolerl.types import EnvError, EpisodeSpec, Observation
 from env_workers.driver import ScriptedDriver, expect_observation
 from env_workers.worker import EnvWorker, WorkerConfig
 from tests.conftest import CloudServer, _server
+from tests.conftest import run_async as run
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +23,6 @@ def env_cloud(tmp_path_factory) -> Iterator[CloudServer]:
     yield from _server(tmp_path_factory, "env-cloud", ["--transition", "0.3",
                                                       "--network-ready", "0.1",
                                                       "--lookup-qps", "0"])
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 def worker_for(cloud: CloudServer, **kw) -> EnvWorker:
