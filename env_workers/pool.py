@@ -90,7 +90,7 @@ class EnvWorkerBody:
                                 worker=self.name)
         await self.end_episode()
         try:
-            lease = await asyncio.to_thread(self.pool.acquire, self.name, acquire_timeout_s)
+            lease = await self.pool.acquire_async(self.name, acquire_timeout_s)
         except NoAccountAvailable as exc:
             return EpisodeStart(None, EnvError("timeout", str(exc)), worker=self.name)
         except PoolError as exc:
