@@ -45,6 +45,9 @@ from .pool import EnvWorkerBody
 from .worker import EnvWorker, WorkerConfig
 
 
+WARMUP_STEPS = 15   # a multiple of 3, so the timed steps keep the fill/click/click mix
+
+
 def _progress(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
@@ -65,7 +68,7 @@ async def _step_latency(url: str, screenshot: bool, samples: int
     try:
         d = ScriptedDriver(worker.step, expect_observation(await worker.reset(
             EpisodeSpec("/console/ram/users/create", max_steps=10_000), account)))
-        for i in range(samples + 6):
+        for i in range(samples + WARMUP_STEPS):
             # fill on the form, then to the list, then back to the form, and again
             if i % 3 == 0:
                 result = await d.fill("Logon Name", f"typed-{i}")
@@ -75,7 +78,7 @@ async def _step_latency(url: str, screenshot: bool, samples: int
                 result = await d.click("link", "Create User")
             if result.observation.last_action_error:
                 raise RuntimeError(f"step failed: {result.observation.last_action_error}")
-            if i >= 6:
+            if i >= WARMUP_STEPS:
                 times.append(result.elapsed_ms)
                 (same_page if i % 3 == 0 else navigating).append(result.elapsed_ms)
     finally:
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m env_workers.bench",
                                      description="Benchmark the browser env workers.")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--samples", type=int, default=40, help="steps per latency run")
+    parser.add_argument("--samples", type=int, default=60, help="steps per latency run")
     parser.add_argument("--episodes-per-worker", type=int, default=4)
     args = parser.parse_args(argv)
     if args.samples < 2 or args.episodes_per_worker < 1:

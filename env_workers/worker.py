@@ -307,7 +307,16 @@ class EnvWorker:
                         "the current observation")
             target = page.locator(f"aria-ref={ref}")
             if isinstance(action, Click):
-                await target.click(timeout=timeout)
+                # Playwright's full actionability wait (two stable animation frames, ~35 ms a
+                # click) buys nothing here: bids come from the accessibility tree, which holds
+                # no hidden or inert (modal-covered) element. Visibility and enabledness are
+                # still checked, cheaply.
+                if not await target.is_visible():
+                    return (f"{action.to_text()}: element {action.bid} is not visible any more; "
+                            "look at the current observation")
+                if not await target.is_enabled(timeout=timeout):
+                    return f"{action.to_text()}: element {action.bid} is disabled"
+                await target.click(force=True, timeout=timeout)
             elif isinstance(action, Fill):
                 await target.fill(action.text, timeout=timeout)
             else:
