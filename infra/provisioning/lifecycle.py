@@ -1,0 +1,160 @@
+"""One episode's lifecycle: provision → execute → recover → score → destroy → verify.
+
+- provision: the task's prerequisites under a fresh episode id (a failure makes the episode an
+  ``env_error``: it never counts as the agent's failure);
+- execute: sign in on the task's start page and let the policy act (here: the oracle);
+- recover: before scoring, find prerequisites the agent broke without being asked to (a
+  declared resource that is gone although no required event names it), and record them;
+- score: the task's success rule over the console's audit events of the episode and the end
+  state (:mod:`reward_service.rules`);
+- destroy: everything tagged with or named after the episode, plus what the agent created
+  (found in the audit log), then verify through Describe calls that nothing is left.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from consolerl.errors import CloudAPIError
+from consolerl.types import EnvError, EpisodeSpec
+from env_workers.driver import DriverError
+from env_workers.worker import EnvWorker
+from infra.cloud import CloudClient
+from infra.console_sim.accounts import Account
+from reward_service.rules import evaluate, lookup_events
+
+from .meta import fill
+from .oracle import run_oracle
+from .sdk import Provisioned, ProvisionError, ProvisionResult, SdkProvisioner
+from .tasks import Task
+
+# Audit events that create something the agent owns -> (type, where its id is)
+_CREATES = {
+    "CreateVpc": ("vpc", "responseElements.VpcId"),
+    "CreateVSwitch": ("vswitch", "responseElements.VSwitchId"),
+    "CreateSecurityGroup": ("security_group", "responseElements.SecurityGroupId"),
+    "RunInstances": ("instance", "responseElements.InstanceIdSets.InstanceIdSet"),
+    "CreateUser": ("ram_user", "requestParameters.UserName"),
+    "PutBucket": ("oss_bucket", "requestParameters.BucketName"),
+}
+
+
+@dataclass
+class EpisodeOutcome:
+    task_id: str
+    episode_id: str
+    status: str                      # solved | failed | infeasible_reported | env_error
+    provision_s: float = 0.0
+    steps: int = 0
+    reasons: list[str] = field(default_factory=list)
+    broken_prerequisites: list[str] = field(default_factory=list)
+    leaked: list[str] = field(default_factory=list)
+    fencing: int = 0
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def agent_created(events: list[dict[str, Any]]) -> list[Provisioned]:
+    """What the agent's console operations created (to destroy it with the episode)."""
+    from reward_service.rules import dotted
+    made = []
+    for e in events:
+        if e.get("errorCode") or e.get("eventName") not in _CREATES:
+            continue
+        kind, path = _CREATES[e["eventName"]]
+        value = dotted(e, path)
+        for rid in (value if isinstance(value, list) else [value]):
+            if rid:
+                made.append(Provisioned("agent", kind, str(rid), e.get("acsRegion", "")))
+    return made
+
+
+def _exists(client: CloudClient, r: Provisioned) -> bool:
+    try:
+        if r.type == "vpc":
+            return bool(client.rpc("Vpc", "DescribeVpcs", {"RegionId": r.region,
+                                                           "VpcId": r.cloud_id})["TotalCount"])
+        if r.type == "vswitch":
+            return bool(client.rpc("Vpc", "DescribeVSwitches", {
+                "RegionId": r.region, "VSwitchId": r.cloud_id})["TotalCount"])
+        if r.type == "security_group":
+            client.rpc("Ecs", "DescribeSecurityGroupAttribute", {
+                "RegionId": r.region, "SecurityGroupId": r.cloud_id})
+            return True
+        if r.type == "instance":
+            return bool(client.rpc("Ecs", "DescribeInstances", {
+                "RegionId": r.region, "InstanceIds": f'["{r.cloud_id}"]'})["TotalCount"])
+        if r.type == "ram_user":
+            client.rpc("Ram", "GetUser", {"UserName": r.cloud_id})
+            return True
+        if r.type == "oss_bucket":
+            client.oss_bucket(r.cloud_id).get_bucket_info()
+            return True
+    except CloudAPIError:
+        return False
+    except Exception:       # oss2 errors: a missing bucket
+        return False
+    return True             # rules live with their group
+
+
+async def run_episode(task: Task, worker: EnvWorker, account: Account, client: CloudClient,
+                      provisioner: SdkProvisioner, *, max_steps: int = 40,
+                      ready: ProvisionResult | None = None) -> EpisodeOutcome:
+    """Run ``task`` once with the oracle; ``ready``: prerequisites a warm pool provisioned."""
+    started = time.time()
+    episode_id = ready.episode_id if ready else secrets.token_hex(4)
+    outcome = EpisodeOutcome(task.id, episode_id, "failed")
+    try:
+        t0 = time.perf_counter()
+        result = ready or provisioner.provision(list(task.prerequisites), episode_id)
+        outcome.provision_s = 0.0 if ready else time.perf_counter() - t0
+    except ProvisionError as exc:
+        outcome.status = "env_error"
+        outcome.reasons.append(str(exc))
+        outcome.leaked = provisioner.leftovers(episode_id)
+        return outcome
+    values = task.values(episode_id, result.values())
+    try:
+        spec = EpisodeSpec(start_path=fill(task.start_page, values), drift=task.drift,
+                           max_steps=max_steps)
+        observation = await worker.reset(spec, account)
+        if isinstance(observation, EnvError):
+            outcome.status = "env_error"
+            outcome.reasons.append(f"{observation.kind}: {observation.message}")
+            return outcome
+        try:
+            final = await run_oracle(task, values, worker.step, observation)
+            outcome.steps = final.observation.step
+        except DriverError as exc:
+            final = None
+            outcome.reasons.append(f"oracle stuck: {str(exc)[:300]}")
+        await worker.close_episode()
+        ended = time.time() + 1
+        console_events = [e for e in lookup_events(client, _iso(started - 1), _iso(ended))
+                          if ".console.aliyun.com" in e.get("userAgent", "")]
+        named = {fill(v, values) for rule in task.success.required_events for _, v in rule.where}
+        outcome.broken_prerequisites = [
+            f"{r.type} {r.cloud_id}" for r in result.resources
+            if r.cloud_id not in named and not _exists(client, r)]
+        if task.expected == "infeasible":
+            if final is not None and final.infeasible is not None:
+                outcome.status = "infeasible_reported"
+            else:
+                outcome.reasons.append("did not report the task as infeasible")
+        elif final is not None and final.answer is not None:
+            verdict = evaluate(task.success, console_events, client, values)
+            outcome.status = "solved" if verdict.passed else "failed"
+            outcome.reasons += verdict.reasons
+        extra = agent_created(console_events)
+    finally:
+        await worker.close_episode()
+        report = provisioner.destroy(episode_id, extra=locals().get("extra", ()))
+        outcome.reasons += report.errors
+        outcome.leaked = provisioner.leftovers(episode_id) + [
+            f"{x.type} {x.cloud_id}" for x in locals().get("extra", ())
+            if _exists(client, x)]
+    return outcome

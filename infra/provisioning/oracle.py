@@ -1,0 +1,305 @@
+"""The oracle agent: a scripted policy that completes a task through the env worker's action
+space (reading bids from observations, sending action strings), following the session's UI
+drift, and reporting tasks whose documented procedure is wrong as infeasible. It is the upper
+bound in evaluation and the teacher for SFT trajectories.
+
+Each task names its oracle ``family`` and ``args`` (``{placeholders}`` filled per episode);
+a family is a short async script over :class:`OracleDriver`.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping
+
+from consolerl.types import Observation, StepResult
+from env_workers.driver import DriverError, ScriptedDriver, StepFn, find_bid, find_in_row
+from infra.console_sim.console.drift import Drift
+from infra.console_sim.console.drift import parse as parse_drift
+
+from .meta import fill
+from .tasks import Task
+
+
+class OracleDriver(ScriptedDriver):
+    """A scripted driver that knows the drifted UI: renamed labels, More menus, typed
+    confirmations and two-step forms."""
+
+    def __init__(self, step_fn: StepFn, observation: Observation, drift: Drift):
+        super().__init__(step_fn, observation)
+        self.drift = drift
+
+    def t(self, label: str) -> str:
+        return self.drift.label(label)
+
+    def has(self, role: str, name: str) -> bool:
+        return find_bid(self.observation.text, role, name) is not None
+
+    async def press(self, name: str) -> StepResult:
+        """Click a button or link by its (drift-renamed) label, opening a More menu if the
+        action hides there."""
+        label = self.t(name)
+        for role in ("button", "link", "menuitem"):
+            if self.has(role, label):
+                return await self.click(role, label)
+        if "more_menu" in self.drift and self.has("button", "More"):
+            await self.click("button", "More")
+            if self.has("menuitem", label):
+                return await self.click("menuitem", label)
+        raise DriverError(f"no button or link {label!r} on {self.observation.url}")
+
+    async def row(self, row_text: str, name: str) -> StepResult:
+        """Click a row's action (via its More menu when the drift put it there)."""
+        label = self.t(name)
+        bid = find_in_row(self.observation.text, row_text, label)
+        if bid is None and "more_menu" in self.drift:
+            more = find_in_row(self.observation.text, row_text, "More")
+            if more is not None:
+                await self.act(f"click({more})")
+                # The opened menu is part of the row: its items show inline there.
+                bid = find_in_row(self.observation.text, row_text, label)
+        if bid is None:
+            raise DriverError(f"no {label!r} in the row of {row_text!r}")
+        return await self.act(f"click({bid})")
+
+    async def field(self, name: str, value: str, role: str = "textbox") -> StepResult:
+        """Fill a form field, going to the next wizard step when it is not shown yet."""
+        label = self.t(name)
+        for _ in range(6):
+            if self.has(role, label):
+                if role == "combobox":
+                    return await self.select(label, value)
+                return await self.fill(label, value, role=role)
+            if not self.has("button", self.t("Next")):
+                break
+            await self.click("button", self.t("Next"))
+        raise DriverError(f"no field {label!r} on {self.observation.url}")
+
+    async def choose(self, option: str) -> StepResult:
+        """Pick a radio option, going to the next wizard step when needed."""
+        for _ in range(6):
+            if self.has("radio", option):
+                return await self.click("radio", option)
+            if not self.has("button", self.t("Next")):
+                break
+            await self.click("button", self.t("Next"))
+        raise DriverError(f"no option {option!r} on {self.observation.url}")
+
+    async def submit(self, name: str) -> StepResult:
+        label = self.t(name)
+        for _ in range(6):
+            if self.has("button", label):
+                return await self.click("button", label)
+            if not self.has("button", self.t("Next")):
+                break
+            await self.click("button", self.t("Next"))
+        raise DriverError(f"no submit button {label!r} on {self.observation.url}")
+
+    async def confirm(self, resource_id: str) -> StepResult:
+        """Finish the confirmation dialog (typing the id when the drift asks for it)."""
+        m = re.search(r'\[(\d+)\] textbox "To confirm, type[^"]*"', self.observation.text)
+        if m:
+            await self.act(f'fill({m[1]}, "{resource_id}")')
+        return await self.click("button", self.t("OK"))
+
+
+Family = Callable[[OracleDriver, Mapping[str, str]], Awaitable[None]]
+FAMILIES: dict[str, Family] = {}
+
+
+def family(name: str) -> Callable[[Family], Family]:
+    def register(fn: Family) -> Family:
+        FAMILIES[name] = fn
+        return fn
+    return register
+
+
+# ---- RAM ------------------------------------------------------------------------------------
+@family("ram_create_user")
+async def _ram_create_user(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.press("Create User")
+    await d.field("Logon Name", a["user_name"])
+    if a.get("display_name"):
+        await d.field("Display Name", a["display_name"])
+    await d.submit("Create")
+
+
+@family("ram_grant_policy")
+async def _ram_grant(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.row(a["user_name"], "Add Permissions")
+    await d.choose(a["policy"])
+    await d.submit("OK")
+
+
+@family("ram_revoke_policy")
+async def _ram_revoke(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.row(a["user_name"], "Manage")
+    await d.row(a["policy"], "Remove")
+    await d.confirm(a["policy"])
+
+
+@family("ram_delete_user")
+async def _ram_delete(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.row(a["user_name"], "Delete")
+    await d.confirm(a["user_name"])
+
+
+# ---- OSS ------------------------------------------------------------------------------------
+@family("oss_create_bucket")
+async def _oss_create(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.press("Create Bucket")
+    await d.field("Bucket Name", a["bucket"])
+    if a.get("storage_class"):
+        await d.choose(a["storage_class"])
+    if a.get("acl"):
+        await d.choose(a["acl"])
+    await d.submit("OK")
+
+
+@family("oss_set_acl")
+async def _oss_acl(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.row(a["bucket"], "Change ACL")
+    await d.choose(a["acl"])
+    await d.submit("Save")
+
+
+@family("oss_delete_bucket")
+async def _oss_delete(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.row(a["bucket"], "Delete")
+    await d.confirm(a["bucket"])
+
+
+# ---- VPC ------------------------------------------------------------------------------------
+@family("vpc_create_vpc")
+async def _vpc_create(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.press("Create VPC")
+    await d.field("VPC Name", a["name"])
+    await d.field("IPv4 CIDR Block", a["cidr"])
+    await d.submit("Create")
+
+
+@family("vpc_create_vswitch")
+async def _vsw_create(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.row(a["vpc"], "Create vSwitch")
+    await d.field("vSwitch Name", a["name"])
+    await d.field("Zone", a["zone"], role="combobox")
+    await d.field("IPv4 CIDR Block", a["cidr"])
+    await d.submit("Create")
+
+
+@family("vpc_delete_vswitch")
+async def _vsw_delete(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.row(a["vswitch"], "Delete")
+    await d.confirm(a["vswitch"])
+
+
+@family("vpc_delete_vpc")
+async def _vpc_delete(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.row(a["vpc"], "Delete")
+    await d.confirm(a["vpc"])
+
+
+# ---- ECS ------------------------------------------------------------------------------------
+@family("ecs_create_sg")
+async def _sg_create(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.press("Create Security Group")
+    await d.field("Security Group Name", a["name"])
+    vpc_bid = find_bid(d.observation.text, "combobox", "Network (VPC)")
+    if vpc_bid is not None:
+        option = _option_containing(d.observation.text, "Network (VPC)", a["vpc"])
+        await d.act(f'select({vpc_bid}, "{option}")')
+    if a.get("group_type") == "enterprise":
+        await d.choose("Advanced Security Group")
+    await d.submit("Create")
+
+
+@family("ecs_add_rule")
+async def _rule_add(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.row(a["sg"], "Manage Rules")
+    if a.get("direction") == "egress":
+        m = re.search(r'\[(\d+)\] tab "[^"]*Outbound', d.observation.text)
+        if m:
+            await d.act(f"click({m[1]})")
+        bids = re.findall(rf'\[(\d+)\] link "{re.escape(d.t("Add Rule"))}"', d.observation.text)
+        await d.act(f"click({bids[-1]})")
+    else:
+        await d.press("Add Rule")
+    if a.get("policy") == "drop":
+        await d.choose("Deny")
+    await d.field("Protocol", a.get("protocol_label", "Custom TCP"), role="combobox")
+    if a.get("port"):
+        await d.field("Port Range", a["port"])
+    await d.field("Authorization Object", a["cidr"])
+    await d.submit("Save")
+
+
+@family("ecs_delete_rule")
+async def _rule_delete(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.row(a["sg"], "Manage Rules")
+    await d.row(a["port"], "Delete")
+    await d.confirm("")
+
+
+@family("ecs_delete_sg")
+async def _sg_delete(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.row(a["sg"], "Delete")
+    await d.confirm(a["sg"])
+
+
+@family("ecs_instance_op")
+async def _instance_op(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.row(a["instance"], a["op"])
+    if a["op"] != "Start":
+        await d.confirm(a["instance"])
+
+
+@family("ecs_rename_instance")
+async def _instance_rename(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.row(a["instance"], "Manage")
+    await d.press("Rename")
+    await d.field("Instance Name", a["new_name"])
+    await d.submit("Save")
+
+
+@family("ecs_create_instance")
+async def _instance_create(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await d.press("Create Instance")
+    await d.choose(a["instance_type"])
+    await d.choose(a["image"])
+    for label, value in (("VPC", a["vpc"]), ("vSwitch", a["vswitch"]),
+                         ("Security Group", a["sg"])):
+        for _ in range(6):
+            bid = find_bid(d.observation.text, "combobox", d.t(label))
+            if bid is not None:
+                break
+            await d.click("button", d.t("Next"))
+        option = _option_containing(d.observation.text, d.t(label), value)
+        await d.act(f'select({bid}, "{option}")')
+    await d.field("Instance Name", a["name"])
+    await d.submit("Create Instance")
+
+
+def _option_containing(text: str, combobox: str, needle: str) -> str:
+    m = re.search(rf'\] combobox "{re.escape(combobox)}"[^:]*: (.*)$', text, re.M)
+    if m:
+        for option in m[1].split(" | "):
+            if needle in option:
+                return option.rstrip("*")
+    raise DriverError(f"no option with {needle!r} in {combobox!r}")
+
+
+# ---- running it -----------------------------------------------------------------------------
+async def run_oracle(task: Task, values: Mapping[str, str], step_fn: StepFn,
+                     observation: Observation) -> StepResult:
+    """Solve ``task`` from ``observation``; ends the episode with stop() or
+    report_infeasible(). Raises :class:`DriverError` when the scripted flow cannot go on."""
+    driver = OracleDriver(step_fn, observation, Drift(parse_drift(task.drift)))
+    if task.expected == "infeasible":
+        reason = task.infeasible_reason.replace('"', "'").replace("\\", "/")[:500]
+        return await driver.act(f'report_infeasible("{reason}")')
+    script = FAMILIES.get(task.oracle_family)
+    if script is None:
+        raise DriverError(f"task {task.id}: no oracle family {task.oracle_family!r}; known: "
+                          f"{', '.join(sorted(FAMILIES))}")
+    args = {k: fill(v, values) for k, v in task.oracle_args}
+    await script(driver, args)
+    return await driver.act('stop("done")')

@@ -1,0 +1,134 @@
+"""Run the task suite: ``python -m infra.provisioning.suite --policy oracle --json``.
+
+Starts a local cloud (free port, temporary state), then for each task runs the full episode
+lifecycle (:mod:`.lifecycle`) with the oracle in the system Chromium, one account, one worker.
+Prints one JSON object: ``total``, ``solved`` (solvable tasks whose success rule passed),
+``infeasible_reported`` (wrong-documentation tasks the oracle reported), ``per_product``
+success rates, ``provision_p50_s`` / ``provision_p95_s`` (cold provisioning of the tasks that
+have prerequisites), ``env_errors``, ``leaked_resources`` (must be 0) and the failures with
+their reasons. Progress goes to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from env_workers.worker import EnvWorker, WorkerConfig
+from infra.cloud import CloudClient, CloudConfig, Credentials
+from infra.console_sim.accounts import load_accounts
+from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
+from infra.redis_local import _free_port
+
+from .lifecycle import EpisodeOutcome, run_episode
+from .sdk import SdkProvisioner
+from .tasks import TASKS_DIR, Task, load_suite
+
+
+def _progress(msg: str) -> None:
+    print(f"[suite] {msg}", file=sys.stderr, flush=True)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+
+async def run_tasks(tasks: list[Task], url: str, endpoint: str, account_index: int = 0
+                    ) -> list[EpisodeOutcome]:
+    account = load_accounts(DEFAULT_ACCOUNTS_FILE)[account_index]
+
+    def client() -> CloudClient:
+        return CloudClient(CloudConfig(endpoint=endpoint),
+                           Credentials(account.access_key_id, account.access_key_secret))
+    provisioner = SdkProvisioner(client, ready_timeout_s=60, poll_s=0.05)
+    worker = EnvWorker(WorkerConfig(console_url=url))
+    outcomes = []
+    try:
+        for i, task in enumerate(tasks, 1):
+            outcome = await run_episode(task, worker, account, provisioner.client, provisioner)
+            outcomes.append(outcome)
+            _progress(f"{i}/{len(tasks)} {task.id}: {outcome.status}"
+                      + (f" ({'; '.join(outcome.reasons)[:200]})" if outcome.reasons else ""))
+    finally:
+        await worker.shutdown()
+    return outcomes
+
+
+def summarize(tasks: list[Task], outcomes: list[EpisodeOutcome]) -> dict:
+    by_id = {t.id: t for t in tasks}
+    per_product: dict[str, list[int]] = {}
+    for o in outcomes:
+        ok = o.status in ("solved", "infeasible_reported")
+        per_product.setdefault(by_id[o.task_id].product, []).append(int(ok))
+    provision = [o.provision_s for o in outcomes if by_id[o.task_id].prerequisites
+                 and o.status != "env_error"]
+    return {
+        "total": len(outcomes),
+        "solved": sum(o.status == "solved" for o in outcomes),
+        "solvable": sum(by_id[o.task_id].expected == "success" for o in outcomes),
+        "infeasible_reported": sum(o.status == "infeasible_reported" for o in outcomes),
+        "infeasible_tasks": sum(by_id[o.task_id].expected == "infeasible" for o in outcomes),
+        "env_errors": sum(o.status == "env_error" for o in outcomes),
+        "per_product": {p: round(sum(v) / len(v), 3) for p, v in sorted(per_product.items())},
+        "provision_p50_s": _pct(provision, 0.5), "provision_p95_s": _pct(provision, 0.95),
+        "leaked_resources": sum(len(o.leaked) for o in outcomes),
+        "broken_prerequisites": sum(len(o.broken_prerequisites) for o in outcomes),
+        "failures": {o.task_id: o.reasons[:3] for o in outcomes
+                     if o.status not in ("solved", "infeasible_reported")},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.provisioning.suite",
+                                     description="Run the task suite with a policy.")
+    parser.add_argument("--policy", choices=("oracle",), default="oracle")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--tasks", default="", help="regular expression over task ids")
+    parser.add_argument("--suite", type=Path, default=TASKS_DIR)
+    args = parser.parse_args(argv)
+    tasks = [t for t in load_suite(args.suite) if re.search(args.tasks, t.id)]
+    if not tasks:
+        parser.error(f"no task id matches {args.tasks!r}")
+    state = Path(tempfile.mkdtemp(prefix="suite-"))
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "infra.console_sim", "--port", str(port),
+                               "--state-dir", str(state), "--lookup-qps", "0",
+                               "--transition", "1", "--network-ready", "0.3"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the local cloud did not start")
+            time.sleep(0.1)
+        _progress(f"{len(tasks)} tasks against {url}")
+        outcomes = asyncio.run(run_tasks(tasks, url, f"127.0.0.1:{port}"))
+    finally:
+        server.terminate()
+        server.wait(10)
+        shutil.rmtree(state, ignore_errors=True)
+    summary = summarize(tasks, outcomes)
+    print(json.dumps(summary) if args.json else json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Tasks as data: the versioned YAML schema of ``tasks/**/*.yaml``, validated on load with
+errors that name the file and the field.
+
+A task (schema 1)::
+
+    schema: 1
+    id: ram-create-user-basic          # equals the file name without .yaml
+    product: ram                       # ecs | vpc | ram | oss
+    title: Create a RAM user
+    procedure: |                       # the documentation's numbered steps, in prose
+      1. Sign in to the RAM console ...
+    start_page: /console/ram/users
+    split: train                       # train | heldout
+    difficulty: 1                      # 1 (one step) .. 5 (multi-page)
+    drift: ""                          # optional UI drift profile (infra/console_sim drift kinds)
+    parameters: {user_name: "deploy-{episode}"}   # {episode} is a per-episode unique suffix
+    prerequisites: [...]               # Resource META (infra/provisioning/meta.py)
+    expected: success                  # or infeasible: the documented procedure is wrong
+    infeasible_reason: ""              # why, when expected is infeasible
+    success:                           # the reward service's rule
+      required_events:                 # audit events that must exist (errorCode empty)
+        - {event: CreateUser, service: Ram, where: {requestParameters.UserName: "{user_name}"}}
+      forbidden_events: [{event: DeleteUser}]
+      end_state:                       # Describe calls after the episode
+        - {service: Ram, action: GetUser, params: {UserName: "{user_name}"},
+           expect: {User.UserName: "{user_name}"}}
+    cleanup: destroy                   # destroy | keep
+    oracle: {family: ram_create_user, args: {...}}   # how the scripted oracle solves it
+
+Strings may use ``{name}`` placeholders: task parameters, ``episode``, and the cloud ids of the
+prerequisites by their declaration id.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from consolerl.errors import ConfigError
+from infra.console_sim.console.drift import parse as parse_drift
+
+from .meta import parse_resources
+
+SCHEMA_VERSION = 1
+PRODUCTS = ("ecs", "vpc", "ram", "oss")
+SPLITS = ("train", "heldout")
+SERVICES = ("Ecs", "Vpc", "Ram", "Oss")
+_KEYS = {"schema", "id", "product", "title", "procedure", "start_page", "split", "difficulty",
+         "drift", "parameters", "prerequisites", "expected", "infeasible_reason", "success",
+         "cleanup", "oracle"}
+_ID = re.compile(r"[a-z0-9][a-z0-9-]{2,63}")
+
+
+@dataclass(frozen=True)
+class EventRule:
+    event: str
+    service: str = ""
+    where: tuple[tuple[str, str], ...] = ()      # dotted event field -> expected value
+
+
+@dataclass(frozen=True)
+class StateCheck:
+    service: str
+    action: str
+    params: tuple[tuple[str, str], ...] = ()
+    expect: tuple[tuple[str, str], ...] = ()     # dotted response path -> expected value
+    expect_error: str = ""                       # the call must fail with this code
+
+
+@dataclass(frozen=True)
+class SuccessRule:
+    required_events: tuple[EventRule, ...] = ()
+    forbidden_events: tuple[EventRule, ...] = ()
+    end_state: tuple[StateCheck, ...] = ()
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    product: str
+    title: str
+    procedure: str
+    start_page: str
+    split: str
+    difficulty: int
+    success: SuccessRule
+    drift: str = ""
+    parameters: tuple[tuple[str, str], ...] = ()
+    prerequisites: tuple[Any, ...] = ()          # ResourceSpec (infra.provisioning.meta)
+    expected: str = "success"
+    infeasible_reason: str = ""
+    cleanup: str = "destroy"
+    oracle_family: str = ""
+    oracle_args: tuple[tuple[str, str], ...] = ()
+    source: str = field(default="", compare=False)
+
+    def values(self, episode: str, provisioned: dict[str, str] | None = None) -> dict[str, str]:
+        """Placeholder values of one episode: parameters (themselves filled), the episode
+        id and the prerequisites' cloud ids."""
+        base = {"episode": episode, **(provisioned or {})}
+        params = {k: v.replace("{episode}", episode) for k, v in self.parameters}
+        return {**base, **params}
+
+
+def _str(where: str, data: dict, key: str, *, required: bool = True, default: str = "",
+         max_len: int = 10_000) -> str:
+    value = data.get(key, None)
+    if value is None:
+        if required:
+            raise ConfigError(f"{where}: field '{key}' is required")
+        return default
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: field '{key}' must be a string, got {type(value).__name__}")
+    if len(value) > max_len:
+        raise ConfigError(f"{where}: field '{key}' is longer than {max_len} characters")
+    return value
+
+
+def _pairs(where: str, value: object, key: str) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: field '{key}' must be a mapping")
+    out = []
+    for k, v in value.items():
+        if not isinstance(k, str) or isinstance(v, (dict, list)) or v is None:
+            raise ConfigError(f"{where}: field '{key}.{k}' must map a name to a scalar")
+        out.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
+    return tuple(out)
+
+
+def _events(where: str, value: object, key: str) -> tuple[EventRule, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: field 'success.{key}' must be a list")
+    rules = []
+    for i, item in enumerate(value):
+        at = f"{where}: success.{key}[{i}]"
+        if not isinstance(item, dict) or set(item) - {"event", "service", "where"}:
+            raise ConfigError(f"{at}: expected a mapping with event, service, where")
+        event = _str(at, item, "event", max_len=64)
+        service = _str(at, item, "service", required=False, max_len=16)
+        if service and service not in SERVICES:
+            raise ConfigError(f"{at}: field 'service' must be one of {', '.join(SERVICES)}")
+        rules.append(EventRule(event, service, _pairs(at, item.get("where"), "where")))
+    return tuple(rules)
+
+
+def _checks(where: str, value: object) -> tuple[StateCheck, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: field 'success.end_state' must be a list")
+    checks = []
+    for i, item in enumerate(value):
+        at = f"{where}: success.end_state[{i}]"
+        if not isinstance(item, dict) or set(item) - {"service", "action", "params", "expect",
+                                                      "expect_error"}:
+            raise ConfigError(f"{at}: expected a mapping with service, action, params, expect "
+                              "or expect_error")
+        service = _str(at, item, "service", max_len=16)
+        if service not in SERVICES:
+            raise ConfigError(f"{at}: field 'service' must be one of {', '.join(SERVICES)}")
+        action = _str(at, item, "action", max_len=64)
+        if not re.fullmatch(r"(Describe|Get|List)[A-Za-z]+", action):
+            raise ConfigError(f"{at}: field 'action' must be a read action (Describe*, Get*, "
+                              f"List*), got {action!r}")
+        check = StateCheck(service, action, _pairs(at, item.get("params"), "params"),
+                           _pairs(at, item.get("expect"), "expect"),
+                           _str(at, item, "expect_error", required=False, max_len=64))
+        if not check.expect and not check.expect_error:
+            raise ConfigError(f"{at}: give 'expect' or 'expect_error'")
+        checks.append(check)
+    return tuple(checks)
+
+
+def parse_task(data: object, source: str) -> Task:
+    """Validate one task document; ``source`` (the file) prefixes every error."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a task file holds one mapping")
+    unknown = set(data) - _KEYS
+    if unknown:
+        raise ConfigError(f"{source}: unknown field(s) {sorted(unknown)}; allowed: "
+                          f"{', '.join(sorted(_KEYS))}")
+    if data.get("schema") != SCHEMA_VERSION:
+        raise ConfigError(f"{source}: field 'schema' must be {SCHEMA_VERSION}, got "
+                          f"{data.get('schema')!r}")
+    task_id = _str(source, data, "id", max_len=64)
+    if not _ID.fullmatch(task_id):
+        raise ConfigError(f"{source}: field 'id' must be 3-64 of [a-z0-9-], got {task_id!r}")
+    product = _str(source, data, "product")
+    if product not in PRODUCTS:
+        raise ConfigError(f"{source}: field 'product' must be one of {', '.join(PRODUCTS)}")
+    split = _str(source, data, "split")
+    if split not in SPLITS:
+        raise ConfigError(f"{source}: field 'split' must be one of {', '.join(SPLITS)}")
+    difficulty = data.get("difficulty")
+    if isinstance(difficulty, bool) or not isinstance(difficulty, int) or not 1 <= difficulty <= 5:
+        raise ConfigError(f"{source}: field 'difficulty' must be an integer 1-5")
+    start = _str(source, data, "start_page", max_len=256)
+    if not re.fullmatch(r"/console/[A-Za-z0-9/_.?=&{}-]*", start):
+        raise ConfigError(f"{source}: field 'start_page' must be a console path like "
+                          f"/console/ecs/instances, got {start!r}")
+    drift = _str(source, data, "drift", required=False, max_len=128)
+    try:
+        parse_drift(drift)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: field 'drift': {exc}") from None
+    expected = _str(source, data, "expected", required=False, default="success")
+    if expected not in ("success", "infeasible"):
+        raise ConfigError(f"{source}: field 'expected' must be success or infeasible")
+    reason = _str(source, data, "infeasible_reason", required=False, max_len=1000)
+    if (expected == "infeasible") != bool(reason):
+        raise ConfigError(f"{source}: field 'infeasible_reason' is required exactly when "
+                          "expected is infeasible")
+    success = data.get("success") or {}
+    if not isinstance(success, dict) or set(success) - {"required_events", "forbidden_events",
+                                                        "end_state"}:
+        raise ConfigError(f"{source}: field 'success' must be a mapping with required_events, "
+                          "forbidden_events, end_state")
+    rule = SuccessRule(_events(source, success.get("required_events"), "required_events"),
+                       _events(source, success.get("forbidden_events"), "forbidden_events"),
+                       _checks(source, success.get("end_state")))
+    if expected == "success" and not rule.required_events and not rule.end_state:
+        raise ConfigError(f"{source}: field 'success' needs required_events or end_state")
+    cleanup = _str(source, data, "cleanup", required=False, default="destroy")
+    if cleanup not in ("destroy", "keep"):
+        raise ConfigError(f"{source}: field 'cleanup' must be destroy or keep")
+    oracle = data.get("oracle") or {}
+    if not isinstance(oracle, dict) or set(oracle) - {"family", "args"}:
+        raise ConfigError(f"{source}: field 'oracle' must be a mapping with family, args")
+    task = Task(
+        id=task_id, product=product, title=_str(source, data, "title", max_len=200),
+        procedure=_str(source, data, "procedure"), start_page=start, split=split,
+        difficulty=difficulty, success=rule, drift=drift,
+        parameters=_pairs(source, data.get("parameters"), "parameters"),
+        prerequisites=tuple(parse_resources(data.get("prerequisites"), source)),
+        expected=expected, infeasible_reason=reason, cleanup=cleanup,
+        oracle_family=_str(source, oracle, "family", required=False, max_len=64),
+        oracle_args=_pairs(source, oracle.get("args"), "oracle.args"), source=source)
+    if not re.match(r"\s*1\.", task.procedure):
+        raise ConfigError(f"{source}: field 'procedure' must be numbered steps starting "
+                          "with '1.'")
+    return task
+
+
+def load_task(path: Path | str) -> Task:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    task = parse_task(data, str(path))
+    if task.id != path.stem:
+        raise ConfigError(f"{path}: field 'id' ({task.id!r}) must equal the file name")
+    return task
+
+
+def load_suite(root: Path | str) -> list[Task]:
+    """Every ``*.yaml`` under ``root``, sorted by id; ids must be unique."""
+    tasks = [load_task(p) for p in sorted(Path(root).rglob("*.yaml"))]
+    seen: dict[str, str] = {}
+    for t in tasks:
+        if t.id in seen:
+            raise ConfigError(f"{t.source}: id {t.id!r} is also used by {seen[t.id]}")
+        seen[t.id] = t.source
+    return sorted(tasks, key=lambda t: t.id)
+
+
+TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"

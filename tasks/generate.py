@@ -1,0 +1,460 @@
+"""Writes the task suite (``tasks/<product>/*.yaml``) from the families below.
+
+``python tasks/generate.py`` rewrites the files; the YAML is what the system reads (this script
+only saves typing the variants by hand). Every family is a documented console procedure with
+its prerequisites (Resource META), its success rule over audit events and end state, and the
+oracle script that solves it; variants change names, options and UI drift; every fourth task
+is held out. Wrong-documentation tasks describe console features that do not exist.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent
+NET = [{"id": "net", "type": "vpc", "properties": {"name": "net-{episode}",
+                                                   "cidr_block": "192.168.0.0/16"}}]
+SW = [{"id": "sw", "type": "vswitch", "properties": {"vpc": "${net}", "zone": "cn-hangzhou-h",
+                                                     "cidr_block": "192.168.1.0/24",
+                                                     "name": "sw-{episode}"}}]
+SG = [{"id": "sg", "type": "security_group", "properties": {"vpc": "${net}",
+                                                            "name": "sg-{episode}"}}]
+
+
+def instance(status: str) -> list[dict]:
+    return NET + SW + SG + [{"id": "vm", "type": "instance", "properties": {
+        "vswitch": "${sw}", "security_group": "${sg}", "name": "vm-{episode}",
+        "status": status}}]
+
+
+def ev(event: str, service: str, **where: str) -> dict:
+    return {"event": event, "service": service, "where": where} if where else \
+        {"event": event, "service": service}
+
+
+def task(tid: str, product: str, title: str, steps: list[str], start: str, difficulty: int,
+         *, params: dict | None = None, prereq: list | None = None, required: list | None = None,
+         forbidden: list | None = None, end_state: list | None = None, family: str = "",
+         args: dict | None = None, drift: str = "", expected: str = "success",
+         reason: str = "") -> dict:
+    doc = {"schema": 1, "id": tid, "product": product, "title": title,
+           "procedure": "".join(f"{i}. {s}\n" for i, s in enumerate(steps, 1)),
+           "start_page": start, "split": "train", "difficulty": difficulty}
+    if drift:
+        doc["drift"] = drift
+    if params:
+        doc["parameters"] = params
+    if prereq:
+        doc["prerequisites"] = prereq
+    doc["expected"] = expected
+    if reason:
+        doc["infeasible_reason"] = reason
+    success = {}
+    if required:
+        success["required_events"] = required
+    if forbidden:
+        success["forbidden_events"] = forbidden
+    if end_state:
+        success["end_state"] = end_state
+    doc["success"] = success
+    if family:
+        doc["oracle"] = {"family": family, "args": args or {}}
+    return doc
+
+
+def ram_tasks() -> list[dict]:
+    out = []
+    for n, (display, drift) in enumerate([("Deploy Bot", ""), ("CI Runner", "rename"),
+                                          ("Auditor", "wizard"), ("", ""), ("Ops", "all")]):
+        params = {"user_name": f"user{n}-{{episode}}"}
+        args = {"user_name": "{user_name}"}
+        steps = ["Open the RAM console and choose Identities > Users.",
+                 "Click Create User.", "Enter {user_name} as the logon name."]
+        expect = {"User.UserName": "{user_name}"}
+        if display:
+            params["display_name"] = display
+            args["display_name"] = "{display_name}"
+            steps.append("Enter {display_name} as the display name.")
+            expect["User.DisplayName"] = "{display_name}"
+        steps.append("Click OK to create the user.")
+        out.append(task(f"ram-create-user-{n}", "ram", "Create a RAM user", steps,
+                        "/console/ram/users", 2, params=params, drift=drift,
+                        required=[ev("CreateUser", "Ram", **{"requestParameters.UserName":
+                                                            "{user_name}"})],
+                        forbidden=[ev("DeleteUser", "Ram", **{"requestParameters.UserName": "{user_name}"})],
+                        end_state=[{"service": "Ram", "action": "GetUser",
+                                    "params": {"UserName": "{user_name}"}, "expect": expect}],
+                        family="ram_create_user", args=args))
+    user = [{"id": "dev", "type": "ram_user", "properties": {"name": "dev-{episode}"}}]
+    for n, (policy, drift) in enumerate([("ReadOnlyAccess", ""), ("AliyunECSFullAccess", ""),
+                                         ("AliyunOSSReadOnlyAccess", "rename"),
+                                         ("AliyunVPCReadOnlyAccess", "more_menu"),
+                                         ("AliyunRAMReadOnlyAccess", "wizard"),
+                                         ("AdministratorAccess", "")]):
+        out.append(task(f"ram-grant-policy-{n}", "ram", f"Grant {policy} to a RAM user",
+                        ["Open the RAM console and choose Users.",
+                         "Find user {dev} and click Add Permissions in its row.",
+                         f"Select the system policy {policy}.", "Click OK."],
+                        "/console/ram/users", 2, prereq=user, drift=drift,
+                        required=[ev("AttachPolicyToUser", "Ram", **{
+                            "requestParameters.UserName": "{dev}",
+                            "requestParameters.PolicyName": policy})],
+                        forbidden=[ev("DeleteUser", "Ram", **{"requestParameters.UserName": "{dev}"})],
+                        end_state=[{"service": "Ram", "action": "ListPoliciesForUser",
+                                    "params": {"UserName": "{dev}"},
+                                    "expect": {"Policies.Policy.0.PolicyName": policy}}],
+                        family="ram_grant_policy", args={"user_name": "{dev}",
+                                                         "policy": policy}))
+    granted = [{"id": "dev", "type": "ram_user", "properties": {
+        "name": "dev-{episode}", "policies": ["ReadOnlyAccess"]}}]
+    for n, drift in enumerate(["", "extra_confirm"]):
+        out.append(task(f"ram-revoke-policy-{n}", "ram", "Remove a policy from a RAM user",
+                        ["Open the RAM console and choose Users.",
+                         "Click Manage for user {dev}.",
+                         "In Permissions, click Remove next to ReadOnlyAccess and confirm."],
+                        "/console/ram/users", 3, prereq=granted, drift=drift,
+                        required=[ev("DetachPolicyFromUser", "Ram", **{
+                            "requestParameters.UserName": "{dev}",
+                            "requestParameters.PolicyName": "ReadOnlyAccess"})],
+                        end_state=[{"service": "Ram", "action": "ListPoliciesForUser",
+                                    "params": {"UserName": "{dev}"},
+                                    "expect": {"Policies.Policy": "[]"}}],
+                        family="ram_revoke_policy", args={"user_name": "{dev}",
+                                                          "policy": "ReadOnlyAccess"}))
+    for n, drift in enumerate(["", "extra_confirm", "more_menu"]):
+        out.append(task(f"ram-delete-user-{n}", "ram", "Delete a RAM user",
+                        ["Open the RAM console and choose Users.",
+                         "Click Delete in the row of user {dev}.", "Confirm the deletion."],
+                        "/console/ram/users", 2, prereq=user, drift=drift,
+                        required=[ev("DeleteUser", "Ram", **{"requestParameters.UserName":
+                                                            "{dev}"})],
+                        end_state=[{"service": "Ram", "action": "GetUser",
+                                    "params": {"UserName": "{dev}"},
+                                    "expect_error": "EntityNotExist.User"}],
+                        family="ram_delete_user", args={"user_name": "{dev}"}))
+    out.append(task("ram-create-accesskey-wrongdoc", "ram", "Create an AccessKey for a RAM user",
+                    ["Open the RAM console and choose Users.", "Click user {dev}.",
+                     "On the Authentication tab, click Create AccessKey.",
+                     "Save the AccessKey secret."],
+                    "/console/ram/users", 3, prereq=user, expected="infeasible",
+                    reason="The user page has no Authentication tab and no Create AccessKey "
+                           "button; AccessKeys cannot be created in this console.",
+                    forbidden=[ev("DeleteUser", "Ram", **{"requestParameters.UserName": "{dev}"})]))
+    return out
+
+
+def oss_tasks() -> list[dict]:
+    out = []
+    for n, (acl_label, acl, storage, drift) in enumerate([
+            ("Private", "private", "Standard", ""), ("Public Read", "public-read", "IA", ""),
+            ("Private", "private", "Archive", "wizard"), ("Public Read", "public-read",
+                                                          "Standard", "rename"),
+            ("Private", "private", "IA", ""), ("Public Read", "public-read", "Standard", "nav")]):
+        params = {"bucket": f"bkt{n}-{{episode}}"}
+        out.append(task(f"oss-create-bucket-{n}", "oss", "Create an OSS bucket",
+                        ["Open the OSS console and choose Buckets.", "Click Create Bucket.",
+                         "Enter {bucket} as the bucket name.",
+                         f"Choose the {storage} storage class and the {acl_label} ACL.",
+                         "Click OK."],
+                        "/console/oss/buckets", 2, params=params, drift=drift,
+                        required=[ev("PutBucket", "Oss", **{"requestParameters.BucketName":
+                                                           "{bucket}"})],
+                        end_state=[{"service": "Oss", "action": "GetBucketInfo",
+                                    "params": {"BucketName": "{bucket}"},
+                                    "expect": {"Bucket.Acl": acl,
+                                               "Bucket.StorageClass": storage}}],
+                        family="oss_create_bucket",
+                        args={"bucket": "{bucket}", "acl": acl_label,
+                              "storage_class": {"IA": "IA", "Archive": "Archive",
+                                                "Standard": "Standard"}[storage]}))
+    bucket = [{"id": "b", "type": "oss_bucket", "properties": {"name": "data-{episode}"}}]
+    for n, (acl_label, acl, drift) in enumerate([("Public Read", "public-read", ""),
+                                                 ("Public Read/Write", "public-read-write", ""),
+                                                 ("Public Read", "public-read", "more_menu")]):
+        out.append(task(f"oss-set-acl-{n}", "oss", f"Make a bucket {acl_label}",
+                        ["Open the OSS console and choose Buckets.",
+                         "Click Change ACL in the row of bucket {b}.",
+                         f"Select {acl_label}.", "Click Save."],
+                        "/console/oss/buckets", 2, prereq=bucket, drift=drift,
+                        required=[ev("PutBucketAcl", "Oss", **{"requestParameters.BucketName":
+                                                              "{b}", "requestParameters.Acl":
+                                                              acl})],
+                        forbidden=[ev("DeleteBucket", "Oss", **{"requestParameters.BucketName": "{b}"})],
+                        end_state=[{"service": "Oss", "action": "GetBucketAcl",
+                                    "params": {"BucketName": "{b}"}, "expect": {"Acl": acl}}],
+                        family="oss_set_acl", args={"bucket": "{b}", "acl": acl_label}))
+    for n, drift in enumerate(["", "extra_confirm", "rename"]):
+        out.append(task(f"oss-delete-bucket-{n}", "oss", "Delete an empty OSS bucket",
+                        ["Open the OSS console and choose Buckets.",
+                         "Click Delete in the row of bucket {b}.", "Confirm."],
+                        "/console/oss/buckets", 2, prereq=bucket, drift=drift,
+                        required=[ev("DeleteBucket", "Oss", **{"requestParameters.BucketName":
+                                                              "{b}"})],
+                        end_state=[{"service": "Oss", "action": "GetBucketInfo",
+                                    "params": {"BucketName": "{b}"},
+                                    "expect_error": "NoSuchBucket"}],
+                        family="oss_delete_bucket", args={"bucket": "{b}"}))
+    out.append(task("oss-enable-versioning-wrongdoc", "oss", "Enable versioning on a bucket",
+                    ["Open the OSS console and click bucket {b}.",
+                     "Choose Redundancy for Versioning > Versioning.",
+                     "Click Enable and confirm."],
+                    "/console/oss/buckets", 3, prereq=bucket, expected="infeasible",
+                    reason="The bucket page has no Versioning settings in this console.",
+                    forbidden=[ev("DeleteBucket", "Oss", **{"requestParameters.BucketName": "{b}"})]))
+    return out
+
+
+def vpc_tasks() -> list[dict]:
+    out = []
+    for n, (cidr, drift) in enumerate([("192.168.0.0/16", ""), ("10.0.0.0/8", ""),
+                                       ("172.16.0.0/12", "wizard"), ("10.20.0.0/16", "rename"),
+                                       ("192.168.0.0/24", ""), ("10.30.0.0/16", "nav"),
+                                       ("172.20.0.0/16", "")]):
+        params = {"name": f"vpc{n}-{{episode}}"}
+        out.append(task(f"vpc-create-vpc-{n}", "vpc", "Create a VPC",
+                        ["Open the VPC console and choose VPCs.", "Click Create VPC.",
+                         "Enter {name} as the name and " + cidr + " as the IPv4 CIDR block.",
+                         "Click OK."],
+                        "/console/vpc/vpcs", 2, params=params, drift=drift,
+                        required=[ev("CreateVpc", "Vpc", **{"requestParameters.VpcName":
+                                                           "{name}",
+                                                           "requestParameters.CidrBlock": cidr})],
+                        family="vpc_create_vpc", args={"name": "{name}", "cidr": cidr}))
+    for n, (zone, cidr, drift) in enumerate([("cn-hangzhou-h", "192.168.1.0/24", ""),
+                                             ("cn-hangzhou-i", "192.168.8.0/21", ""),
+                                             ("cn-hangzhou-j", "192.168.2.0/24", "more_menu"),
+                                             ("cn-hangzhou-k", "192.168.3.0/24", "")]):
+        params = {"name": f"vsw{n}-{{episode}}"}
+        out.append(task(f"vpc-create-vswitch-{n}", "vpc", "Create a vSwitch in a VPC",
+                        ["Open the VPC console and choose VPCs.",
+                         "Click Create vSwitch in the row of VPC {net}.",
+                         f"Enter {{name}} as the name, choose zone {zone}, enter {cidr}.",
+                         "Click OK."],
+                        "/console/vpc/vpcs", 3, params=params, prereq=NET, drift=drift,
+                        required=[ev("CreateVSwitch", "Vpc", **{
+                            "requestParameters.VpcId": "{net}",
+                            "requestParameters.ZoneId": zone,
+                            "requestParameters.CidrBlock": cidr})],
+                        forbidden=[ev("DeleteVpc", "Vpc", **{"requestParameters.VpcId": "{net}"})],
+                        family="vpc_create_vswitch", args={"vpc": "{net}", "name": "{name}",
+                                                           "zone": zone, "cidr": cidr}))
+    for n, drift in enumerate(["", "extra_confirm", "rename"]):
+        out.append(task(f"vpc-delete-vswitch-{n}", "vpc", "Delete a vSwitch",
+                        ["Open the VPC console and choose vSwitches.",
+                         "Click Delete in the row of vSwitch {sw}.", "Confirm."],
+                        "/console/vpc/vswitches", 2, prereq=NET + SW, drift=drift,
+                        required=[ev("DeleteVSwitch", "Vpc", **{"requestParameters.VSwitchId":
+                                                               "{sw}"})],
+                        forbidden=[ev("DeleteVpc", "Vpc", **{"requestParameters.VpcId": "{net}"})],
+                        family="vpc_delete_vswitch", args={"vswitch": "{sw}"}))
+    for n, drift in enumerate(["", "more_menu"]):
+        out.append(task(f"vpc-delete-vpc-{n}", "vpc", "Delete an empty VPC",
+                        ["Open the VPC console and choose VPCs.",
+                         "Click Delete in the row of VPC {net}.", "Confirm."],
+                        "/console/vpc/vpcs", 2, prereq=NET, drift=drift,
+                        required=[ev("DeleteVpc", "Vpc", **{"requestParameters.VpcId":
+                                                           "{net}"})],
+                        family="vpc_delete_vpc", args={"vpc": "{net}"}))
+    out.append(task("vpc-resize-vswitch-wrongdoc", "vpc", "Enlarge a vSwitch CIDR block",
+                    ["Open the VPC console and choose vSwitches.",
+                     "Click Edit next to the IPv4 CIDR block of vSwitch {sw}.",
+                     "Enter 192.168.0.0/20 and click OK."],
+                    "/console/vpc/vswitches", 3, prereq=NET + SW, expected="infeasible",
+                    reason="A vSwitch's CIDR block cannot be edited; the console offers no "
+                           "Edit action for it.", forbidden=[ev("DeleteVSwitch", "Vpc", **{"requestParameters.VSwitchId": "{sw}"})]))
+    out.append(task("vpc-tag-vpc-wrongdoc", "vpc", "Add a tag to a VPC",
+                    ["Open the VPC console and choose VPCs.",
+                     "Click Edit Tags in the row of VPC {net}.",
+                     "Add the tag env=prod and click OK."],
+                    "/console/vpc/vpcs", 2, prereq=NET, expected="infeasible",
+                    reason="The VPC list has no Edit Tags action in this console.",
+                    forbidden=[ev("DeleteVpc", "Vpc", **{"requestParameters.VpcId": "{net}"})]))
+    return out
+
+
+def ecs_tasks() -> list[dict]:
+    out = []
+    for n, (gtype, drift) in enumerate([("normal", ""), ("enterprise", ""), ("normal", "wizard"),
+                                        ("normal", "rename")]):
+        params = {"name": f"web{n}-{{episode}}"}
+        out.append(task(f"ecs-create-sg-{n}", "ecs", "Create a security group in a VPC",
+                        ["Open the ECS console and choose Network & Security > Security "
+                         "Groups.", "Click Create Security Group.",
+                         "Enter {name} as the name and choose VPC {net}."
+                         + (" Choose Advanced Security Group." if gtype == "enterprise" else ""),
+                         "Click OK."],
+                        "/console/ecs/security-groups", 2, params=params, prereq=NET,
+                        drift=drift,
+                        required=[ev("CreateSecurityGroup", "Ecs", **{
+                            "requestParameters.SecurityGroupName": "{name}",
+                            "requestParameters.VpcId": "{net}"})],
+                        family="ecs_create_sg", args={"name": "{name}", "vpc": "{net}",
+                                                      "group_type": gtype}))
+    rules = [("ingress", "Custom TCP", "TCP", "22/22", "10.0.0.0/8", "accept", ""),
+             ("ingress", "Custom TCP", "TCP", "443/443", "0.0.0.0/0", "accept", ""),
+             ("ingress", "Custom UDP", "UDP", "53/53", "192.168.0.0/16", "accept", "rename"),
+             ("egress", "Custom TCP", "TCP", "3306/3306", "10.1.0.0/16", "accept", ""),
+             ("ingress", "Custom TCP", "TCP", "3389/3389", "0.0.0.0/0", "drop", "more_menu"),
+             ("ingress", "All ICMP (IPv4)", "ICMP", "", "0.0.0.0/0", "accept", ""),
+             ("ingress", "Custom TCP", "TCP", "8000/8080", "172.16.0.0/12", "accept", "wizard"),
+             ("egress", "Custom UDP", "UDP", "123/123", "0.0.0.0/0", "accept", "")]
+    for n, (direction, label, proto, port, cidr, policy, drift) in enumerate(rules):
+        action = "AuthorizeSecurityGroupEgress" if direction == "egress" else \
+            "AuthorizeSecurityGroup"
+        where = {"requestParameters.SecurityGroupId": "{sg}",
+                 "requestParameters.IpProtocol": proto}
+        if port:
+            where["requestParameters.PortRange"] = port
+        what = f"{proto} {port or 'traffic'} from {cidr}" if direction == "ingress" else \
+            f"{proto} {port} to {cidr}"
+        out.append(task(f"ecs-add-rule-{n}", "ecs",
+                        f"{'Deny' if policy == 'drop' else 'Allow'} {what}",
+                        ["Open the ECS console and choose Security Groups.",
+                         "Click Manage Rules for security group {sg}.",
+                         f"On the {'Outbound' if direction == 'egress' else 'Inbound'} tab "
+                         "click Add Rule.",
+                         f"Choose {'Deny' if policy == 'drop' else 'Allow'}, protocol {label}"
+                         + (f", port range {port}" if port else "")
+                         + f", authorization object {cidr}.", "Click Save."],
+                        "/console/ecs/security-groups", 3, prereq=NET + SG, drift=drift,
+                        required=[ev(action, "Ecs", **where)],
+                        forbidden=[ev("DeleteSecurityGroup", "Ecs", **{"requestParameters.SecurityGroupId": "{sg}"})],
+                        family="ecs_add_rule",
+                        args={"sg": "{sg}", "direction": direction, "protocol_label": label,
+                              "port": port, "cidr": cidr, "policy": policy}))
+    with_rule = NET + SG + [{"id": "ssh", "type": "security_group_rule", "properties": {
+        "security_group": "${sg}", "port_range": "22/22", "cidr": "0.0.0.0/0"}}]
+    for n, drift in enumerate(["", "rename"]):
+        out.append(task(f"ecs-delete-rule-{n}", "ecs", "Remove the SSH rule of a security group",
+                        ["Open the ECS console and choose Security Groups.",
+                         "Click Manage Rules for security group {sg}.",
+                         "Click Delete in the row of the 22/22 rule and confirm."],
+                        "/console/ecs/security-groups", 3, prereq=with_rule, drift=drift,
+                        required=[ev("RevokeSecurityGroup", "Ecs", **{
+                            "requestParameters.SecurityGroupId": "{sg}"})],
+                        forbidden=[ev("DeleteSecurityGroup", "Ecs", **{"requestParameters.SecurityGroupId": "{sg}"})],
+                        end_state=[{"service": "Ecs", "action": "DescribeSecurityGroupAttribute",
+                                    "params": {"RegionId": "cn-hangzhou",
+                                               "SecurityGroupId": "{sg}"},
+                                    "expect": {"Permissions.Permission": "[]"}}],
+                        family="ecs_delete_rule", args={"sg": "{sg}", "port": "22/22"}))
+    for n, drift in enumerate(["", "extra_confirm", "more_menu"]):
+        out.append(task(f"ecs-delete-sg-{n}", "ecs", "Delete a security group",
+                        ["Open the ECS console and choose Security Groups.",
+                         "Click Delete in the row of security group {sg}.", "Confirm."],
+                        "/console/ecs/security-groups", 2, prereq=NET + SG, drift=drift,
+                        required=[ev("DeleteSecurityGroup", "Ecs", **{
+                            "requestParameters.SecurityGroupId": "{sg}"})],
+                        family="ecs_delete_sg", args={"sg": "{sg}"}))
+    ops = [("Stop", "StopInstance", "Running", "Stopped", ""),
+           ("Stop", "StopInstance", "Running", "Stopped", "rename"),
+           ("Start", "StartInstance", "Stopped", "Running", ""),
+           ("Start", "StartInstance", "Stopped", "Running", "more_menu"),
+           ("Restart", "RebootInstance", "Running", "Running", ""),
+           ("Delete", "DeleteInstance", "Stopped", "", ""),
+           ("Delete", "DeleteInstance", "Stopped", "", "extra_confirm")]
+    for n, (op, action, before, after, drift) in enumerate(ops):
+        end = [{"service": "Ecs", "action": "DescribeInstances",
+                "params": {"RegionId": "cn-hangzhou", "InstanceIds": '["{vm}"]'},
+                "expect": {"Instances.Instance.0.Status": after} if after
+                else {"TotalCount": "0"}}]
+        verb = {"Delete": "Release", "Restart": "Restart"}.get(op, op)
+        out.append(task(f"ecs-instance-{op.lower()}-{n}", "ecs", f"{verb} an ECS instance",
+                        ["Open the ECS console and choose Instances.",
+                         f"Find instance {{vm}} and click {verb if op != 'Delete' else 'Release'}"
+                         " in its row.", "Confirm if asked."],
+                        "/console/ecs/instances", 2 if op != "Delete" else 3,
+                        prereq=instance(before), drift=drift,
+                        required=[ev(action, "Ecs", **{"requestParameters.InstanceId":
+                                                       "{vm}"})],
+                        forbidden=[ev("DeleteInstance", "Ecs", **{"requestParameters.InstanceId": "{vm}"})] if op != "Delete" else None,
+                        end_state=end if op != "Restart" else None,
+                        family="ecs_instance_op", args={"instance": "{vm}", "op": op}))
+    for n, drift in enumerate(["", "rename", "more_menu"]):
+        params = {"new_name": f"renamed{n}-{{episode}}"}
+        out.append(task(f"ecs-rename-instance-{n}", "ecs", "Rename an ECS instance",
+                        ["Open the ECS console and choose Instances.",
+                         "Click Manage for instance {vm}.",
+                         "Click Rename, enter {new_name} and click Save."],
+                        "/console/ecs/instances", 3, params=params, prereq=instance("Running"),
+                        drift=drift,
+                        required=[ev("ModifyInstanceAttribute", "Ecs", **{
+                            "requestParameters.InstanceId": "{vm}",
+                            "requestParameters.InstanceName": "{new_name}"})],
+                        forbidden=[ev("DeleteInstance", "Ecs", **{"requestParameters.InstanceId": "{vm}"})],
+                        end_state=[{"service": "Ecs", "action": "DescribeInstances",
+                                    "params": {"RegionId": "cn-hangzhou",
+                                               "InstanceIds": '["{vm}"]'},
+                                    "expect": {"Instances.Instance.0.InstanceName":
+                                               "{new_name}"}}],
+                        family="ecs_rename_instance",
+                        args={"instance": "{vm}", "new_name": "{new_name}"}))
+    for n, (itype, image, drift) in enumerate([
+            ("ecs.g7.large", "Ubuntu 22.04 64-bit", ""),
+            ("ecs.c7.large", "Alibaba Cloud Linux 3.2104 LTS 64-bit", ""),
+            ("ecs.t6-c1m1.large", "Debian 12.6 64-bit", "rename")]):
+        params = {"name": f"app{n}-{{episode}}"}
+        out.append(task(f"ecs-create-instance-{n}", "ecs", "Create an ECS instance",
+                        ["Open the ECS console and choose Instances.", "Click Create Instance.",
+                         f"Choose instance type {itype} and the {image} image.",
+                         "Choose VPC {net}, vSwitch {sw} and security group {sg}.",
+                         "Enter {name} as the instance name and click Create Instance."],
+                        "/console/ecs/instances", 5, params=params, prereq=NET + SW + SG,
+                        drift=drift,
+                        required=[ev("RunInstances", "Ecs", **{
+                            "requestParameters.InstanceType": itype,
+                            "requestParameters.VSwitchId": "{sw}",
+                            "requestParameters.InstanceName": "{name}"})],
+                        family="ecs_create_instance",
+                        args={"instance_type": itype, "image": image, "vpc": "{net}",
+                              "vswitch": "{sw}", "sg": "{sg}", "name": "{name}"}))
+    out.append(task("ecs-instance-bandwidth-wrongdoc", "ecs", "Raise an instance's bandwidth",
+                    ["Open the ECS console and choose Instances.",
+                     "Click More > Network and Security Group > Modify Bandwidth for {vm}.",
+                     "Set the peak bandwidth to 100 Mbit/s and confirm."],
+                    "/console/ecs/instances", 3, prereq=instance("Running"),
+                    expected="infeasible",
+                    reason="The console offers no Modify Bandwidth action for instances.",
+                    forbidden=[ev("DeleteInstance", "Ecs", **{"requestParameters.InstanceId": "{vm}"})]))
+    out.append(task("ecs-sg-clone-wrongdoc", "ecs", "Clone a security group",
+                    ["Open the ECS console and choose Security Groups.",
+                     "Click Clone in the row of security group {sg}.",
+                     "Enter a name and click OK."],
+                    "/console/ecs/security-groups", 2, prereq=NET + SG, expected="infeasible",
+                    reason="Security groups have no Clone action in this console.",
+                    forbidden=[ev("DeleteSecurityGroup", "Ecs", **{"requestParameters.SecurityGroupId": "{sg}"})]))
+    return out
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str):
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def main() -> int:
+    tasks = ram_tasks() + oss_tasks() + vpc_tasks() + ecs_tasks()
+    for i, doc in enumerate(sorted(tasks, key=lambda d: d["id"])):
+        doc["split"] = "heldout" if i % 4 == 3 else "train"
+    for old in ROOT.glob("*/*.yaml"):
+        old.unlink()
+    for doc in tasks:
+        folder = ROOT / doc["product"]
+        folder.mkdir(exist_ok=True)
+        text = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+        (folder / f"{doc['id']}.yaml").write_text(
+            "# Generated by tasks/generate.py; edit the family there, not this file.\n" + text)
+    print(f"wrote {len(tasks)} tasks", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
