@@ -4,6 +4,7 @@ of an episode's account and time window, and Describe calls after the episode.""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,7 +101,8 @@ def _oss_read(client: CloudClient, action: str, params: Mapping[str, str]) -> di
 
 
 def evaluate(rule: SuccessRule, events: list[dict[str, Any]], client: CloudClient,
-             values: Mapping[str, str]) -> RuleVerdict:
+             values: Mapping[str, str], settle_s: float = 15.0, poll_s: float = 0.25
+             ) -> RuleVerdict:
     verdict = RuleVerdict(True)
     for req in rule.required_events:
         hits = [e for e in events if _matches(e, req, values)]
@@ -115,7 +117,11 @@ def evaluate(rule: SuccessRule, events: list[dict[str, Any]], client: CloudClien
             verdict.passed = False
             verdict.reasons.append(f"forbidden {bad.event} happened ({len(hits)}x)")
     for check in rule.end_state:
-        why = check_state(client, check, values)
+        # The cloud is eventually consistent (Stopping -> Stopped takes a while): a check may
+        # become true shortly after the episode; give it ``settle_s``.
+        deadline = time.monotonic() + settle_s
+        while (why := check_state(client, check, values)) and time.monotonic() < deadline:
+            time.sleep(poll_s)
         if why:
             verdict.passed = False
             verdict.reasons.append(why)

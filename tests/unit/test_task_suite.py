@@ -1,0 +1,48 @@
+"""The task suite as data: every file validates, and the suite has the promised shape."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from consolerl.errors import ConfigError
+from infra.provisioning.oracle import FAMILIES
+from infra.provisioning.tasks import TASKS_DIR, load_suite, parse_task
+
+
+def test_the_suite_validates_and_has_its_shape():
+    tasks = load_suite(TASKS_DIR)
+    assert len(tasks) >= 80
+    assert {t.product for t in tasks} == {"ecs", "vpc", "ram", "oss"}
+    assert sum(t.split == "heldout" for t in tasks) >= len(tasks) / 4
+    assert sum(bool(t.prerequisites) for t in tasks) >= 10
+    assert sum(bool(t.drift) for t in tasks) >= 10
+    assert sum(t.expected == "infeasible" for t in tasks) >= 5
+    for t in tasks:
+        if t.expected == "success":
+            assert t.oracle_family in FAMILIES, t.id
+    assert len({d for t in tasks for d in t.drift.split(",") if d}) >= 4
+
+
+GOOD = yaml.safe_load((TASKS_DIR / "ram" / "ram-create-user-0.yaml").read_text())
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"schema": 2}, "field 'schema' must be 1"),
+    ({"product": "rds"}, "field 'product' must be one of"),
+    ({"split": "test"}, "field 'split'"),
+    ({"difficulty": 9}, "field 'difficulty'"),
+    ({"start_page": "https://evil/"}, "field 'start_page'"),
+    ({"drift": "teleport"}, "field 'drift'"),
+    ({"expected": "infeasible"}, "infeasible_reason"),
+    ({"procedure": "Do it."}, "numbered steps"),
+    ({"colour": "red"}, "unknown field"),
+    ({"success": {"end_state": [{"service": "Ram", "action": "DeleteUser",
+                                 "expect": {"a": "b"}}]}}, "must be a read action"),
+    ({"success": {}}, "needs required_events or end_state"),
+    ({"prerequisites": [{"id": "u", "type": "ram_user", "properties": {"name": "x"}}]},
+     "must contain {episode}"),
+])
+def test_a_bad_task_names_the_file_and_field(change, message):
+    with pytest.raises(ConfigError, match="tasks/x.yaml") as err:
+        parse_task({**GOOD, **change}, "tasks/x.yaml")
+    assert message in str(err.value)
