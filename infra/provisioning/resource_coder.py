@@ -191,7 +191,8 @@ def _refuse(stage: str, reason: str, resource: str = "", field: str = "",
 
 # ---- chat --------------------------------------------------------------------------------------
 class ChatClient(Protocol):
-    """Anything that answers a chat: ``messages`` are ``{"role", "content"}`` dicts."""
+    """Anything that answers a chat: ``messages`` are ``{"role", "content"}`` dicts; returns
+    the assistant's text. An endpoint failure should raise :class:`ChatError`."""
 
     def complete(self, messages: Sequence[Mapping[str, str]]) -> str: ...
 
@@ -637,6 +638,8 @@ class ResourceCoder:
 
     def validate(self, reply: str) -> Plan | PlanRejected:
         """Check one model reply (or a stored plan) without calling the model or the cloud."""
+        if not isinstance(reply, str):
+            return PlanRejected("reply", f"the reply must be text, got {type(reply).__name__}")
         try:
             items = extract_json(reply, self.config)["resources"]
             _check_budget_and_policy(items, self.config)
