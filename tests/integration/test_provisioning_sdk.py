@@ -123,3 +123,25 @@ def test_episode_ids_are_checked(provisioner):
     for bad in ("", "UPPER1", "a", "x" * 17, "dev; rm"):
         with pytest.raises(ConfigError, match="episode id"):
             provisioner.leftovers(bad)
+
+
+def test_a_failed_provisioning_makes_the_episode_an_env_error(provisioner, accounts):
+    from env_workers.worker import EnvWorker, WorkerConfig
+    from infra.provisioning.lifecycle import run_episode
+    from infra.provisioning.tasks import parse_task
+    from tests.conftest import run_async
+
+    task = parse_task({
+        "schema": 1, "id": "broken-prereq", "product": "vpc", "title": "t",
+        "procedure": "1. Nothing.\n", "start_page": "/console/vpc/vpcs", "split": "train",
+        "difficulty": 1, "prerequisites": [
+            {"id": "net", "type": "vpc", "properties": {}},
+            {"id": "sw", "type": "vswitch", "properties": {"vpc": "${net}", "zone": "nowhere-1a",
+                                                           "cidr_block": "192.168.1.0/24"}}],
+        "success": {"required_events": [{"event": "DeleteVSwitch"}]},
+        "oracle": {"family": "vpc_delete_vswitch", "args": {"vswitch": "{sw}"}}}, "inline")
+    worker = EnvWorker(WorkerConfig())          # never started: the episode stops before it
+    outcome = run_async(run_episode(task, worker, accounts[0], provisioner.client, provisioner))
+    assert outcome.status == "env_error"
+    assert "sw" in outcome.reasons[0] and "InvalidZoneId.NotFound" in outcome.reasons[0]
+    assert outcome.leaked == [] and provisioner.leftovers(outcome.episode_id) == []
