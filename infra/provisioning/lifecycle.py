@@ -17,13 +17,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import oss2
+
 from consolerl.errors import CloudAPIError
 from consolerl.types import EnvError, EpisodeSpec
 from env_workers.driver import DriverError
 from env_workers.worker import EnvWorker
 from infra.cloud import CloudClient
 from infra.console_sim.accounts import Account
-from reward_service.rules import evaluate, lookup_events
+from reward_service.rules import dotted, evaluate, lookup_events
 
 from .meta import fill
 from .oracle import run_oracle
@@ -60,7 +62,6 @@ def _iso(ts: float) -> str:
 
 def agent_created(events: list[dict[str, Any]]) -> list[Provisioned]:
     """What the agent's console operations created (to destroy it with the episode)."""
-    from reward_service.rules import dotted
     made = []
     for e in events:
         if e.get("errorCode") or e.get("eventName") not in _CREATES:
@@ -94,9 +95,7 @@ def _exists(client: CloudClient, r: Provisioned) -> bool:
         if r.type == "oss_bucket":
             client.oss_bucket(r.cloud_id).get_bucket_info()
             return True
-    except CloudAPIError:
-        return False
-    except Exception:       # oss2 errors: a missing bucket
+    except (CloudAPIError, oss2.exceptions.OssError):
         return False
     return True             # rules live with their group
 
@@ -118,6 +117,7 @@ async def run_episode(task: Task, worker: EnvWorker, account: Account, client: C
         outcome.leaked = provisioner.leftovers(episode_id)
         return outcome
     values = task.values(episode_id, result.values())
+    extra: list[Provisioned] = []          # what the agent created, from the audit log
     try:
         spec = EpisodeSpec(start_path=fill(task.start_page, values), drift=task.drift,
                            max_steps=max_steps)
@@ -152,9 +152,8 @@ async def run_episode(task: Task, worker: EnvWorker, account: Account, client: C
         extra = agent_created(console_events)
     finally:
         await worker.close_episode()
-        report = provisioner.destroy(episode_id, extra=locals().get("extra", ()))
+        report = provisioner.destroy(episode_id, extra=extra)
         outcome.reasons += report.errors
         outcome.leaked = provisioner.leftovers(episode_id) + [
-            f"{x.type} {x.cloud_id}" for x in locals().get("extra", ())
-            if _exists(client, x)]
+            f"{x.type} {x.cloud_id}" for x in extra if _exists(client, x)]
     return outcome
