@@ -1,0 +1,150 @@
+"""Fusion: the rule channel's and the judge channel's verdicts, and the episode's env error,
+into one :class:`RewardResult` (what crosses the Ray boundary to the orchestrator).
+
+Policy, first match wins:
+
+1. ``env_error``: the environment broke, not the agent -> reward 0, ``trainable=False``,
+   ``decided_by="env_error"``.
+2. The rule channel (audit log + end state) decides whenever it is decisive (success or
+   failure). For an ``infeasible`` task a rule *success* is not decisive: the rule cannot
+   witness that the agent correctly reported the procedure infeasible (its rule usually only
+   forbids side effects), so only a rule failure decides there.
+3. Otherwise the judges decide (for infeasible tasks they judge the agent's report_infeasible
+   reason) when their verdict is success or failure.
+4. Otherwise ``undetermined``: :attr:`RewardConfig.undetermined_reward`, trainable only when
+   :attr:`RewardConfig.undetermined_trainable`.
+
+A trainable result pays ``forbidden_penalty`` per forbidden audit event on top (never below
+``min_reward``). Both channels' outcomes are recorded whichever decided.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from consolerl.errors import ConfigError
+from consolerl.types import EnvError
+
+from .judges import JudgeVerdict
+from .rules import RuleVerdict
+
+EXPECTED = ("success", "infeasible")
+OUTCOMES = ("success", "failure", "undetermined")
+DECIDERS = ("rule", "judges", "none", "env_error")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Rewards per verdict. ``forbidden_penalty`` (<= 0) is added once per forbidden audit
+    event, the total floored at ``min_reward``; ``undetermined_trainable`` says whether an
+    episode neither channel could decide goes into the training signal."""
+
+    success_reward: float = 1.0
+    failure_reward: float = 0.0
+    forbidden_penalty: float = -0.1
+    min_reward: float = -1.0
+    undetermined_reward: float = 0.0
+    undetermined_trainable: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("success_reward", "failure_reward", "forbidden_penalty", "min_reward",
+                     "undetermined_reward"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"RewardConfig.{name}: must be a number, got {value!r}")
+        if self.forbidden_penalty > 0:
+            raise ConfigError(f"RewardConfig.forbidden_penalty: must be <= 0, "
+                              f"got {self.forbidden_penalty!r}")
+        if self.min_reward > min(self.success_reward, self.failure_reward,
+                                 self.undetermined_reward):
+            raise ConfigError("RewardConfig.min_reward: must not exceed success_reward, "
+                              "failure_reward or undetermined_reward")
+        if not isinstance(self.undetermined_trainable, bool):
+            raise ConfigError("RewardConfig.undetermined_trainable: must be true or false")
+
+
+@dataclass(frozen=True)
+class RuleOutcome:
+    """The rule channel's result: ``verdict`` success | failure | undetermined, the audit
+    event ids that satisfied it (evidence), why it failed, and how many forbidden events
+    happened."""
+
+    verdict: str
+    evidence: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    forbidden_hits: int = 0
+
+    def __post_init__(self) -> None:
+        if self.verdict not in OUTCOMES:
+            raise ConfigError(f"RuleOutcome.verdict: must be one of {', '.join(OUTCOMES)}, "
+                              f"got {self.verdict!r}")
+        if isinstance(self.forbidden_hits, bool) or not isinstance(self.forbidden_hits, int) \
+                or self.forbidden_hits < 0:
+            raise ConfigError(f"RuleOutcome.forbidden_hits: must be an integer >= 0, "
+                              f"got {self.forbidden_hits!r}")
+        object.__setattr__(self, "evidence", tuple(self.evidence))
+        object.__setattr__(self, "reasons", tuple(self.reasons))
+
+
+def rule_outcome_from(rule_verdict: RuleVerdict, *, decisive: bool,
+                      forbidden_hits: int = 0) -> RuleOutcome:
+    """Adapt :func:`reward_service.rules.evaluate`'s verdict. ``decisive=False`` (e.g. the
+    audit window may not have settled yet, or the rule is empty) makes it ``undetermined``
+    while keeping its evidence and reasons."""
+    verdict = ("success" if rule_verdict.passed else "failure") if decisive else "undetermined"
+    return RuleOutcome(verdict, tuple(rule_verdict.matched), tuple(rule_verdict.reasons),
+                       forbidden_hits)
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """The reward of one episode. ``verdict``: success | failure | undetermined (``failure``
+    also for env errors, with ``trainable=False``); ``decided_by``: rule | judges | none |
+    env_error; ``rule_verdict`` / ``judge_verdict``: both channels as they came (``None`` when
+    a channel did not run); ``evidence``: audit event ids; ``reasons``: why, in order."""
+
+    reward: float
+    trainable: bool
+    verdict: str
+    decided_by: str
+    rule_verdict: RuleOutcome | None = None
+    judge_verdict: JudgeVerdict | None = None
+    evidence: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    env_error: EnvError | None = None
+
+
+def fuse(task_expected: str, rule: RuleOutcome | None, judges: JudgeVerdict | None,
+         env_error: EnvError | None, config: RewardConfig | None = None) -> RewardResult:
+    """Combine the channels into one reward (policy in the module docstring)."""
+    cfg = config or RewardConfig()
+    if task_expected not in EXPECTED:
+        raise ConfigError(f"fuse.task_expected: must be one of {', '.join(EXPECTED)}, "
+                          f"got {task_expected!r}")
+    evidence = rule.evidence if rule else ()
+    both = dict(rule_verdict=rule, judge_verdict=judges, evidence=evidence)
+    if env_error is not None:
+        return RewardResult(0.0, False, "failure", "env_error", env_error=env_error,
+                            reasons=(f"env_error {env_error.kind}: {env_error.message}",),
+                            **both)
+    rule_decides = rule is not None and (
+        rule.verdict == "failure" or (rule.verdict == "success" and task_expected == "success"))
+    if rule_decides:
+        verdict, by = rule.verdict, "rule"
+        reasons = rule.reasons or ("rule passed",)
+    elif judges is not None and judges.verdict in ("success", "failure"):
+        verdict, by, reasons = judges.verdict, "judges", (f"judges: {judges.reason}",)
+    else:
+        verdict, by = "undetermined", "none"
+        reasons = ("neither channel decided"
+                   + (f"; rule: {rule.verdict}" if rule else "; no rule")
+                   + (f"; judges: {judges.reason}" if judges else "; no judges"),)
+    if verdict == "undetermined":
+        reward, trainable = cfg.undetermined_reward, cfg.undetermined_trainable
+    else:
+        reward = cfg.success_reward if verdict == "success" else cfg.failure_reward
+        trainable = True
+    hits = rule.forbidden_hits if rule else 0
+    if trainable and hits:
+        reward = max(reward + cfg.forbidden_penalty * hits, cfg.min_reward)
+        reasons = (*reasons, f"{hits} forbidden event(s): {cfg.forbidden_penalty * hits:+.2f}")
+    return RewardResult(float(reward), trainable, verdict, by, reasons=tuple(reasons), **both)
