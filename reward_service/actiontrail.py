@@ -1,0 +1,372 @@
+"""ActionTrail client for scoring episodes: paged, rate-limited, retrying LookupEvents.
+
+ActionTrail is the reward's ground truth, and it is slow and stingy: LookupEvents allows about
+2 queries per second per account, and events can take up to 10 minutes to appear. This module
+keeps every caller in the process under the per-account limit (one :class:`TokenBucket` per
+account id), retries throttling and server errors with exponential backoff and jitter, pages
+through ``NextToken``, and waits for late events with :meth:`TrailClient.wait_for`, whose
+"pending" result means "not delivered yet", never "the agent failed".
+
+Public API: :class:`TrailConfig`, :class:`TrailClient` (``events``, ``wait_for``),
+:class:`TrailResult`, :func:`episode_events`, :class:`TokenBucket`, :class:`BucketRegistry`,
+:func:`call_with_retry`, :func:`is_retryable`.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal, TypeVar
+
+from alibabacloud_actiontrail20200706 import models as at
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from consolerl.errors import CloudAPIError, ConfigError
+from infra.cloud import CloudClient
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+LOOKUP_KEYS = ("EventName", "ServiceName", "User", "EventId", "ResourceType", "ResourceName",
+               "EventRW", "EventAccessKeyId")
+_RETRY_CODES = ("ServiceUnavailable", "InternalError")
+_END_PAD_S = 1.0        # the window ends a little after "now" so the newest second is included
+
+
+@dataclass(frozen=True)
+class TrailConfig:
+    """How :class:`TrailClient` queries ActionTrail.
+
+    ``qps``/``burst``: the per-account token bucket (the cloud allows 2 LookupEvents per second
+    per account; ``burst`` 1 leaves headroom for network jitter). ``max_retries``: retries of
+    one request after ``Throttling*`` or a 5xx; the delay is ``min(backoff_max_s,
+    backoff_base_s * 2**attempt)`` with jitter. ``clock_skew_s``: the query window starts this
+    long before the episode start. ``settle_s``: how long :meth:`TrailClient.wait_for` waits for
+    late events; 30 s suits the local cloud, the real ActionTrail may need ~600 s (events take
+    up to 10 minutes to appear). ``poll_s``: pause between polls. ``max_results``: page size
+    (1-50).
+    """
+
+    qps: float = 2.0
+    burst: float = 1.0
+    max_retries: int = 6
+    backoff_base_s: float = 0.25
+    backoff_max_s: float = 8.0
+    clock_skew_s: float = 60.0
+    settle_s: float = 30.0
+    poll_s: float = 1.0
+    max_results: int = 50
+
+    def __post_init__(self) -> None:
+        for name in ("qps", "burst", "backoff_base_s", "backoff_max_s", "poll_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"TrailConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("max_retries", "clock_skew_s", "settle_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"TrailConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.burst < 1:
+            raise ConfigError(f"TrailConfig.burst must be >= 1, got {self.burst!r}")
+        if not 1 <= self.max_results <= 50:
+            raise ConfigError(f"TrailConfig.max_results must be 1 to 50, got {self.max_results!r}")
+
+
+@dataclass(frozen=True)
+class TrailResult:
+    """What :meth:`TrailClient.wait_for` saw. ``status`` "pending" means the predicate did not
+    hold before the settle deadline: events may still be in delivery; it is not a failure.
+    ``queries`` counts LookupEvents requests sent (pages and retries)."""
+
+    status: Literal["complete", "pending"]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    waited_s: float = 0.0
+    queries: int = 0
+
+
+class TokenBucket:
+    """A blocking token bucket: ``acquire()`` returns once the caller may send one request.
+    Thread-safe; waiters are served in arrival order (each reserves its slot under the lock and
+    sleeps outside it). ``clock``/``sleep`` are injectable for tests."""
+
+    def __init__(self, rate: float, burst: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._sleep = sleep
+        self._tokens = burst
+        self._at = clock()
+        self._lock = threading.Lock()
+
+    def reserve(self) -> float:
+        """Take a token now (possibly going into debt); return how long to wait before using it."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+            self._at = now
+            self._tokens -= 1.0
+            return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+
+    def acquire(self) -> float:
+        """Block until a token is ours; return the seconds waited."""
+        wait = self.reserve()
+        if wait > 0:
+            self._sleep(wait)
+        return wait
+
+    def slow_to(self, rate: float, burst: float) -> None:
+        with self._lock:
+            self.rate = min(self.rate, rate)
+            self.burst = min(self.burst, burst)
+
+
+class BucketRegistry:
+    """One :class:`TokenBucket` per account id. The module's :data:`BUCKETS` is shared by every
+    :class:`TrailClient` in the process; when callers ask for different limits on one account,
+    the slowest wins (the cloud's limit is per account, not per caller)."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[str, TokenBucket] = {}
+        self._lock = threading.Lock()
+
+    def get(self, account_id: str, rate: float, burst: float) -> TokenBucket:
+        with self._lock:
+            bucket = self._buckets.get(account_id)
+            if bucket is None:
+                bucket = self._buckets[account_id] = TokenBucket(rate, burst)
+            else:
+                bucket.slow_to(rate, burst)
+            return bucket
+
+
+BUCKETS = BucketRegistry()
+
+
+class TrailMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.queries = Counter("consolerl_reward_trail_queries_total", "LookupEvents requests, "
+                               "by outcome (ok, throttled, server_error, error).", ["outcome"],
+                               registry=registry)
+        self.throttled_retries = Counter("consolerl_reward_trail_throttled_retries_total",
+                                         "Requests retried after a Throttling error.",
+                                         registry=registry)
+        self.foreign_events = Counter("consolerl_reward_trail_foreign_events_total",
+                                      "Events of another account that LookupEvents returned "
+                                      "and the client dropped.", registry=registry)
+        self.wait = Histogram("consolerl_reward_trail_wait_seconds", "wait_for duration, by "
+                              "status (complete, pending).", ["status"], registry=registry,
+                              buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900))
+
+
+def is_retryable(exc: CloudAPIError) -> bool:
+    """Throttling (any ``Throttling*`` code) and server-side errors are worth retrying."""
+    return (exc.code.startswith("Throttling") or exc.code in _RETRY_CODES
+            or exc.status >= 500)
+
+
+def call_with_retry(fn: Callable[[], T], config: TrailConfig, *,
+                    before: Callable[[], object] = lambda: None,
+                    on_error: Callable[[CloudAPIError, bool], None] = lambda exc, retry: None,
+                    sleep: Callable[[float], None] = time.sleep,
+                    rng: random.Random | None = None) -> T:
+    """``fn()`` with up to ``config.max_retries`` retries of retryable :class:`CloudAPIError`.
+
+    ``before`` runs ahead of every attempt (the rate limiter); ``on_error(exc, will_retry)``
+    sees every failure. The n-th retry waits ``d/2 + uniform(0, d/2)`` with
+    ``d = min(backoff_max_s, backoff_base_s * 2**n)``: jitter spreads callers that were
+    throttled together, the floor keeps the backoff meaningful. The last error propagates.
+    """
+    rng = rng or random.Random()
+    attempt = 0
+    while True:
+        before()
+        try:
+            return fn()
+        except CloudAPIError as exc:
+            retry = is_retryable(exc) and attempt < config.max_retries
+            on_error(exc, retry)
+            if not retry:
+                raise
+        delay = min(config.backoff_max_s, config.backoff_base_s * 2 ** attempt)
+        sleep(delay / 2 + rng.uniform(0, delay / 2))
+        attempt += 1
+
+
+def _epoch(t: float | datetime) -> float:
+    if isinstance(t, datetime):
+        if t.tzinfo is None:
+            raise ConfigError(f"naive datetime {t!r}: give a timezone-aware time (UTC)")
+        return t.timestamp()
+    return float(t)
+
+
+def _iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(int(epoch_s), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _event_epoch(event: Mapping[str, Any]) -> float:
+    try:
+        return datetime.strptime(str(event.get("eventTime", "")), "%Y-%m-%dT%H:%M:%SZ") \
+            .replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return float("-inf")     # unparseable: sorts first, and episode_events drops it
+
+
+def _account_of(event: Mapping[str, Any]) -> str:
+    identity = event.get("userIdentity")
+    return str(identity.get("accountId", "")) if isinstance(identity, Mapping) else ""
+
+
+def episode_events(events: Iterable[Mapping[str, Any]], account_id: str,
+                   started_at: float | datetime) -> list[dict[str, Any]]:
+    """The events of one episode: by ``account_id`` at or after ``started_at`` (epoch seconds or
+    an aware datetime). ``eventTime`` has one-second resolution, so the start is floored to the
+    second: an event in the episode's first second is kept."""
+    floor = int(_epoch(started_at))
+    return [dict(e) for e in events
+            if _account_of(e) == account_id and _event_epoch(e) >= floor]
+
+
+def _attributes(attributes: Mapping[str, str] | Sequence[tuple[str, str]]
+                ) -> list[at.LookupEventsRequestLookupAttribute]:
+    pairs = list(attributes.items()) if isinstance(attributes, Mapping) else list(attributes)
+    if len(pairs) > 2:
+        raise ConfigError(f"attributes: LookupEvents allows at most 2, got {len(pairs)}")
+    for key, value in pairs:
+        if key not in LOOKUP_KEYS:
+            raise ConfigError(f"attributes: unknown key {key!r}; allowed: {', '.join(LOOKUP_KEYS)}")
+        if not value:
+            raise ConfigError(f"attributes: {key} needs a non-empty value")
+    return [at.LookupEventsRequestLookupAttribute(key=k, value=v) for k, v in pairs]
+
+
+class TrailClient:
+    """ActionTrail queries for one account.
+
+    ``client`` is a :class:`CloudClient` or a zero-argument factory of one; since a CloudClient
+    is not thread-safe, each calling thread gets its own (a copy of the given one, or a fresh
+    one from the factory). ``account_id`` is the account the credentials belong to: events of
+    any other account are dropped. Thread-safe.
+    """
+
+    def __init__(self, client: CloudClient | Callable[[], CloudClient],
+                 config: TrailConfig | None = None, registry: CollectorRegistry | None = None,
+                 *, account_id: str, buckets: BucketRegistry | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
+        if not account_id:
+            raise ConfigError("TrailClient.account_id must be the queried account's id")
+        self.config = config if config is not None else TrailConfig()
+        self.account_id = account_id
+        self.metrics = TrailMetrics(registry if registry is not None else CollectorRegistry())
+        self.bucket = (buckets or BUCKETS).get(account_id, self.config.qps, self.config.burst)
+        if isinstance(client, CloudClient):
+            given = client
+            self._factory: Callable[[], CloudClient] = \
+                lambda: CloudClient(given.config, given.credentials)
+        else:
+            self._factory = client
+        self._local = threading.local()
+        self._sleep = sleep
+
+    def _client(self) -> CloudClient:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = self._factory()
+        return client
+
+    def _on_error(self, exc: CloudAPIError, retry: bool) -> None:
+        throttled = exc.code.startswith("Throttling")
+        outcome = "throttled" if throttled else ("server_error" if is_retryable(exc) else "error")
+        self.metrics.queries.labels(outcome).inc()
+        if throttled and retry:
+            self.metrics.throttled_retries.inc()
+        log.log(logging.DEBUG if retry else logging.WARNING, "LookupEvents %s (%s)",
+                exc.code, "retrying" if retry else "giving up")
+
+    def _lookup(self, request: at.LookupEventsRequest, counter: list[int]) -> Any:
+        client = self._client()
+
+        def attempt() -> Any:
+            counter[0] += 1
+            body = client.call(client.actiontrail.lookup_events_with_options, request,
+                               "LookupEvents")
+            self.metrics.queries.labels("ok").inc()
+            return body
+        return call_with_retry(attempt, self.config, before=self.bucket.acquire,
+                               on_error=self._on_error, sleep=self._sleep)
+
+    def events(self, start: float | datetime, end: float | datetime,
+               attributes: Mapping[str, str] | Sequence[tuple[str, str]] = ()
+               ) -> list[dict[str, Any]]:
+        """Every event of this account from ``start`` to ``end`` (epoch seconds or aware
+        datetimes; ``start`` is floored and ``end`` ceiled to the second), oldest first, each
+        eventId once. ``attributes``: at most two (key, value) LookupAttribute filters (AND).
+        Raises :class:`CloudAPIError` for non-retryable errors or when retries run out."""
+        return self._events(_epoch(start), _epoch(end), _attributes(attributes), [0])
+
+    def _events(self, lo: float, hi: float, attrs: list[at.LookupEventsRequestLookupAttribute],
+                counter: list[int]) -> list[dict[str, Any]]:
+        if lo > hi:
+            raise ConfigError(f"events: start {_iso(lo)} is after end {_iso(hi)}")
+        start_iso, end_iso = _iso(lo), _iso(-int(-hi // 1))
+        pages: list[dict[str, Any]] = []
+        token = None
+        while True:
+            request = at.LookupEventsRequest(start_time=start_iso, end_time=end_iso,
+                                             lookup_attribute=attrs or None,
+                                             max_results=str(self.config.max_results),
+                                             next_token=token)
+            body = self._lookup(request, counter)
+            pages.extend(body.events or [])
+            token = body.next_token
+            if not token:
+                break
+        # Pages run newest first; reversing keeps the cloud's order inside one second, the
+        # stable sort fixes anything a page boundary (or a late event) put out of order.
+        ordered = sorted(reversed(pages), key=_event_epoch)
+        seen: set[str] = set()
+        out: list[dict[str, Any]] = []
+        for event in ordered:
+            if _account_of(event) != self.account_id:
+                self.metrics.foreign_events.inc()
+                log.warning("dropped event %s of account %r from a query of account %s",
+                            event.get("eventId"), _account_of(event), self.account_id)
+                continue
+            event_id = event.get("eventId")
+            if event_id in seen:
+                continue
+            seen.add(event_id)
+            out.append(event)
+        return out
+
+    def wait_for(self, start: float | datetime,
+                 predicate: Callable[[list[dict[str, Any]]], bool],
+                 deadline_s: float | None = None) -> TrailResult:
+        """Poll the window ``start - clock_skew_s`` .. now until ``predicate(events)`` holds
+        ("complete") or ``deadline_s`` (default ``config.settle_s``) passes ("pending").
+
+        ``events`` are the whole window's, skew margin included; narrow them to the episode
+        with :func:`episode_events`. Errors other than throttling propagate.
+        """
+        settle = self.config.settle_s if deadline_s is None else deadline_s
+        t0 = time.monotonic()
+        deadline = t0 + settle
+        lo = _epoch(start) - self.config.clock_skew_s
+        counter = [0]
+        while True:
+            events = self._events(lo, time.time() + _END_PAD_S, [], counter)
+            if predicate(events):
+                status: Literal["complete", "pending"] = "complete"
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                status = "pending"
+                break
+            self._sleep(min(self.config.poll_s, remaining))
+        waited = time.monotonic() - t0
+        self.metrics.wait.labels(status).observe(waited)
+        return TrailResult(status, events, waited, counter[0])
