@@ -208,7 +208,7 @@ def _iso(epoch_s: float) -> str:
     return datetime.fromtimestamp(int(epoch_s), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _event_epoch(event: Mapping[str, Any]) -> float:
+def event_epoch(event: Mapping[str, Any]) -> float:
     try:
         return datetime.strptime(str(event.get("eventTime", "")), "%Y-%m-%dT%H:%M:%SZ") \
             .replace(tzinfo=timezone.utc).timestamp()
@@ -228,7 +228,7 @@ def episode_events(events: Iterable[Mapping[str, Any]], account_id: str,
     second: an event in the episode's first second is kept."""
     floor = int(_epoch(started_at))
     return [dict(e) for e in events
-            if _account_of(e) == account_id and _event_epoch(e) >= floor]
+            if _account_of(e) == account_id and event_epoch(e) >= floor]
 
 
 def _attributes(attributes: Mapping[str, str] | Sequence[tuple[str, str]]
@@ -327,7 +327,7 @@ class TrailClient:
                 break
         # Pages run newest first; reversing keeps the cloud's order inside one second, the
         # stable sort fixes anything a page boundary (or a late event) put out of order.
-        ordered = sorted(reversed(pages), key=_event_epoch)
+        ordered = sorted(reversed(pages), key=event_epoch)
         seen: set[str] = set()
         out: list[dict[str, Any]] = []
         for event in ordered:

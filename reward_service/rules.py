@@ -60,7 +60,7 @@ def _as_text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _matches(event: Mapping[str, Any], rule: EventRule, values: Mapping[str, str]) -> bool:
+def matches(event: Mapping[str, Any], rule: EventRule, values: Mapping[str, str]) -> bool:
     if event.get("eventName") != rule.event or event.get("errorCode"):
         return False
     if rule.service and event.get("serviceName") != rule.service:
@@ -105,14 +105,14 @@ def evaluate(rule: SuccessRule, events: list[dict[str, Any]], client: CloudClien
              ) -> RuleVerdict:
     verdict = RuleVerdict(True)
     for req in rule.required_events:
-        hits = [e for e in events if _matches(e, req, values)]
+        hits = [e for e in events if matches(e, req, values)]
         if not hits:
             verdict.passed = False
             verdict.reasons.append(f"no successful {req.event} matching "
                                    f"{dict((k, fill(v, values)) for k, v in req.where)}")
         verdict.matched += [e["eventId"] for e in hits]
     for bad in rule.forbidden_events:
-        hits = [e for e in events if _matches(e, bad, values)]
+        hits = [e for e in events if matches(e, bad, values)]
         if hits:
             verdict.passed = False
             verdict.reasons.append(f"forbidden {bad.event} happened ({len(hits)}x)")

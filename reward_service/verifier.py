@@ -1,0 +1,96 @@
+"""The rule channel: a task's success rule over the episode's audit events, with late-event
+waiting, to a :class:`~reward_service.fusion.RuleOutcome` (success, failure, undetermined).
+
+Only events by the episode's account, at or after the episode began, made from the console
+(what the agent could do) count. Events arrive late (ActionTrail takes up to minutes), so:
+
+- when every required event has arrived, the rule is decided (forbidden events and end-state
+  checks included);
+- when they have not, a missing event is only a failure once the log has caught up with the
+  episode: an event of the account stamped after the episode ended (the watermark — the
+  verifier's own first LookupEvents call is one) shows that everything before it is delivered;
+- when neither happens before the settle deadline, the verdict is ``undetermined``
+  ("pending"), never a false failure.
+Tasks whose documentation is wrong (``expected: infeasible``) are left to the judges unless a
+forbidden event decides them.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra.cloud import CloudClient
+from infra.provisioning.tasks import Task
+
+from .actiontrail import TrailClient, event_epoch, episode_events
+from .fusion import RuleOutcome
+from .rules import RuleVerdict, matches, evaluate
+
+
+@dataclass(frozen=True)
+class EpisodeRecord:
+    """What the verifier needs to know about an episode (picklable)."""
+
+    account_id: str
+    started_at: float                 # epoch seconds
+    ended_at: float
+    values: tuple[tuple[str, str], ...] = field(default=())   # placeholder values
+
+
+def from_console(event: dict[str, Any]) -> bool:
+    return ".console.aliyun.com" in str(event.get("userAgent", "")) or \
+        event.get("eventType") == "ConsoleOperation"
+
+
+class RuleVerifier:
+    def __init__(self, trail: TrailClient, client: CloudClient, settle_s: float | None = None,
+                 end_state_settle_s: float = 15.0):
+        self.trail = trail
+        self.client = client
+        self.settle_s = settle_s
+        self.end_state_settle_s = end_state_settle_s
+
+    def verify(self, task: Task, episode: EpisodeRecord) -> RuleOutcome:
+        values = dict(episode.values)
+        rule = task.success
+
+        def agent_events(window: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [e for e in episode_events(window, episode.account_id, episode.started_at)
+                    if from_console(e)]
+
+        def required_met(events: list[dict[str, Any]]) -> bool:
+            return all(any(matches(e, req, values) for e in events)
+                       for req in rule.required_events)
+
+        def caught_up(window: list[dict[str, Any]]) -> bool:
+            return any(event_epoch(e) > episode.ended_at + 1 for e in window)
+
+        result = self.trail.wait_for(
+            episode.started_at,
+            lambda window: required_met(agent_events(window)) or caught_up(window),
+            deadline_s=self.settle_s)
+        events = agent_events(result.events)
+        forbidden = sum(1 for bad in rule.forbidden_events for e in events
+                        if matches(e, bad, values))
+        if result.status == "pending" and not required_met(events):
+            return RuleOutcome("undetermined", reasons=(
+                f"pending: the required events had not arrived after {result.waited_s:.1f} s",),
+                forbidden_hits=forbidden)
+        if task.expected == "infeasible":
+            if forbidden:
+                return RuleOutcome("failure", reasons=("a forbidden event happened",),
+                                   forbidden_hits=forbidden)
+            return RuleOutcome("undetermined", reasons=("infeasible task: left to the judges",))
+        if not rule.required_events and not rule.end_state:
+            return RuleOutcome("undetermined", reasons=("the rule decides nothing",))
+        verdict: RuleVerdict = evaluate(rule, events, self.client, values,
+                                        settle_s=self.end_state_settle_s)
+        return RuleOutcome("success" if verdict.passed else "failure", tuple(verdict.matched),
+                           tuple(verdict.reasons), forbidden)
+
+
+def record(account_id: str, started_at: float, values: dict[str, str] | None = None,
+           ended_at: float | None = None) -> EpisodeRecord:
+    return EpisodeRecord(account_id, started_at, ended_at if ended_at is not None
+                         else time.time(), tuple(sorted((values or {}).items())))
