@@ -25,19 +25,19 @@ import asyncio
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 
 from consolerl.types import EpisodeSpec
 from infra.console_sim.accounts import load_accounts
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
-from infra.redis_local import RedisServer, _free_port
+from consolerl.stats import percentile
+from infra.local_cloud import LocalCloud
+from infra.redis_local import RedisServer
 
 from .accounts import PoolConfig
 from .driver import ScriptedDriver, expect_observation
@@ -53,8 +53,7 @@ def _progress(msg: str) -> None:
 
 
 def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)
+    return round(percentile(values, q), 1)
 
 
 async def _step_latency(url: str, screenshot: bool, samples: int
@@ -137,24 +136,11 @@ def _browser_pss_mb() -> float:
 
 def run(samples: int, per_worker: int) -> dict:
     state = Path(tempfile.mkdtemp(prefix="env-bench-"))
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    cloud = subprocess.Popen([sys.executable, "-m", "infra.console_sim", "--port", str(port),
-                              "--state-dir", str(state / "cloud"), "--lookup-qps", "0"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cloud = LocalCloud(state / "cloud", ("--lookup-qps", "0"))
     redis_server = RedisServer(state / "redis")
     try:
         redis_server.start()
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or cloud.poll() is not None:
-                raise RuntimeError("the local cloud did not start")
-            time.sleep(0.1)
+        url = cloud.start().url
         _progress(f"step latency: {samples} steps, screenshots off")
         plain, same_page, navigating = asyncio.run(_step_latency(url, False, samples))
         _progress(f"step latency: {samples} steps, screenshots on")
@@ -180,8 +166,7 @@ def run(samples: int, per_worker: int) -> dict:
             "step_mean_ms": round(statistics.fmean(plain), 1),
         }
     finally:
-        cloud.terminate()
-        cloud.wait(10)
+        cloud.stop()
         redis_server.stop()
         shutil.rmtree(state, ignore_errors=True)
 

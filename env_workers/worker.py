@@ -190,8 +190,9 @@ class EnvWorker:
                 await episode.context.close()
             except PlaywrightError:
                 pass
-            if self.browser_rss_mb() > self.config.max_browser_rss_mb and self._browser:
-                log.info("restarting Chromium: %.0f MB resident", self.browser_rss_mb())
+            pss_mb = self.browser_rss_mb()
+            if pss_mb > self.config.max_browser_rss_mb and self._browser:
+                log.info("restarting Chromium: %.0f MB resident", pss_mb)
                 await self._browser.close()
                 self._browser = None
 

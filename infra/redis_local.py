@@ -4,7 +4,6 @@ takes."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -14,13 +13,9 @@ import redis
 
 from consolerl.errors import ConfigError
 
+from .local_cloud import free_port
+
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -39,7 +34,7 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True)
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         if self.port == 6379:
             raise ConfigError("refusing to start redis-server on 6379 (Ray's GCS port)")
         self.data_dir.mkdir(parents=True, exist_ok=True)

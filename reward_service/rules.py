@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import oss2
-from alibabacloud_actiontrail20200706 import models as at
 
 from consolerl.errors import CloudAPIError
 from infra.cloud import CloudClient
@@ -23,20 +22,6 @@ class RuleVerdict:
     passed: bool
     reasons: list[str] = field(default_factory=list)      # why it failed (empty when passed)
     matched: list[str] = field(default_factory=list)      # eventIds that satisfied the rule
-
-
-def lookup_events(client: CloudClient, start_iso: str, end_iso: str) -> list[dict[str, Any]]:
-    """Every audit event of the client's account in the window, oldest first."""
-    events: list[dict[str, Any]] = []
-    token = None
-    while True:
-        req = at.LookupEventsRequest(start_time=start_iso, end_time=end_iso, max_results="50",
-                                     next_token=token)
-        resp = client.call(client.actiontrail.lookup_events_with_options, req)
-        events.extend(resp.events or [])
-        token = resp.next_token
-        if not token:
-            return events[::-1]
 
 
 def dotted(value: Any, path: str) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,15 +16,10 @@ import pytest
 
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.console_sim.accounts import Account, load_accounts
+from infra.local_cloud import free_port
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -39,19 +39,18 @@ import http.client
 import json
 import multiprocessing as mp
 import shutil
-import socket
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from urllib.parse import quote
 
 from infra.cloud import CloudClient, CloudConfig, Credentials
+from infra.local_cloud import LocalCloud, free_port
 
 from .accounts import load_accounts
 from .config import DEFAULT_ACCOUNTS_FILE
@@ -84,12 +83,6 @@ class LightClient:
         return response.status, json.loads(response.read())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _progress(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
@@ -119,7 +112,7 @@ def _worker(port: int, key: str, secret: str, sg_id: str, user: str, seconds: fl
 def run(events: int, seconds: float, clients: int) -> dict:
     accounts = load_accounts(DEFAULT_ACCOUNTS_FILE)
     state = Path(tempfile.mkdtemp(prefix="cloud-bench-"))
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "infra.console_sim", "--port", str(port),
                                "--state-dir", str(state), "--lookup-qps", "0"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -219,20 +212,6 @@ def _percentiles(samples: list[float]) -> tuple[float, float]:
     return round(statistics.median(ordered), 2), round(p95, 2)
 
 
-def _wait_healthy(port: int, server: subprocess.Popen) -> None:
-    for _ in range(300):
-        if server.poll() is not None:
-            raise RuntimeError(f"server exited with status {server.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("server did not answer /healthz within 30s")
-
-
 def _wait_for(what: str, check, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -311,15 +290,11 @@ def run_console(samples: int) -> dict:
     a = accounts[0]
     executable = chromium_path()
     state = Path(tempfile.mkdtemp(prefix="cloud-bench-console-"))
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "infra.console_sim", "--port", str(port),
-                               "--state-dir", str(state), "--lookup-qps", "0",
-                               "--transition", "0.2", "--network-ready", "0.1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = LocalCloud(state, ("--lookup-qps", "0", "--transition", "0.2",
+                                "--network-ready", "0.1"))
     try:
-        _wait_healthy(port, server)
-        client = CloudClient(CloudConfig(endpoint=f"127.0.0.1:{port}"),
+        base = server.start().url
+        client = CloudClient(CloudConfig(endpoint=server.endpoint),
                              Credentials(a.access_key_id, a.access_key_secret))
         resources = _seed_instances(client)
 
@@ -388,8 +363,7 @@ def run_console(samples: int) -> dict:
             "chromium_version": version,
         }
     finally:
-        server.terminate()
-        server.wait(10)
+        server.stop()
         shutil.rmtree(state, ignore_errors=True)
 
 

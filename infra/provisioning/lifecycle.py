@@ -25,7 +25,9 @@ from env_workers.driver import DriverError
 from env_workers.worker import EnvWorker
 from infra.cloud import CloudClient
 from infra.console_sim.accounts import Account
-from reward_service.rules import dotted, evaluate, lookup_events
+from reward_service.actiontrail import TrailClient
+from reward_service.rules import dotted, evaluate
+from reward_service.verifier import from_console
 
 from .meta import fill
 from .oracle import run_oracle
@@ -54,10 +56,6 @@ class EpisodeOutcome:
     broken_prerequisites: list[str] = field(default_factory=list)
     leaked: list[str] = field(default_factory=list)
     fencing: int = 0
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def agent_created(events: list[dict[str, Any]]) -> list[Provisioned]:
@@ -133,9 +131,9 @@ async def run_episode(task: Task, worker: EnvWorker, account: Account, client: C
             final = None
             outcome.reasons.append(f"oracle stuck: {str(exc)[:300]}")
         await worker.close_episode()
-        ended = time.time() + 1
-        console_events = [e for e in lookup_events(client, _iso(started - 1), _iso(ended))
-                          if ".console.aliyun.com" in e.get("userAgent", "")]
+        trail = TrailClient(client, account_id=account.account_id)
+        console_events = [e for e in trail.events(started - 1, time.time() + 1)
+                          if from_console(e)]
         named = {fill(v, values) for rule in task.success.required_events for _, v in rule.where}
         outcome.broken_prerequisites = [
             f"{r.type} {r.cloud_id}" for r in result.resources

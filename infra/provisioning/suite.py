@@ -17,19 +17,18 @@ import asyncio
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
+from consolerl.stats import percentile
 
 from env_workers.worker import EnvWorker, WorkerConfig
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.console_sim.accounts import load_accounts
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
-from infra.redis_local import _free_port
+from infra.local_cloud import LocalCloud
 
 from .lifecycle import EpisodeOutcome, run_episode
 from .sdk import SdkProvisioner
@@ -42,10 +41,7 @@ def _progress(msg: str) -> None:
 
 
 def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
+    return round(percentile(values, q), 4) if values else None
 
 
 async def run_tasks(tasks: list[Task], url: str, endpoint: str, account_index: int = 0
@@ -141,30 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     if not tasks:
         parser.error(f"no task id matches {args.tasks!r}")
     state = Path(tempfile.mkdtemp(prefix="suite-"))
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "infra.console_sim", "--port", str(port),
-                               "--state-dir", str(state), "--lookup-qps", "0",
-                               "--transition", "1", "--network-ready", "0.3"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cloud = LocalCloud(state, ("--lookup-qps", "0", "--transition", "1",
+                               "--network-ready", "0.3"))
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the local cloud did not start")
-            time.sleep(0.1)
-        _progress(f"{len(tasks)} tasks against {url}")
-        outcomes = asyncio.run(run_tasks(tasks, url, f"127.0.0.1:{port}"))
+        cloud.start()
+        _progress(f"{len(tasks)} tasks against {cloud.url}")
+        outcomes = asyncio.run(run_tasks(tasks, cloud.url, cloud.endpoint))
         warm, warm_leaked = ([], 0) if args.warm_pool == 0 else measure_warm(
-            tasks, f"127.0.0.1:{port}", k=args.warm_pool)
+            tasks, cloud.endpoint, k=args.warm_pool)
     finally:
-        server.terminate()
-        server.wait(10)
+        cloud.stop()
         shutil.rmtree(state, ignore_errors=True)
     summary = summarize(tasks, outcomes)
     summary["warm_provision_p50_s"] = _pct(warm, 0.5)

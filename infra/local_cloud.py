@@ -1,0 +1,63 @@
+"""A ``python -m infra.console_sim`` process on a free loopback port with its own state dir,
+for benchmarks and the suite runner (tests have their own, restartable ``CloudServer``)."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LocalCloud:
+    """``start()`` waits until ``/healthz`` answers; ``stop()`` terminates the process."""
+
+    state_dir: Path
+    args: tuple[str, ...] = ()
+    port: int = 0
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.endpoint}"
+
+    def start(self, timeout_s: float = 30.0) -> LocalCloud:
+        self.port = self.port or free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "infra.console_sim", "--port", str(self.port),
+             "--state-dir", str(self.state_dir), *self.args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the local cloud exited with status {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"the local cloud did not answer /healthz within {timeout_s:g} s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
