@@ -17,6 +17,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
+    """Terminate a child process, killing it if it does not exit within ``timeout_s``."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @dataclass
 class LocalCloud:
     """``start()`` waits until ``/healthz`` answers; ``stop()`` terminates the process."""
@@ -54,10 +65,4 @@ class LocalCloud:
         raise RuntimeError(f"the local cloud did not answer /healthz within {timeout_s:g} s")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)

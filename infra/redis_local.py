@@ -13,7 +13,7 @@ import redis
 
 from consolerl.errors import ConfigError
 
-from .local_cloud import free_port
+from .local_cloud import free_port, stop_process
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -58,10 +58,4 @@ class RedisServer:
         raise RuntimeError(f"redis-server did not answer within {timeout_s} s")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)

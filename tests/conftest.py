@@ -16,7 +16,7 @@ import pytest
 
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.console_sim.accounts import Account, load_accounts
-from infra.local_cloud import free_port
+from infra.local_cloud import free_port, stop_process
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,13 +58,7 @@ class CloudServer:
         raise RuntimeError("local cloud did not start within 30 s")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
     def restart(self) -> None:
         self.stop()
