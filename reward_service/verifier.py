@@ -23,9 +23,9 @@ from typing import Any
 from infra.cloud import CloudClient
 from infra.provisioning.tasks import Task
 
-from .actiontrail import TrailClient, event_epoch, episode_events
+from .actiontrail import TrailClient, TrailResult, event_epoch, episode_events
 from .fusion import RuleOutcome
-from .rules import RuleVerdict, matches, evaluate
+from .rules import RuleVerdict, assign, evaluate, forbidden
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,12 @@ class RuleVerifier:
         self.end_state_settle_s = end_state_settle_s
 
     def verify(self, task: Task, episode: EpisodeRecord) -> RuleOutcome:
+        return self.verify_with_events(task, episode)[0]
+
+    def verify_with_events(self, task: Task, episode: EpisodeRecord
+                           ) -> tuple[RuleOutcome, list[dict[str, Any]]]:
+        """The outcome and the agent's events it was decided on (console events of the
+        episode's account since it began, in audit order)."""
         values = dict(episode.values)
         rule = task.success
 
@@ -60,8 +66,7 @@ class RuleVerifier:
                     if from_console(e)]
 
         def required_met(events: list[dict[str, Any]]) -> bool:
-            return all(any(matches(e, req, values) for e in events)
-                       for req in rule.required_events)
+            return assign(rule.required_events, events, values)[0] is not None
 
         def caught_up(window: list[dict[str, Any]]) -> bool:
             return any(event_epoch(e) > episode.ended_at + 1 for e in window)
@@ -71,23 +76,32 @@ class RuleVerifier:
             lambda window: required_met(agent_events(window)) or caught_up(window),
             deadline_s=self.settle_s)
         events = agent_events(result.events)
-        forbidden = sum(1 for bad in rule.forbidden_events for e in events
-                        if matches(e, bad, values))
-        if result.status == "pending" and not required_met(events):
+        return self._decide(task, events, values, result), events
+
+    def _decide(self, task: Task, events: list[dict[str, Any]], values: dict[str, str],
+                result: TrailResult) -> RuleOutcome:
+        rule = task.success
+        chosen = assign(rule.required_events, events, values)[0]
+        bad = [e["eventId"] for _, hits in forbidden(rule, events, values, chosen) for e in hits]
+        if result.status == "pending" and chosen is None:
             return RuleOutcome("undetermined", reasons=(
                 f"pending: the required events had not arrived after {result.waited_s:.1f} s",),
-                forbidden_hits=forbidden)
+                forbidden_hits=len(bad))
         if task.expected == "infeasible":
-            if forbidden:
-                return RuleOutcome("failure", reasons=("a forbidden event happened",),
-                                   forbidden_hits=forbidden)
+            if bad:
+                return RuleOutcome("failure", tuple(bad), ("a forbidden event happened",),
+                                   forbidden_hits=len(bad))
             return RuleOutcome("undetermined", reasons=("infeasible task: left to the judges",))
         if not rule.required_events and not rule.end_state:
-            return RuleOutcome("undetermined", reasons=("the rule decides nothing",))
+            return RuleOutcome("undetermined", reasons=("the rule decides nothing",),
+                               forbidden_hits=len(bad))
         verdict: RuleVerdict = evaluate(rule, events, self.client, values,
                                         settle_s=self.end_state_settle_s)
-        return RuleOutcome("success" if verdict.passed else "failure", tuple(verdict.matched),
-                           tuple(verdict.reasons), forbidden)
+        # Evidence: the events that decided it (the matched ones for a success, the
+        # forbidden ones when they made it fail; an absence has none).
+        evidence = verdict.matched if verdict.passed else verdict.forbidden
+        return RuleOutcome("success" if verdict.passed else "failure", tuple(evidence),
+                           tuple(verdict.reasons), len(verdict.forbidden))
 
 
 def record(account_id: str, started_at: float, values: dict[str, str] | None = None,

@@ -38,10 +38,10 @@ def task(tid: str, product: str, title: str, steps: list[str], start: str, diffi
          *, params: dict | None = None, prereq: list | None = None, required: list | None = None,
          forbidden: list | None = None, end_state: list | None = None, family: str = "",
          args: dict | None = None, drift: str = "", expected: str = "success",
-         reason: str = "") -> dict:
+         reason: str = "", split: str = "") -> dict:
     doc = {"schema": 1, "id": tid, "product": product, "title": title,
            "procedure": "".join(f"{i}. {s}\n" for i, s in enumerate(steps, 1)),
-           "start_page": start, "split": "train", "difficulty": difficulty}
+           "start_page": start, "split": split, "difficulty": difficulty}
     if drift:
         doc["drift"] = drift
     if params:
@@ -107,6 +107,30 @@ def ram_tasks() -> list[dict]:
                                     "expect": {"Policies.Policy.0.PolicyName": policy}}],
                         family="ram_grant_policy", args={"user_name": "{dev}",
                                                          "policy": policy}))
+    # Two-step procedures: the second event must come after the first and name the resource
+    # the first one made (ordering + a resource reference).
+    for n, (policy, drift, split) in enumerate([("ReadOnlyAccess", "", "train"),
+                                                ("AliyunOSSReadOnlyAccess", "rename",
+                                                 "heldout")]):
+        params = {"user_name": f"onb{n}-{{episode}}"}
+        out.append(task(f"ram-onboard-user-{n}", "ram", f"Create a RAM user and grant {policy}",
+                        ["Open the RAM console and choose Identities > Users.",
+                         "Click Create User, enter {user_name} as the logon name and click OK.",
+                         "On the new user's page click Add Permissions.",
+                         f"Select the system policy {policy} and click OK."],
+                        "/console/ram/users", 4, params=params, drift=drift, split=split,
+                        required=[{"id": "user", **ev("CreateUser", "Ram", **{
+                                      "requestParameters.UserName": "{user_name}"})},
+                                  {"id": "grant", "after": ["user"], **ev(
+                                      "AttachPolicyToUser", "Ram", **{
+                                          "requestParameters.UserName":
+                                              {"ref": "user.responseElements.User.UserName"},
+                                          "requestParameters.PolicyName": {"in": [policy]},
+                                          "requestParameters.PolicyType": "System"})}],
+                        forbidden=[ev("DeleteUser", "Ram", **{
+                            "requestParameters.UserName": "{user_name}"})],
+                        family="ram_onboard_user",
+                        args={"user_name": "{user_name}", "policy": policy}))
     granted = [{"id": "dev", "type": "ram_user", "properties": {
         "name": "dev-{episode}", "policies": ["ReadOnlyAccess"]}}]
     for n, drift in enumerate(["", "extra_confirm"]):
@@ -292,6 +316,34 @@ def ecs_tasks() -> list[dict]:
                             "requestParameters.VpcId": "{net}"})],
                         family="ecs_create_sg", args={"name": "{name}", "vpc": "{net}",
                                                       "group_type": gtype}))
+    for n, (port, drift, split) in enumerate([("22/22", "", "train"),
+                                              ("8080/8080", "more_menu", "heldout")]):
+        params = {"name": f"app{n}-{{episode}}"}
+        group = {"ref": "sg.responseElements.SecurityGroupId"}
+        out.append(task(f"ecs-sg-with-rule-{n}", "ecs",
+                        f"Create a security group that allows TCP {port}",
+                        ["Open the ECS console and choose Network & Security > Security "
+                         "Groups.", "Click Create Security Group.",
+                         "Enter {name} as the name, choose VPC {net} and click Create.",
+                         "On the new group's Inbound tab click Add Rule.",
+                         f"Choose Allow, protocol Custom TCP, port range {port}, authorization "
+                         "object 10.0.0.0/8, and click Save."],
+                        "/console/ecs/security-groups", 4, params=params, prereq=NET,
+                        drift=drift, split=split,
+                        required=[{"id": "sg", **ev("CreateSecurityGroup", "Ecs", **{
+                                      "requestParameters.SecurityGroupName": "{name}",
+                                      "requestParameters.VpcId": "{net}",
+                                      "responseElements.SecurityGroupId": {"prefix": "sg-"}})},
+                                  {"after": ["sg"], **ev("AuthorizeSecurityGroup", "Ecs", **{
+                                      "requestParameters.SecurityGroupId": group,
+                                      "requestParameters.IpProtocol": {"regex": "(?i)tcp"},
+                                      "requestParameters.PortRange": port,
+                                      "requestParameters.SourceCidrIp": "10.0.0.0/8"})}],
+                        forbidden=[ev("DeleteSecurityGroup", "Ecs", **{
+                            "requestParameters.SecurityGroupId": group})],
+                        family="ecs_create_sg_with_rule",
+                        args={"name": "{name}", "vpc": "{net}", "protocol_label": "Custom TCP",
+                              "port": port, "cidr": "10.0.0.0/8", "direction": "ingress"}))
     rules = [("ingress", "Custom TCP", "TCP", "22/22", "10.0.0.0/8", "accept", ""),
              ("ingress", "Custom TCP", "TCP", "443/443", "0.0.0.0/0", "accept", ""),
              ("ingress", "Custom UDP", "UDP", "53/53", "192.168.0.0/16", "accept", "rename"),
@@ -442,7 +494,9 @@ _Dumper.add_representer(str, _str)
 
 def main() -> int:
     tasks = ram_tasks() + oss_tasks() + vpc_tasks() + ecs_tasks()
-    for i, doc in enumerate(sorted(tasks, key=lambda d: d["id"])):
+    # Every fourth task of the original families is held out; later families name their split
+    # (so adding tasks never moves an old one between splits).
+    for i, doc in enumerate(sorted((d for d in tasks if not d["split"]), key=lambda d: d["id"])):
         doc["split"] = "heldout" if i % 4 == 3 else "train"
     for old in ROOT.glob("*/*.yaml"):
         old.unlink()

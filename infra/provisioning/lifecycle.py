@@ -5,13 +5,14 @@
 - execute: sign in on the task's start page and let the policy act (here: the oracle);
 - recover: before scoring, find prerequisites the agent broke without being asked to (a
   declared resource that is gone although no required event names it), and record them;
-- score: the task's success rule over the console's audit events of the episode and the end
-  state (:mod:`reward_service.rules`);
+- score: the reward service's rule channel (:class:`reward_service.verifier.RuleVerifier`):
+  the task's success rule over the episode's console audit events and the end state;
 - destroy: everything tagged with or named after the episode, plus what the agent created
   (found in the audit log), then verify through Describe calls that nothing is left.
 """
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -26,8 +27,8 @@ from env_workers.worker import EnvWorker
 from infra.cloud import CloudClient
 from infra.console_sim.accounts import Account
 from reward_service.actiontrail import TrailClient
-from reward_service.rules import dotted, evaluate
-from reward_service.verifier import from_console
+from reward_service.rules import dotted
+from reward_service.verifier import RuleVerifier, record
 
 from .meta import fill
 from .oracle import run_oracle
@@ -131,22 +132,23 @@ async def run_episode(task: Task, worker: EnvWorker, account: Account, client: C
             final = None
             outcome.reasons.append(f"oracle stuck: {str(exc)[:300]}")
         await worker.close_episode()
-        trail = TrailClient(client, account_id=account.account_id)
-        console_events = [e for e in trail.events(started - 1, time.time() + 1)
-                          if from_console(e)]
-        named = {fill(v, values) for rule in task.success.required_events for _, v in rule.where}
+        ended = time.time()
+        verifier = RuleVerifier(TrailClient(client, account_id=account.account_id), client)
+        rule, console_events = await asyncio.to_thread(
+            verifier.verify_with_events, task, record(account.account_id, started, values, ended))
+        named = {fill(v, values) for req in task.success.required_events for v in req.literals()}
         outcome.broken_prerequisites = [
             f"{r.type} {r.cloud_id}" for r in result.resources
             if r.cloud_id not in named and not _exists(client, r)]
         if task.expected == "infeasible":
-            if final is not None and final.infeasible is not None:
+            if final is not None and final.infeasible is not None and rule.verdict != "failure":
                 outcome.status = "infeasible_reported"
             else:
-                outcome.reasons.append("did not report the task as infeasible")
+                outcome.reasons.append("did not report the task as infeasible"
+                                       if rule.verdict != "failure" else "a forbidden event")
         elif final is not None and final.answer is not None:
-            verdict = evaluate(task.success, console_events, client, values)
-            outcome.status = "solved" if verdict.passed else "failed"
-            outcome.reasons += verdict.reasons
+            outcome.status = "solved" if rule.verdict == "success" else "failed"
+            outcome.reasons += rule.reasons
         extra = agent_created(console_events)
     finally:
         await worker.close_episode()

@@ -130,6 +130,14 @@ async def _ram_grant(d: OracleDriver, a: Mapping[str, str]) -> None:
     await d.submit("OK")
 
 
+@family("ram_onboard_user")
+async def _ram_onboard(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await _ram_create_user(d, a)            # lands on the new user's page
+    await d.press("Add Permissions")
+    await d.choose(a["policy"])
+    await d.submit("OK")
+
+
 @family("ram_revoke_policy")
 async def _ram_revoke(d: OracleDriver, a: Mapping[str, str]) -> None:
     await d.row(a["user_name"], "Manage")
@@ -212,9 +220,19 @@ async def _sg_create(d: OracleDriver, a: Mapping[str, str]) -> None:
     await d.submit("Create")
 
 
+@family("ecs_create_sg_with_rule")
+async def _sg_create_with_rule(d: OracleDriver, a: Mapping[str, str]) -> None:
+    await _sg_create(d, a)                  # lands on the new group's page (Inbound rules)
+    await _rule_form(d, a)
+
+
 @family("ecs_add_rule")
 async def _rule_add(d: OracleDriver, a: Mapping[str, str]) -> None:
     await d.row(a["sg"], "Manage Rules")
+    await _rule_form(d, a)
+
+
+async def _rule_form(d: OracleDriver, a: Mapping[str, str]) -> None:
     if a.get("direction") == "egress":
         m = re.search(r'\[(\d+)\] tab "[^"]*Outbound', d.observation.text)
         if m:

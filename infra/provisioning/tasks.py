@@ -29,6 +29,20 @@ A task (schema 1)::
 
 Strings may use ``{name}`` placeholders: task parameters, ``episode``, and the cloud ids of the
 prerequisites by their declaration id.
+
+Event rules (``required_events`` / ``forbidden_events`` items) are
+``{id?, event, service?, after?, where?}``:
+
+- ``where`` maps a dotted event field (``requestParameters.X``, ``responseElements.Y``,
+  ``errorCode``, ``acsRegion``, ...) to a predicate: a scalar (equals, after placeholders), or one
+  of ``{in: [a, b]}``, ``{prefix: s}``, ``{contains: s}``, ``{regex: re}`` (full match),
+  ``{exists: true|false}``, ``{ref: "<rule id>.<dotted field>"}`` (equals that field of the event
+  matched by an earlier required rule: a resource reference, e.g. the rule added to the
+  security group the agent created).
+- An event only matches when its ``errorCode`` is empty, unless ``where`` has an ``errorCode``
+  predicate.
+- ``id`` names a required rule for ``ref`` and ``after``; ``after: [ids]`` (required rules only)
+  says the matched event must come after the events matched by those earlier rules.
 """
 from __future__ import annotations
 
@@ -54,11 +68,30 @@ _KEYS = {"schema", "id", "product", "title", "procedure", "start_page", "split",
 _ID = re.compile(r"[a-z0-9][a-z0-9-]{2,63}")
 
 
+PREDICATE_OPS = ("eq", "in", "prefix", "contains", "regex", "exists", "ref")
+
+
+@dataclass(frozen=True)
+class Predicate:
+    """One ``where`` entry's test: ``op`` (one of :data:`PREDICATE_OPS`) and its operand (a
+    string; a tuple of strings for ``in``; ``true``/``false`` for ``exists``; ``<rule id>.<path>``
+    for ``ref``)."""
+
+    op: str
+    value: str | tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class EventRule:
     event: str
     service: str = ""
-    where: tuple[tuple[str, str], ...] = ()      # dotted event field -> expected value
+    where: tuple[tuple[str, Predicate], ...] = ()   # dotted event field -> predicate
+    id: str = ""
+    after: tuple[str, ...] = ()                      # ids of earlier required rules
+
+    def literals(self) -> list[str]:
+        """The plain values the rule names (equality operands, before placeholders)."""
+        return [p.value for _, p in self.where if p.op == "eq" and isinstance(p.value, str)]
 
 
 @dataclass(frozen=True)
@@ -132,21 +165,84 @@ def _pairs(where: str, value: object, key: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _events(where: str, value: object, key: str) -> tuple[EventRule, ...]:
+def _predicate(at: str, path: str, value: object) -> Predicate:
+    if isinstance(value, bool):
+        return Predicate("eq", str(value).lower())
+    if isinstance(value, (str, int, float)):
+        return Predicate("eq", str(value))
+    if not isinstance(value, dict) or len(value) != 1:
+        raise ConfigError(f"{at}: where.{path} must be a scalar or a mapping with one of "
+                          f"{', '.join(PREDICATE_OPS[1:])}")
+    (op, operand), = value.items()
+    if op == "in":
+        if not isinstance(operand, list) or not operand or \
+                not all(isinstance(v, (str, int, float)) for v in operand):
+            raise ConfigError(f"{at}: where.{path}.in must be a non-empty list of scalars")
+        return Predicate("in", tuple(str(v) for v in operand))
+    if op == "exists":
+        if not isinstance(operand, bool):
+            raise ConfigError(f"{at}: where.{path}.exists must be true or false")
+        return Predicate("exists", str(operand).lower())
+    if op in ("prefix", "contains", "regex", "ref"):
+        if not isinstance(operand, str) or not operand:
+            raise ConfigError(f"{at}: where.{path}.{op} must be a non-empty string")
+        if op == "regex":
+            try:
+                re.compile(operand)
+            except re.error as exc:
+                raise ConfigError(f"{at}: where.{path}.regex is not a valid pattern: "
+                                  f"{exc}") from None
+        if op == "ref" and not re.fullmatch(r"[a-z][a-z0-9_]*\.[A-Za-z0-9_.]+", operand):
+            raise ConfigError(f"{at}: where.{path}.ref must be '<rule id>.<dotted field>', "
+                              f"got {operand!r}")
+        return Predicate(op, operand)
+    raise ConfigError(f"{at}: where.{path}: unknown predicate {op!r}; use a scalar or one of "
+                      f"{', '.join(PREDICATE_OPS[1:])}")
+
+
+def _events(where: str, value: object, key: str,
+            known: tuple[str, ...] = ()) -> tuple[EventRule, ...]:
+    """``known``: ids of the required rules (for the forbidden rules' references)."""
     if value is None:
         return ()
     if not isinstance(value, list):
         raise ConfigError(f"{where}: field 'success.{key}' must be a list")
-    rules = []
+    rules: list[EventRule] = []
+    ids = list(known)
     for i, item in enumerate(value):
         at = f"{where}: success.{key}[{i}]"
-        if not isinstance(item, dict) or set(item) - {"event", "service", "where"}:
-            raise ConfigError(f"{at}: expected a mapping with event, service, where")
+        if not isinstance(item, dict) or set(item) - {"id", "event", "service", "where",
+                                                      "after"}:
+            raise ConfigError(f"{at}: expected a mapping with event, service, where, id, after")
         event = _str(at, item, "event", max_len=64)
         service = _str(at, item, "service", required=False, max_len=16)
         if service and service not in SERVICES:
             raise ConfigError(f"{at}: field 'service' must be one of {', '.join(SERVICES)}")
-        rules.append(EventRule(event, service, _pairs(at, item.get("where"), "where")))
+        rule_id = _str(at, item, "id", required=False, max_len=32)
+        if rule_id and not re.fullmatch(r"[a-z][a-z0-9_]*", rule_id):
+            raise ConfigError(f"{at}: field 'id' must be [a-z][a-z0-9_]*, got {rule_id!r}")
+        if rule_id and key != "required_events":
+            raise ConfigError(f"{at}: field 'id' is only for required_events")
+        if rule_id in ids and rule_id:
+            raise ConfigError(f"{at}: id {rule_id!r} is used twice")
+        after = item.get("after") or []
+        if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
+            raise ConfigError(f"{at}: field 'after' must be a list of rule ids")
+        if after and key != "required_events":
+            raise ConfigError(f"{at}: field 'after' is only for required_events")
+        where_map = item.get("where")
+        if where_map is not None and not isinstance(where_map, dict):
+            raise ConfigError(f"{at}: field 'where' must be a mapping")
+        preds = tuple((str(path), _predicate(at, str(path), v))
+                      for path, v in (where_map or {}).items())
+        refs = [p.value.split(".", 1)[0] for _, p in preds if p.op == "ref"]
+        for name in [*after, *refs]:
+            if name not in ids:
+                raise ConfigError(f"{at}: {name!r} must name an earlier required event's id "
+                                  f"(known: {', '.join(ids) or 'none'})")
+        rules.append(EventRule(event, service, preds, rule_id, tuple(after)))
+        if rule_id:
+            ids.append(rule_id)
     return tuple(rules)
 
 
@@ -222,8 +318,10 @@ def parse_task(data: object, source: str) -> Task:
                                                         "end_state"}:
         raise ConfigError(f"{source}: field 'success' must be a mapping with required_events, "
                           "forbidden_events, end_state")
-    rule = SuccessRule(_events(source, success.get("required_events"), "required_events"),
-                       _events(source, success.get("forbidden_events"), "forbidden_events"),
+    required = _events(source, success.get("required_events"), "required_events")
+    rule = SuccessRule(required,
+                       _events(source, success.get("forbidden_events"), "forbidden_events",
+                               tuple(r.id for r in required if r.id)),
                        _checks(source, success.get("end_state")))
     if expected == "success" and not rule.required_events and not rule.end_state:
         raise ConfigError(f"{source}: field 'success' needs required_events or end_state")
