@@ -237,14 +237,18 @@ def vpc_tasks() -> list[dict]:
                                        ("192.168.0.0/24", ""), ("10.30.0.0/16", "nav"),
                                        ("172.20.0.0/16", "")]):
         params = {"name": f"vpc{n}-{{episode}}"}
-        out.append(task(f"vpc-create-vpc-{n}", "vpc", "Create a VPC",
-                        ["Open the VPC console and choose VPCs.", "Click Create VPC.",
+        out.append(task(f"vpc-create-vpc-{n}", "vpc", "Create a VPC in China (Hangzhou)",
+                        ["Open the VPC console in the China (Hangzhou) region and choose VPCs.",
+                         "Click Create VPC.",
                          "Enter {name} as the name and " + cidr + " as the IPv4 CIDR block.",
                          "Click OK."],
                         "/console/vpc/vpcs", 2, params=params, drift=drift,
-                        required=[ev("CreateVpc", "Vpc", **{"requestParameters.VpcName":
-                                                           "{name}",
-                                                           "requestParameters.CidrBlock": cidr})],
+                        required=[{"id": "vpc", **ev("CreateVpc", "Vpc", **{
+                            "requestParameters.VpcName": "{name}",
+                            "requestParameters.CidrBlock": cidr,
+                            "acsRegion": "cn-hangzhou"})}],
+                        forbidden=[ev("DeleteVpc", "Vpc", **{"requestParameters.VpcId": {
+                            "ref": "vpc.responseElements.VpcId"}})],
                         family="vpc_create_vpc", args={"name": "{name}", "cidr": cidr}))
     for n, (zone, cidr, drift) in enumerate([("cn-hangzhou-h", "192.168.1.0/24", ""),
                                              ("cn-hangzhou-i", "192.168.8.0/21", ""),
@@ -257,11 +261,13 @@ def vpc_tasks() -> list[dict]:
                          f"Enter {{name}} as the name, choose zone {zone}, enter {cidr}.",
                          "Click OK."],
                         "/console/vpc/vpcs", 3, params=params, prereq=NET, drift=drift,
-                        required=[ev("CreateVSwitch", "Vpc", **{
+                        required=[{"id": "vsw", **ev("CreateVSwitch", "Vpc", **{
                             "requestParameters.VpcId": "{net}",
                             "requestParameters.ZoneId": zone,
-                            "requestParameters.CidrBlock": cidr})],
-                        forbidden=[ev("DeleteVpc", "Vpc", **{"requestParameters.VpcId": "{net}"})],
+                            "requestParameters.CidrBlock": cidr})}],
+                        forbidden=[ev("DeleteVpc", "Vpc", **{"requestParameters.VpcId": "{net}"}),
+                                   ev("DeleteVSwitch", "Vpc", **{"requestParameters.VSwitchId": {
+                                       "ref": "vsw.responseElements.VSwitchId"}})],
                         family="vpc_create_vswitch", args={"vpc": "{net}", "name": "{name}",
                                                            "zone": zone, "cidr": cidr}))
     for n, drift in enumerate(["", "extra_confirm", "rename"]):
@@ -311,15 +317,19 @@ def ecs_tasks() -> list[dict]:
                          "Click OK."],
                         "/console/ecs/security-groups", 2, params=params, prereq=NET,
                         drift=drift,
-                        required=[ev("CreateSecurityGroup", "Ecs", **{
+                        required=[{"id": "sg", **ev("CreateSecurityGroup", "Ecs", **{
                             "requestParameters.SecurityGroupName": "{name}",
-                            "requestParameters.VpcId": "{net}"})],
+                            "requestParameters.VpcId": "{net}"})}],
+                        forbidden=[ev("DeleteSecurityGroup", "Ecs", **{
+                            "requestParameters.SecurityGroupId": {
+                                "ref": "sg.responseElements.SecurityGroupId"}})],
                         family="ecs_create_sg", args={"name": "{name}", "vpc": "{net}",
                                                       "group_type": gtype}))
     for n, (port, drift, split) in enumerate([("22/22", "", "train"),
                                               ("8080/8080", "more_menu", "heldout")]):
         params = {"name": f"app{n}-{{episode}}"}
-        group = {"ref": "sg.responseElements.SecurityGroupId"}
+        def group() -> dict:
+            return {"ref": "sg.responseElements.SecurityGroupId"}
         out.append(task(f"ecs-sg-with-rule-{n}", "ecs",
                         f"Create a security group that allows TCP {port}",
                         ["Open the ECS console and choose Network & Security > Security "
@@ -335,12 +345,12 @@ def ecs_tasks() -> list[dict]:
                                       "requestParameters.VpcId": "{net}",
                                       "responseElements.SecurityGroupId": {"prefix": "sg-"}})},
                                   {"after": ["sg"], **ev("AuthorizeSecurityGroup", "Ecs", **{
-                                      "requestParameters.SecurityGroupId": group,
+                                      "requestParameters.SecurityGroupId": group(),
                                       "requestParameters.IpProtocol": {"regex": "(?i)tcp"},
                                       "requestParameters.PortRange": port,
                                       "requestParameters.SourceCidrIp": "10.0.0.0/8"})}],
                         forbidden=[ev("DeleteSecurityGroup", "Ecs", **{
-                            "requestParameters.SecurityGroupId": group})],
+                            "requestParameters.SecurityGroupId": group()})],
                         family="ecs_create_sg_with_rule",
                         args={"name": "{name}", "vpc": "{net}", "protocol_label": "Custom TCP",
                               "port": port, "cidr": "10.0.0.0/8", "direction": "ingress"}))
@@ -372,7 +382,12 @@ def ecs_tasks() -> list[dict]:
                          + f", authorization object {cidr}.", "Click Save."],
                         "/console/ecs/security-groups", 3, prereq=NET + SG, drift=drift,
                         required=[ev(action, "Ecs", **where)],
-                        forbidden=[ev("DeleteSecurityGroup", "Ecs", **{"requestParameters.SecurityGroupId": "{sg}"})],
+                        # Deleting the group, or revoking a rule of it (the console revokes
+                        # by rule id), undoes the task: the group is the episode's own.
+                        forbidden=[ev("DeleteSecurityGroup", "Ecs", **{
+                                       "requestParameters.SecurityGroupId": "{sg}"}),
+                                   ev(action.replace("Authorize", "Revoke"), "Ecs", **{
+                                       "requestParameters.SecurityGroupId": "{sg}"})],
                         family="ecs_add_rule",
                         args={"sg": "{sg}", "direction": direction, "protocol_label": label,
                               "port": port, "cidr": cidr, "policy": policy}))

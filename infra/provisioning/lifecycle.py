@@ -15,18 +15,20 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import oss2
 
 from consolerl.errors import CloudAPIError
-from consolerl.types import EnvError, EpisodeSpec
-from env_workers.driver import DriverError
+from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
+from env_workers.driver import DriverError, StepFn
 from env_workers.worker import EnvWorker
 from infra.cloud import CloudClient
 from infra.console_sim.accounts import Account
 from reward_service.actiontrail import TrailClient
+from reward_service.fusion import RuleOutcome
 from reward_service.rules import dotted
 from reward_service.verifier import RuleVerifier, record
 
@@ -57,6 +59,17 @@ class EpisodeOutcome:
     broken_prerequisites: list[str] = field(default_factory=list)
     leaked: list[str] = field(default_factory=list)
     fencing: int = 0
+    # The trajectory (what a judge reads) and the rule channel's outcome:
+    actions: list[str] = field(default_factory=list)     # canonical action texts, in order
+    final_text: str = ""                                  # the last observation's text
+    answer: str | None = None
+    infeasible: str | None = None
+    rule: RuleOutcome | None = None
+    started_at: float = 0.0
+    ended_at: float = 0.0
+
+
+Policy = Callable[[Task, Mapping[str, str], StepFn, Observation], Awaitable[StepResult]]
 
 
 def agent_created(events: list[dict[str, Any]]) -> list[Provisioned]:
@@ -101,8 +114,11 @@ def _exists(client: CloudClient, r: Provisioned) -> bool:
 
 async def run_episode(task: Task, worker: EnvWorker, account: Account, client: CloudClient,
                       provisioner: SdkProvisioner, *, max_steps: int = 40,
-                      ready: ProvisionResult | None = None) -> EpisodeOutcome:
-    """Run ``task`` once with the oracle; ``ready``: prerequisites a warm pool provisioned."""
+                      ready: ProvisionResult | None = None,
+                      policy: Policy = run_oracle) -> EpisodeOutcome:
+    """Run ``task`` once with ``policy`` (default: the oracle); ``ready``: prerequisites a
+    warm pool provisioned. A policy that raises :class:`DriverError` ends the episode
+    without an answer (the agent got stuck)."""
     started = time.time()
     episode_id = ready.episode_id if ready else secrets.token_hex(4)
     outcome = EpisodeOutcome(task.id, episode_id, "failed")
@@ -125,17 +141,30 @@ async def run_episode(task: Task, worker: EnvWorker, account: Account, client: C
             outcome.status = "env_error"
             outcome.reasons.append(f"{observation.kind}: {observation.message}")
             return outcome
+        last: list[StepResult] = []
+
+        async def step(action: str) -> StepResult:
+            result = await worker.step(action)
+            if result.action_text:
+                outcome.actions.append(result.action_text)
+            last[:] = [result]
+            return result
         try:
-            final = await run_oracle(task, values, worker.step, observation)
+            final = await policy(task, values, step, observation)
             outcome.steps = final.observation.step
         except DriverError as exc:
             final = None
-            outcome.reasons.append(f"oracle stuck: {str(exc)[:300]}")
+            outcome.reasons.append(f"policy stuck: {str(exc)[:300]}")
         await worker.close_episode()
         ended = time.time()
+        outcome.started_at, outcome.ended_at = started, ended
+        outcome.final_text = (last[0].observation if last else observation).text
+        if final is not None:
+            outcome.answer, outcome.infeasible = final.answer, final.infeasible
         verifier = RuleVerifier(TrailClient(client, account_id=account.account_id), client)
         rule, console_events = await asyncio.to_thread(
             verifier.verify_with_events, task, record(account.account_id, started, values, ended))
+        outcome.rule = rule
         named = {fill(v, values) for req in task.success.required_events for v in req.literals()}
         outcome.broken_prerequisites = [
             f"{r.type} {r.cloud_id}" for r in result.resources

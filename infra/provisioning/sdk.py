@@ -243,14 +243,19 @@ class SdkProvisioner:
     # ---- destruction ----------------------------------------------------------------------------
     def destroy(self, episode_id: str, extra: Iterable[Provisioned] = ()) -> DestroyReport:
         """Delete every resource of the episode (tag or name) in ``regions``, plus ``extra``
-        (what the agent made without the tag, found by the caller in the audit log)."""
+        (what the agent made without the tag, found by the caller in the audit log), in
+        whatever region the agent made it."""
         check_episode_id(episode_id)
         report = DestroyReport()
         c = self.client
         extra_by_type: dict[str, list[Provisioned]] = {}
+        extra = list(extra)
         for item in extra:
             extra_by_type.setdefault(item.type, []).append(item)
-        for region in self.regions:
+        agent_regions = [x.region for x in extra
+                         if re.fullmatch(r"[a-z]{2,3}-[a-z0-9-]{2,30}", x.region)]
+        regions = dict.fromkeys([*self.regions, *agent_regions])
+        for region in regions:
             for iid in self._tagged(region, "instance", episode_id) + _ids(
                     extra_by_type, "instance", region):
                 self._delete(report, f"instance {iid}", lambda iid=iid, r=region: c.rpc(

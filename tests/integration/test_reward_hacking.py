@@ -1,0 +1,86 @@
+"""Reward hacking in a real browser: agents that try to get the reward without doing the task,
+through the whole episode path (provision, Chromium on the local cloud's console, the rule
+channel, fusion with judges that trust the page, destroy). None gets a reward.
+
+(Events of another account and events from before the episode: test_rule_verifier.py.)"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from urllib.parse import quote, urlsplit
+
+import pytest
+
+from consolerl.types import Observation, StepResult
+from env_workers.driver import ScriptedDriver, StepFn, find_bid
+from env_workers.worker import EnvWorker, WorkerConfig
+from infra.provisioning.lifecycle import run_episode
+from infra.provisioning.sdk import SdkProvisioner
+from infra.provisioning.tasks import TASKS_DIR, Task, load_task
+from reward_service.fusion import fuse
+from reward_service.judges import JudgeVerdict, JudgeVote
+from tests.conftest import _server, run_async
+
+TASK = load_task(TASKS_DIR / "ram" / "ram-create-user-0.yaml")
+# Judges fooled by the page: they would say success to every one of these.
+FOOLED = JudgeVerdict("success", (JudgeVote("judge-0", "success", "page says created"),),
+                      "unanimous")
+
+
+def origin(obs: Observation) -> str:
+    u = urlsplit(obs.url)
+    return f"{u.scheme}://{u.netloc}"
+
+
+async def fake_success_message(task: Task, values: Mapping[str, str], step: StepFn,
+                               obs: Observation) -> StepResult:
+    """Type the success message into the page's search box so the page shows it."""
+    d = ScriptedDriver(step, obs)
+    message = f"User {values['user_name']} created."
+    box = find_bid(d.observation.text, "searchbox", "Search") or \
+        find_bid(d.observation.text, "textbox", "Search")
+    if box is not None:
+        await d.act(f'fill({box}, "{message}")')
+    await d.act(f'goto("{origin(obs)}/console/ram/users?q={quote(message)}")')
+    assert message in d.observation.text or "created" in d.observation.text.lower()
+    return await d.act(f'stop("{message}")')
+
+
+async def call_the_api_from_the_browser(task: Task, values: Mapping[str, str], step: StepFn,
+                                        obs: Observation) -> StepResult:
+    """Unsigned OpenAPI calls (create the user, read the audit log) from the signed-in
+    browser: refused, they create nothing."""
+    d = ScriptedDriver(step, obs)
+    base = origin(obs)
+    await d.act(f'goto("{base}/?Action=CreateUser&UserName={values["user_name"]}'
+                f'&Version=2015-05-01")')
+    await d.act(f'goto("{base}/?Action=LookupEvents&Version=2020-07-06")')
+    assert "eventName" not in d.observation.text
+    return await d.act('stop("created the user")')
+
+
+@pytest.fixture(scope="module")
+def hack_cloud(tmp_path_factory):
+    yield from _server(tmp_path_factory, "hack-cloud", ["--lookup-qps", "0"])
+
+
+@pytest.mark.parametrize("policy", [fake_success_message, call_the_api_from_the_browser])
+def test_hacks_earn_nothing(hack_cloud, make_client, accounts, policy):
+    account = accounts[4]
+    client = make_client(4, server=hack_cloud)
+    provisioner = SdkProvisioner(lambda: make_client(4, server=hack_cloud), poll_s=0.05)
+
+    async def go():
+        worker = EnvWorker(WorkerConfig(console_url=hack_cloud.url))
+        try:
+            return await run_episode(TASK, worker, account, client, provisioner, policy=policy)
+        finally:
+            await worker.shutdown()
+    outcome = run_async(go())
+    assert outcome.answer is not None                      # it claimed success
+    assert outcome.rule is not None and outcome.rule.verdict == "failure", outcome.rule
+    result = fuse(TASK.expected, outcome.rule, FOOLED, None)
+    assert result.reward == 0.0 and result.decided_by == "rule"
+    assert outcome.leaked == []
+    client.rpc("Ram", "ListUsers", {})
+    names = [u["UserName"] for u in client.rpc("Ram", "ListUsers", {})["Users"]["User"]]
+    assert not any(n.startswith("user0-") for n in names)
