@@ -3,7 +3,8 @@
 #   make test        the fast suite (unit + integration against real local services)
 #   make test-slow   the slow tests (run before resolving an issue)
 #   make cloud       serve the local cloud on $(CLOUD_PORT)
-#   make bench       benchmarks (local cloud API, console, env workers), one JSON object each
+#   make bench       benchmarks (local cloud API, console, env workers, reward service), one JSON object each
+#   make validate    the reward channels on the labelled validation set (174 episodes, ~15 min)
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -14,7 +15,7 @@ STATE_DIR ?= var/console_sim
 APT_PACKAGES := redis-server chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup setup-system setup-python setup-ml test test-slow test-all bench cloud clean
+.PHONY: setup setup-system setup-python setup-ml test test-slow test-all bench validate cloud clean
 
 setup: setup-system setup-python
 
@@ -56,6 +57,10 @@ bench: $(PY)
 	$(PY) -m infra.console_sim.bench --json
 	$(PY) -m infra.console_sim.bench --console --json
 	$(PY) -m env_workers.bench --json
+	$(PY) -m reward_service.bench --json
+
+validate: $(PY)
+	$(PY) -m reward_service.validate --json
 
 cloud: $(PY)
 	$(PY) -m infra.console_sim --port $(CLOUD_PORT) --state-dir $(STATE_DIR)

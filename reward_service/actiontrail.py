@@ -256,12 +256,15 @@ class TrailClient:
     def __init__(self, client: CloudClient | Callable[[], CloudClient],
                  config: TrailConfig | None = None, registry: CollectorRegistry | None = None,
                  *, account_id: str, buckets: BucketRegistry | None = None,
+                 metrics: TrailMetrics | None = None,
                  sleep: Callable[[float], None] = time.sleep):
         if not account_id:
             raise ConfigError("TrailClient.account_id must be the queried account's id")
         self.config = config if config is not None else TrailConfig()
         self.account_id = account_id
-        self.metrics = TrailMetrics(registry if registry is not None else CollectorRegistry())
+        # ``metrics``: share one TrailMetrics between clients (a registry takes each name once).
+        self.metrics = metrics or TrailMetrics(
+            registry if registry is not None else CollectorRegistry())
         self.bucket = (buckets or BUCKETS).get(account_id, self.config.qps, self.config.burst)
         if isinstance(client, CloudClient):
             given = client

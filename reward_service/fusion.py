@@ -65,13 +65,14 @@ class RewardConfig:
 @dataclass(frozen=True)
 class RuleOutcome:
     """The rule channel's result: ``verdict`` success | failure | undetermined, the audit
-    event ids that satisfied it (evidence), why it failed, and how many forbidden events
-    happened."""
+    event ids that decided it (evidence), why it failed, how many forbidden events happened,
+    and whether an undetermined verdict is ``pending`` (events still in delivery)."""
 
     verdict: str
     evidence: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
     forbidden_hits: int = 0
+    pending: bool = False          # undetermined because the audit log had not caught up
 
     def __post_init__(self) -> None:
         if self.verdict not in OUTCOMES:

@@ -205,7 +205,8 @@ def evaluate(rule: SuccessRule, events: list[dict[str, Any]], client: CloudClien
             raise ValueError("evaluate: the rule has end-state checks but no client was given")
         # The cloud is eventually consistent (Stopping -> Stopped takes a while): a check may
         # become true shortly after the episode; give it ``settle_s``.
-        deadline = time.monotonic() + settle_s
+        # No waiting when the verdict is already a failure: the check is only evidence then.
+        deadline = time.monotonic() + (settle_s if verdict.passed else 0.0)
         while (why := check_state(client, check, values)) and time.monotonic() < deadline:
             time.sleep(poll_s)
         if why:

@@ -3,29 +3,46 @@ as a Ray actor (``RewardActor``) and over HTTP (``POST /v1/score``, :func:`build
 
 A request names the task (by id, from the suite), the account and the episode's time window,
 the placeholder values of the episode, and what the judges need (actions, final page, the
-agent's answer). The service holds one SDK client and one ActionTrail client per account; the
-accounts' secrets stay in the service and never appear in a response.
+agent's answer). The service holds one ActionTrail client per account and one SDK client per
+account and thread (built on first use, reused afterwards); the accounts' secrets stay in the
+service and never appear in a response.
+
+Metrics (``consolerl_reward_*``, in the service's ``registry``, served at ``GET /metrics``):
+scores by verdict and decider, score latency, scores in flight, undetermined episodes by cause,
+errors by kind, judge votes and verdicts, and the ActionTrail client's query counters. A cloud
+failure while scoring (ActionTrail down, credentials refused) answers HTTP 503 naming the
+failed action and error code: the episode was not scored, it did not fail.
 """
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict
 from typing import Any
 
 import ray
-from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, Field
+from fastapi import FastAPI, HTTPException, Response
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
+                               Histogram, generate_latest)
+from pydantic import BaseModel, Field, model_validator
 
+from consolerl.errors import CloudAPIError, ConfigError
 from consolerl.types import EnvError
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.console_sim.accounts import Account
 from infra.provisioning.tasks import Task
 
-from .actiontrail import TrailClient, TrailConfig
+from .actiontrail import TrailClient, TrailConfig, TrailMetrics
 from .fusion import RewardConfig, RewardResult, fuse
-from .judges import JudgeChannel
+from .judges import JudgeChannel, JudgeVerdict
 from .verifier import EpisodeRecord, RuleVerifier
+
+
+FUTURE_SLACK_S = 300.0              # clock skew allowed between a caller and the service
 
 
 class ScoreRequest(BaseModel):
@@ -43,16 +60,95 @@ class ScoreRequest(BaseModel):
     env_error: str | None = Field(default=None, max_length=2_000,
                                   description="the episode failed for infrastructure reasons")
 
+    @model_validator(mode="after")
+    def _window(self) -> "ScoreRequest":
+        if self.ended_at < self.started_at:
+            raise ValueError("ended_at must not be before started_at")
+        if self.started_at > time.time() + FUTURE_SLACK_S:
+            raise ValueError("started_at is in the future")
+        return self
+
 
 class UnknownName(LookupError):
     """A request named a task or account the service does not know."""
 
 
+class RewardMetrics:
+    """The service's Prometheus metrics (``consolerl_reward_*``) in one registry."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.scores = Counter("consolerl_reward_scores_total", "Episodes scored, by verdict "
+                              "(success, failure, undetermined) and decided_by (rule, judges, "
+                              "none, env_error).", ["verdict", "decided_by"], registry=registry)
+        self.latency = Histogram("consolerl_reward_score_seconds", "Time to score one episode "
+                                 "(scores that returned a result).", registry=registry,
+                                 buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+                                          60, 120, 300, 600))
+        self.in_flight = Gauge("consolerl_reward_scores_in_flight", "Episodes being scored now.",
+                               registry=registry)
+        self.undetermined = Counter("consolerl_reward_undetermined_total", "Episodes scored "
+                                    "undetermined, by cause: pending (the required audit events "
+                                    "had not arrived before the settle deadline) or undecided "
+                                    "(no channel could decide).", ["cause"], registry=registry)
+        self.errors = Counter("consolerl_reward_errors_total", "Score requests that raised, by "
+                              "kind (unknown_name, cloud_error, internal).", ["kind"],
+                              registry=registry)
+        self.judge_votes = Counter("consolerl_reward_judge_votes_total", "Judge votes, by "
+                                   "verdict (success, failure, invalid).", ["verdict"],
+                                   registry=registry)
+        self.judge_verdicts = Counter("consolerl_reward_judge_verdicts_total", "Judge channel "
+                                      "verdicts (success, failure, undetermined).", ["verdict"],
+                                      registry=registry)
+
+    def record(self, result: RewardResult) -> None:
+        self.scores.labels(result.verdict, result.decided_by).inc()
+        if result.verdict == "undetermined":
+            rule = result.rule_verdict
+            pending = rule is not None and rule.pending
+            self.undetermined.labels("pending" if pending else "undecided").inc()
+
+    def record_judges(self, verdict: JudgeVerdict) -> None:
+        self.judge_verdicts.labels(verdict.verdict).inc()
+        for vote in verdict.votes:
+            self.judge_votes.labels(vote.verdict).inc()
+
+    @contextmanager
+    def scoring(self) -> Iterator[None]:
+        """Time one score, keep the in-flight gauge, count the error kind if it raises."""
+        self.in_flight.inc()
+        t0 = time.perf_counter()
+        try:
+            yield
+        except UnknownName:
+            self.errors.labels("unknown_name").inc()
+            raise
+        except CloudAPIError:
+            self.errors.labels("cloud_error").inc()
+            raise
+        except Exception:
+            self.errors.labels("internal").inc()
+            raise
+        else:
+            self.latency.observe(time.perf_counter() - t0)
+        finally:
+            self.in_flight.dec()
+
+
 class RewardService:
+    """Scores episodes (:meth:`score`); thread-safe, so many episodes are scored at once.
+
+    ``registry``: where the metrics go (default: a fresh one); the ActionTrail clients count
+    their queries there too. ``client_factory`` builds an account's SDK client (default: one
+    for ``endpoint``); it is called once per account and thread, since a
+    :class:`CloudClient` is not thread-safe. A pickled service (a Ray actor's copy) starts
+    with a fresh registry and no clients.
+    """
+
     def __init__(self, tasks: list[Task], accounts: list[Account], endpoint: str | None,
                  trail_config: TrailConfig | None = None, reward_config: RewardConfig | None = None,
                  judges: JudgeChannel | None = None,
-                 client_factory: Callable[[Account], CloudClient] | None = None):
+                 client_factory: Callable[[Account], CloudClient] | None = None,
+                 registry: CollectorRegistry | None = None):
         self.tasks = {t.id: t for t in tasks}
         self.accounts = {a.account_id: a for a in accounts}
         self.trail_config = trail_config or TrailConfig()
@@ -60,8 +156,54 @@ class RewardService:
         self.judges = judges
         self._factory = client_factory or (lambda a: CloudClient(
             CloudConfig(endpoint=endpoint), Credentials(a.access_key_id, a.access_key_secret)))
+        self._setup(registry if registry is not None else CollectorRegistry())
+
+    def _setup(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.metrics = RewardMetrics(registry)
+        self.trail_metrics = TrailMetrics(registry)
+        self._local = threading.local()
+        self._trails: dict[str, TrailClient] = {}
+        self._trails_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Registries, locks and thread-local clients do not pickle (nor belong in a copy).
+        keep = ("tasks", "accounts", "trail_config", "reward_config", "judges", "_factory")
+        return {k: self.__dict__[k] for k in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup(CollectorRegistry())
+
+    def _client(self, account: Account) -> CloudClient:
+        """This thread's SDK client of ``account`` (the end-state checks and, through
+        :meth:`_trail`, ActionTrail share it)."""
+        clients = getattr(self._local, "clients", None)
+        if clients is None:
+            clients = self._local.clients = {}
+        client = clients.get(account.account_id)
+        if client is None:
+            client = clients[account.account_id] = self._factory(account)
+        return client
+
+    def _trail(self, account: Account) -> TrailClient:
+        with self._trails_lock:
+            trail = self._trails.get(account.account_id)
+            if trail is None:
+                trail = TrailClient(lambda: self._client(account), self.trail_config,
+                                    account_id=account.account_id, metrics=self.trail_metrics)
+                self._trails[account.account_id] = trail
+            return trail
 
     def score(self, request: ScoreRequest) -> RewardResult:
+        """The reward of one finished episode. Raises :class:`UnknownName` for an unknown task
+        or account, :class:`CloudAPIError` when the cloud fails (the episode is not scored)."""
+        with self.metrics.scoring():
+            result = self._score(request)
+            self.metrics.record(result)
+            return result
+
+    def _score(self, request: ScoreRequest) -> RewardResult:
         task = self.tasks.get(request.task_id)
         if task is None:
             raise UnknownName(f"unknown task_id {request.task_id!r}")
@@ -71,18 +213,16 @@ class RewardService:
         if request.env_error:
             return fuse(task.expected, None, None, EnvError("env_error", request.env_error),
                         self.reward_config)
-        client = self._factory(account)
-        trail = TrailClient(lambda: self._factory(account), self.trail_config,
-                            account_id=account.account_id)
         episode = EpisodeRecord(account.account_id, request.started_at, request.ended_at,
                                 tuple(sorted(request.values.items())))
-        rule = RuleVerifier(trail, client).verify(task, episode)
+        rule = RuleVerifier(self._trail(account), self._client(account)).verify(task, episode)
         verdict = None
         if rule.verdict == "undetermined" and self.judges is not None:
             verdict = self.judges.judge(
                 task.title, task.procedure, request.actions, request.final_observation,
                 request.answer, request.infeasible_reason, expected=task.expected,
                 reference_reason=task.infeasible_reason)
+            self.metrics.record_judges(verdict)
         return fuse(task.expected, rule, verdict, None, self.reward_config)
 
 
@@ -90,17 +230,57 @@ def result_json(result: RewardResult) -> dict[str, Any]:
     return asdict(result)
 
 
-def build_app(service: RewardService) -> FastAPI:
-    app = FastAPI(title="console-rl reward service", version="1")
+def cloud_error_detail(exc: CloudAPIError) -> dict[str, Any]:
+    """The 503 body for a cloud failure. The cloud's or SDK's message is left out: for a
+    transport error it quotes the request URL (with a v2 signature, the AccessKey id and
+    signature)."""
+    action = exc.action or "(unknown)"
+    # Status 0: no HTTP answer at all (connection refused or reset, timeout).
+    what = (f"the cloud did not answer {action} (connection failed or timed out)"
+            if exc.status == 0 else f"the cloud call {action} failed with {exc.code}")
+    return {"error": "cloud_error", "action": exc.action or "unknown", "code": exc.code,
+            "status": exc.status, "request_id": exc.request_id,
+            "message": f"{what} while scoring; the episode was not scored, try again later"}
+
+
+def _score_pool(max_concurrent_scores: int) -> ThreadPoolExecutor:
+    # A score mostly sleeps (ActionTrail polls for up to settle_s, end-state polls, judges):
+    # asyncio's default pool (min(32, CPUs + 4) threads) would queue episodes behind a few
+    # waiting ones, so scores get a pool of their own.
+    if isinstance(max_concurrent_scores, bool) or not isinstance(max_concurrent_scores, int) \
+            or max_concurrent_scores < 1:
+        raise ConfigError(f"max_concurrent_scores: must be an integer >= 1, "
+                          f"got {max_concurrent_scores!r}")
+    return ThreadPoolExecutor(max_concurrent_scores, thread_name_prefix="reward-score")
+
+
+def build_app(service: RewardService, max_concurrent_scores: int = 64) -> FastAPI:
+    """The HTTP service; at most ``max_concurrent_scores`` episodes are scored at once (more
+    requests wait their turn)."""
+    pool = _score_pool(max_concurrent_scores)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="console-rl reward service", version="1", lifespan=lifespan)
 
     @app.post("/v1/score")
     async def score(request: ScoreRequest) -> Mapping[str, Any]:
         # Scoring waits on ActionTrail (and judges): off the event loop.
         try:
-            result = await asyncio.to_thread(service.score, request)
+            result = await asyncio.get_running_loop().run_in_executor(
+                pool, service.score, request)
         except UnknownName as exc:
             raise HTTPException(status_code=404, detail=str(exc)) from None
+        except CloudAPIError as exc:
+            raise HTTPException(status_code=503, detail=cloud_error_detail(exc)) from None
         return result_json(result)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     async def healthz() -> Mapping[str, Any]:
@@ -111,11 +291,14 @@ def build_app(service: RewardService) -> FastAPI:
 
 @ray.remote
 class RewardActor:
-    """The service as a Ray actor: ``score`` runs in a thread, so many episodes are scored at
-    once without blocking the actor's event loop."""
+    """The service as a Ray actor: ``score`` runs in a thread (at most
+    ``max_concurrent_scores`` at once), so many episodes are scored at once without blocking
+    the actor's event loop."""
 
-    def __init__(self, service: RewardService):
+    def __init__(self, service: RewardService, max_concurrent_scores: int = 64):
         self.service = service
+        self.pool = _score_pool(max_concurrent_scores)
 
     async def score(self, request: dict[str, Any]) -> RewardResult:
-        return await asyncio.to_thread(self.service.score, ScoreRequest(**request))
+        return await asyncio.get_running_loop().run_in_executor(
+            self.pool, self.service.score, ScoreRequest(**request))

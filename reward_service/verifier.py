@@ -86,7 +86,7 @@ class RuleVerifier:
         if result.status == "pending" and chosen is None:
             return RuleOutcome("undetermined", reasons=(
                 f"pending: the required events had not arrived after {result.waited_s:.1f} s",),
-                forbidden_hits=len(bad))
+                forbidden_hits=len(bad), pending=True)
         if task.expected == "infeasible":
             if bad:
                 return RuleOutcome("failure", tuple(bad), ("a forbidden event happened",),

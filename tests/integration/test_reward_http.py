@@ -1,5 +1,6 @@
 """POST /v1/score against the local cloud: a console action scores 1, bad requests get clear
-4xx answers, an env_error is not trainable, and no secret is in a response."""
+4xx answers, an env_error is not trainable, a cloud that is down is a 503 (not a 500), GET
+/metrics counts what happened, and no secret is in a response."""
 from __future__ import annotations
 
 import re
@@ -10,6 +11,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from infra.local_cloud import free_port
 from infra.provisioning.tasks import parse_task
 from reward_service.actiontrail import TrailConfig
 from reward_service.service import RewardService, build_app
@@ -36,16 +38,28 @@ def api(http_cloud, accounts) -> TestClient:
     return TestClient(build_app(service))
 
 
-def test_a_console_action_scores_one(api, http_cloud, accounts):
-    account = accounts[0]
-    started = time.time()
-    with httpx.Client(base_url=http_cloud.url, follow_redirects=False) as web:
+def create_user_in_console(cloud: CloudServer, account, user_name: str) -> None:
+    with httpx.Client(base_url=cloud.url, follow_redirects=False) as web:
         web.post("/console/signin", data={"login_name": account.login_name,
                                           "password": account.password})
         page = web.get("/console/ram/users/create").text
         form = {k: re.search(rf'name="{k}" value="([^"]+)"', page)[1]
                 for k in ("_csrf", "_form_token")}
-        web.post("/console/ram/users/create", data={**form, "UserName": "u-http01"})
+        web.post("/console/ram/users/create", data={**form, "UserName": user_name})
+
+
+def metric(text: str, sample: str) -> float:
+    """The value of one sample line (``name{labels}``) of a Prometheus exposition; 0 if absent."""
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_console_action_scores_one(api, http_cloud, accounts):
+    account = accounts[0]
+    started = time.time()
+    create_user_in_console(http_cloud, account, "u-http01")
     r = api.post("/v1/score", json={"task_id": TASK.id, "account_id": account.account_id,
                                     "started_at": started, "ended_at": time.time(),
                                     "values": {"user_name": "u-http01"}})
@@ -68,10 +82,58 @@ def test_a_console_action_scores_one(api, http_cloud, accounts):
       "ended_at": 2}, 404, "unknown account_id"),
     ({"task_id": "ram-create-http", "account_id": "1000000000000001", "started_at": -5,
       "ended_at": 2}, 422, "started_at"),
+    ({"task_id": "ram-create-http", "account_id": "1000000000000001", "started_at": 20,
+      "ended_at": 10}, 422, "ended_at must not be before started_at"),
+    ({"task_id": "ram-create-http", "account_id": "1000000000000001",
+      "started_at": 4_000_000_000, "ended_at": 4_000_000_001}, 422, "in the future"),
 ])
 def test_bad_requests_get_clear_errors(api, payload, status, fragment):
     r = api.post("/v1/score", json=payload)
     assert r.status_code == status and fragment in r.text
+
+
+def test_metrics_count_scores_errors_and_trail_queries(api, http_cloud, accounts):
+    account = accounts[3]
+    started = time.time()
+    create_user_in_console(http_cloud, account, "u-http02")
+    r = api.post("/v1/score", json={"task_id": TASK.id, "account_id": account.account_id,
+                                    "started_at": started, "ended_at": time.time(),
+                                    "values": {"user_name": "u-http02"}})
+    assert r.status_code == 200 and r.json()["verdict"] == "success", r.text
+    api.post("/v1/score", json={"task_id": "no-such-task", "account_id": account.account_id,
+                                "started_at": 1, "ended_at": 2})
+    m = api.get("/metrics")
+    assert m.status_code == 200 and m.headers["content-type"].startswith("text/plain")
+    text = m.text
+    assert metric(text, 'consolerl_reward_scores_total{decided_by="rule",verdict="success"}') == 1
+    assert metric(text, "consolerl_reward_score_seconds_count") == 1
+    assert metric(text, "consolerl_reward_scores_in_flight") == 0
+    assert metric(text, 'consolerl_reward_errors_total{kind="unknown_name"}') == 1
+    assert metric(text, 'consolerl_reward_trail_queries_total{outcome="ok"}') >= 1
+    for secret in (account.password, account.access_key_secret):
+        assert secret not in text
+
+
+def test_a_cloud_that_is_down_is_a_503_naming_the_call(accounts):
+    service = RewardService([TASK], accounts, f"127.0.0.1:{free_port()}",
+                            TrailConfig(qps=50, max_retries=1, backoff_base_s=0.01, settle_s=1,
+                                        poll_s=0.1))
+    api = TestClient(build_app(service), raise_server_exceptions=False)
+    account = accounts[4]
+    t0 = time.monotonic()
+    r = api.post("/v1/score", json={"task_id": TASK.id, "account_id": account.account_id,
+                                    "started_at": time.time() - 5, "ended_at": time.time(),
+                                    "values": {"user_name": "u-down"}})
+    assert time.monotonic() - t0 < 10
+    assert r.status_code == 503, r.text
+    detail = r.json()["detail"]
+    assert (detail["error"], detail["action"]) == ("cloud_error", "LookupEvents")
+    assert "did not answer LookupEvents" in detail["message"] and "Traceback" not in r.text
+    for secret in (account.password, account.access_key_secret):
+        assert secret not in r.text
+    text = api.get("/metrics").text
+    assert metric(text, 'consolerl_reward_errors_total{kind="cloud_error"}') == 1
+    assert metric(text, "consolerl_reward_scores_in_flight") == 0
 
 
 def test_an_env_error_is_not_trainable(api, accounts):
@@ -103,3 +165,48 @@ def test_the_ray_actor_scores(http_cloud, accounts):
         assert nothing.verdict == "failure" and nothing.reward == 0.0
     finally:
         ray.shutdown()
+
+
+INFEASIBLE = parse_task({
+    "schema": 1, "id": "ram-infeasible-http", "product": "ram", "title": "Create an AccessKey",
+    "procedure": "1. Click Create AccessKey on the Security tab.\n",
+    "start_page": "/console/ram/users", "split": "train", "difficulty": 1,
+    "expected": "infeasible", "infeasible_reason": "the console has no Security tab",
+    "success": {"forbidden_events": [{"event": "DeleteUser", "service": "Ram"}]},
+}, "inline")
+
+
+def test_metrics_count_judge_votes_and_pending_episodes(http_cloud, accounts):
+    from reward_service.judges import JudgeChannel
+
+    class Judge:
+        """Agrees with the infeasible report; cannot tell about anything else."""
+
+        def complete(self, messages):
+            if "Create an AccessKey" in messages[-1]["content"]:
+                return '{"verdict": "success", "reason": "reported it infeasible"}'
+            return "I cannot tell."
+
+    service = RewardService([TASK, INFEASIBLE], accounts, http_cloud.endpoint,
+                            TrailConfig(qps=50, settle_s=0.5, poll_s=0.1, clock_skew_s=5),
+                            judges=JudgeChannel([Judge()]))
+    api = TestClient(build_app(service))
+    now = time.time()
+    judged = api.post("/v1/score", json={
+        "task_id": INFEASIBLE.id, "account_id": accounts[5].account_id, "started_at": now,
+        "ended_at": now, "infeasible_reason": "there is no Security tab"}).json()
+    assert (judged["verdict"], judged["decided_by"]) == ("success", "judges")
+    # Nothing happened and the log has not caught up with the episode's end yet: pending,
+    # and the judges cannot tell either.
+    pending = api.post("/v1/score", json={
+        "task_id": TASK.id, "account_id": accounts[6].account_id, "started_at": now,
+        "ended_at": time.time(), "values": {"user_name": "u-late"}}).json()
+    assert (pending["verdict"], pending["decided_by"]) == ("undetermined", "none")
+    text = api.get("/metrics").text
+    assert metric(text, 'consolerl_reward_judge_votes_total{verdict="success"}') == 3
+    assert metric(text, 'consolerl_reward_judge_votes_total{verdict="invalid"}') == 3
+    assert metric(text, 'consolerl_reward_judge_verdicts_total{verdict="success"}') == 1
+    assert metric(text, 'consolerl_reward_judge_verdicts_total{verdict="undetermined"}') == 1
+    assert metric(text, 'consolerl_reward_scores_total{decided_by="judges",verdict="success"}') == 1
+    assert metric(text, 'consolerl_reward_undetermined_total{cause="pending"}') == 1
+    assert metric(text, 'consolerl_reward_trail_wait_seconds_count{status="pending"}') == 1
