@@ -1,0 +1,245 @@
+"""The agent loop: prompt, generate, act, until the episode ends; token-faithful trajectories.
+
+Each turn builds one chat prompt from
+
+- a system message: the agent's job and the action grammar (:data:`env_workers.actions.ACTION_HELP`);
+- a user message: the task title and its documented procedure (placeholders filled), the last
+  ``history_turns`` actions with the error each got, and the current page (its URL and
+  accessibility text, cut to ``max_observation_chars``; cut further while the prompt is over
+  ``max_prompt_tokens``).
+
+The prompt is tokenized once with the tokenizer's chat template; the policy samples from those
+ids; the sampled ids are decoded only to find the action (the env worker parses the text
+strictly, an unparsable output becomes ``last_action_error`` in the next observation). Each
+:class:`Turn` keeps exactly the prompt ids, the sampled ids, their log-probs, a loss mask (1 on
+every sampled token) and the policy version that sampled them: the trainer never re-tokenizes.
+
+The episode ends at ``stop``, ``report_infeasible``, the step limit, the token limit (total
+prompt + sampled tokens of the episode), the env worker's own limits, or an env error.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from consolerl.errors import ConfigError
+from consolerl.types import EnvError, Observation, StepResult
+from env_workers.actions import ACTION_HELP
+
+END_REASONS = ("stop", "report_infeasible", "max_steps", "token_limit", "env_limit",
+               "env_error")
+
+SYSTEM_PROMPT = (
+    "You operate a cloud console in a web browser to carry out a documented procedure. Each "
+    "turn you see the task, the procedure, your recent actions and the current page as an "
+    "accessibility tree where interactive elements have ids in brackets, e.g. [12]. Do one "
+    "action per turn. When the task is done, stop with a short answer. If the procedure "
+    "cannot be done in this console as documented, report it infeasible with the reason.\n\n"
+    + ACTION_HELP)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """``history_turns``: previous actions shown (K); ``max_steps``: actions per episode;
+    ``max_prompt_tokens`` / ``max_new_tokens``: per turn; ``max_episode_tokens``: prompt and
+    sampled tokens of the whole episode; sampling: ``temperature``, ``top_p``."""
+
+    max_steps: int = 20
+    history_turns: int = 4
+    max_observation_chars: int = 8_000
+    min_observation_chars: int = 500
+    max_prompt_tokens: int = 4_096
+    max_new_tokens: int = 96
+    max_episode_tokens: int = 65_536
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name, low in (("max_steps", 1), ("history_turns", 0), ("max_observation_chars", 100),
+                          ("min_observation_chars", 50), ("max_prompt_tokens", 64),
+                          ("max_new_tokens", 1), ("max_episode_tokens", 128)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"AgentConfig.{name}: must be an integer >= {low}, "
+                                  f"got {value!r}")
+        if self.min_observation_chars > self.max_observation_chars:
+            raise ConfigError("AgentConfig.min_observation_chars: must not exceed "
+                              "max_observation_chars")
+        if not 0.0 <= self.temperature <= 5.0:
+            raise ConfigError(f"AgentConfig.temperature: must be 0..5, got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"AgentConfig.top_p: must be in (0, 1], got {self.top_p!r}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a policy returns: the sampled ids, the log-prob of each under the sampling policy,
+    the weight version that produced them, and why it stopped (``stop`` | ``length``)."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    version: int
+    finish_reason: str = "stop"
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(f"Generation: {len(self.token_ids)} token ids but "
+                             f"{len(self.logprobs)} logprobs")
+
+
+class Policy(Protocol):
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+                       session: str = "") -> Generation: ...
+
+
+class ChatTokenizer(Protocol):
+    def apply_chat_template(self, messages: list[dict[str, str]], *, tokenize: bool = True,
+                            add_generation_prompt: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+
+@dataclass(frozen=True)
+class Turn:
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    loss_mask: tuple[int, ...]
+    version: int
+    response_text: str                # the decoded output (for logs and judges; not trained on)
+    action_text: str                  # the canonical action the env ran ("" if it did not parse)
+    action_error: str = ""
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    trajectory_id: str
+    task_id: str
+    turns: tuple[Turn, ...]
+    end_reason: str
+    answer: str | None = None
+    infeasible: str | None = None
+    env_error: EnvError | None = None
+    final_observation: str = ""
+    started_at: float = 0.0
+    ended_at: float = 0.0
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        return tuple(sorted({t.version for t in self.turns}))
+
+    @property
+    def actions(self) -> list[str]:
+        return [t.action_text or f"(invalid: {t.action_error})" for t in self.turns]
+
+
+@dataclass
+class _Step:
+    action: str
+    error: str
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... {len(text) - limit} more characters of the page omitted]"
+
+
+def build_messages(title: str, procedure: str, history: Sequence[_Step],
+                   observation: Observation, observation_chars: int) -> list[dict[str, str]]:
+    lines = [f"TASK: {title}", "", "PROCEDURE:", procedure.strip(), ""]
+    if history:
+        lines.append("YOUR LAST ACTIONS (oldest first):")
+        for step in history:
+            lines.append(f"- {step.action}" + (f"  -> error: {step.error}" if step.error else ""))
+        lines.append("")
+    if observation.last_action_error:
+        lines += [f"LAST ACTION ERROR: {observation.last_action_error}", ""]
+    lines += [f"CURRENT PAGE: {observation.url}", f"TITLE: {observation.title}",
+              _cut(observation.text, observation_chars), "", "Your next action:"]
+    return [{"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": "\n".join(lines)}]
+
+
+StepFn = Callable[[str], Awaitable[StepResult]]
+
+
+class AgentLoop:
+    def __init__(self, policy: Policy, tokenizer: ChatTokenizer,
+                 config: AgentConfig | None = None):
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.config = config or AgentConfig()
+
+    def prompt_ids(self, title: str, procedure: str, history: Sequence[_Step],
+                   observation: Observation) -> list[int] | None:
+        """The turn's prompt ids, the page cut until the prompt fits (``None``: it never
+        does)."""
+        chars = self.config.max_observation_chars
+        while True:
+            ids = list(self.tokenizer.apply_chat_template(
+                build_messages(title, procedure, history, observation, chars),
+                tokenize=True, add_generation_prompt=True))
+            if len(ids) <= self.config.max_prompt_tokens:
+                return ids
+            if chars <= self.config.min_observation_chars:
+                return None
+            chars = max(chars // 2, self.config.min_observation_chars)
+
+    async def run(self, task_id: str, title: str, procedure: str, observation: Observation,
+                  step: StepFn, *, seed: int | None = None,
+                  trajectory_id: str | None = None) -> Trajectory:
+        cfg = self.config
+        tid = trajectory_id or uuid.uuid4().hex
+        started = time.time()
+        turns: list[Turn] = []
+        history: list[_Step] = []
+        used = 0
+        end, answer, infeasible, env_error = "max_steps", None, None, None
+        for index in range(cfg.max_steps):
+            ids = self.prompt_ids(title, procedure, history[-cfg.history_turns:]
+                                  if cfg.history_turns else [], observation)
+            if ids is None or used + len(ids) + cfg.max_new_tokens > cfg.max_episode_tokens:
+                end = "token_limit"
+                break
+            sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p,
+                                      None if seed is None else seed * 1_000 + index)
+            gen = await self.policy.generate(ids, sampling, session=tid)
+            used += len(ids) + len(gen.token_ids)
+            text = self.tokenizer.decode(list(gen.token_ids), skip_special_tokens=True)
+            result = await step(text)
+            error = result.observation.last_action_error if not result.action_text else ""
+            turns.append(Turn(tuple(ids), tuple(gen.token_ids), tuple(gen.logprobs),
+                              (1,) * len(gen.token_ids), gen.version, text,
+                              result.action_text, error))
+            history.append(_Step(result.action_text or _short(text), error))
+            observation = result.observation
+            if result.env_error is not None:
+                end, env_error = "env_error", result.env_error
+                break
+            if result.done:
+                if result.infeasible is not None:
+                    end, infeasible = "report_infeasible", result.infeasible
+                elif result.answer is not None:
+                    end, answer = "stop", result.answer
+                else:
+                    end = "env_limit"
+                break
+        return Trajectory(tid, task_id, tuple(turns), end, answer, infeasible, env_error,
+                          observation.text, started, time.time())
+
+
+def _short(text: str, limit: int = 120) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."

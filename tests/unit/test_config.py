@@ -1,0 +1,57 @@
+"""consolerl.config: typed configs from YAML plus dotted overrides, errors naming the field."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from consolerl.config import load_config, to_dict
+from consolerl.errors import ConfigError
+from rollout_service.agent import AgentConfig
+
+
+@dataclass(frozen=True)
+class Inner:
+    name: str = "x"
+    sizes: tuple[int, ...] = (1, 2)
+    limit: float | None = None
+
+
+@dataclass(frozen=True)
+class Root:
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    inner: Inner = field(default_factory=Inner)
+    replicas: int = 1
+    debug: bool = False
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("agent: {max_steps: 7}\ninner: {name: a, sizes: [3, 4]}\nreplicas: 2\n")
+    root = load_config(Root, path, ["agent.history_turns=1", "inner.limit=2.5", "debug=true"])
+    assert root.agent.max_steps == 7 and root.agent.history_turns == 1
+    assert root.inner == Inner("a", (3, 4), 2.5)
+    assert root.replicas == 2 and root.debug is True
+    assert to_dict(root)["inner"]["sizes"] == [3, 4]
+    assert load_config(Root) == Root()
+
+
+@pytest.mark.parametrize("text,overrides,message", [
+    ("agent: {max_stepz: 3}", [], "c.yaml.agent: unknown field(s) max_stepz"),
+    ("replicas: two", [], "c.yaml.replicas: must be an integer"),
+    ("debug: 1", [], "c.yaml.debug: must be true or false"),
+    ("inner: {sizes: 5}", [], "c.yaml.inner.sizes: must be a list"),
+    ("agent: {max_steps: 0}", [], "AgentConfig.max_steps: must be an integer >= 1"),
+    ("", ["agent.top_p=3"], "AgentConfig.top_p"),
+    ("", ["replicas"], "expected dotted.key=value"),
+    ("", ["replicas.x=1"], "c.yaml.replicas: must be an integer"),
+    ("replicas: 2", ["replicas.x=1"], "not a section"),
+    ("[1, 2]", [], "must hold a mapping"),
+    ("a: [", [], "not valid YAML"),
+])
+def test_errors_name_the_field(tmp_path, text, overrides, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(Root, path, overrides)
+    assert message in str(err.value)
