@@ -85,6 +85,15 @@ class EnvWorkerBody:
 
     async def start_episode(self, spec: EpisodeSpec, acquire_timeout_s: float | None = None
                             ) -> EpisodeStart:
+        """Lease an account and open ``spec`` in the browser signed in to it."""
+        leased = await self.acquire(acquire_timeout_s)
+        if leased.env_error is not None:
+            return leased
+        return await self.reset(spec)
+
+    async def acquire(self, acquire_timeout_s: float | None = None) -> EpisodeStart:
+        """Lease an account (kept alive by a heartbeat) without opening the browser yet: the
+        caller provisions the task's prerequisites in it first, then calls :meth:`reset`."""
         if self.draining:
             return EpisodeStart(None, EnvError("internal", f"{self.name} is draining"),
                                 worker=self.name)
@@ -98,6 +107,14 @@ class EnvWorkerBody:
                                 worker=self.name)
         self.lease = lease
         self.heartbeat = Heartbeat(self.pool, lease).start()
+        return EpisodeStart(None, None, lease.account_id, lease.fencing, self.name)
+
+    async def reset(self, spec: EpisodeSpec) -> EpisodeStart:
+        """Open ``spec`` in the browser, signed in to the leased account."""
+        lease = self.lease
+        if lease is None:
+            return EpisodeStart(None, EnvError("internal", "reset() without a leased account"),
+                                worker=self.name)
         account = self.pool.account(lease.account_id)
         result = await self.worker.reset(spec, account)
         if isinstance(result, EnvError):
@@ -117,6 +134,11 @@ class EnvWorkerBody:
                 "lease_lost", f"the lease on account {self.lease.account_id if self.lease else ''}"
                               " expired before the episode ended"))
         return await self.worker.step(action_text)
+
+    async def close_browser(self) -> None:
+        """End the browser side of the episode but keep the lease (scoring and clean-up of
+        the account come before it is released)."""
+        await self.worker.close_episode()
 
     async def end_episode(self) -> bool:
         """Close the episode and release its lease; False when the lease was already lost."""

@@ -180,7 +180,7 @@ class PolicyRouter:
     async def update_weights(self, version: int, state_dict: Any) -> list[float]:
         """Every replica to ``version`` (a Ray ObjectRef of the state dict is passed as is,
         so the weights cross the object store once); returns each replica's load time."""
-        return list(await asyncio.gather(*(_call(r.update_weights, version, state_dict)
+        return list(await asyncio.gather(*(call(r.update_weights, version, state_dict)
                                            for r in self.replicas)))
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
@@ -188,12 +188,14 @@ class PolicyRouter:
         index = self.pick(session)
         self.load[index] += 1
         try:
-            return await _call(self.replicas[index].generate, list(prompt_ids), sampling)
+            return await call(self.replicas[index].generate, list(prompt_ids), sampling)
         finally:
             self.load[index] -= 1
 
 
-async def _call(method: Any, *args: Any) -> Any:
+async def call(method: Any, *args: Any) -> Any:
+    """Call ``method`` whether it is a Ray actor method, a coroutine function or a plain
+    function."""
     remote = getattr(method, "remote", None)
     if remote is not None:                      # a Ray actor method
         return await remote(*args)
