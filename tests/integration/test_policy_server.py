@@ -14,6 +14,7 @@ from rollout_service.models import HFChatTokenizer, tiny_model  # noqa: E402
 from rollout_service.policy import (PolicyConfig, PolicyRouter, PolicyServerBody,  # noqa: E402
                                     TransformersEngine)
 from consolerl.types import Observation, StepResult  # noqa: E402
+from tests.conftest import run_async  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +67,11 @@ def test_router_is_sticky_per_session_and_least_loaded(engine):
     async def go():
         return await asyncio.gather(*(router.generate([1, 2, 3], SamplingParams(2, 1.0),
                                                       session=f"s{i % 2}") for i in range(6)))
-    gens = asyncio.run(go())
+    gens = run_async(go())
     assert len(gens) == 6 and router.sticky.keys() == {"s0", "s1"}
     assert router.sticky["s0"] != router.sticky["s1"]
     assert router.load == [0, 0]
-    text = asyncio.run(servers[0].metrics()).decode()
+    text = run_async(servers[0].metrics()).decode()
     assert "consolerl_policy_generated_tokens_total" in text
 
 
@@ -85,7 +86,7 @@ def test_the_agent_loop_on_real_tokens(engine, tiny):
                                       last_action_error="not an action", step=len(steps)))
     loop = AgentLoop(PolicyRouter([server]), tok, AgentConfig(max_steps=2, max_new_tokens=8,
                                               max_prompt_tokens=2048))
-    traj = asyncio.run(loop.run("t", "Title", "1. Do.", Observation("http://c", "C", "x"),
+    traj = run_async(loop.run("t", "Title", "1. Do.", Observation("http://c", "C", "x"),
                                 step, seed=1))
     assert traj.end_reason == "max_steps" and len(traj.turns) == 2
     for turn in traj.turns:

@@ -2,7 +2,6 @@
 end reasons, and token fidelity (the trainer gets exactly the sampled ids)."""
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 import pytest
@@ -11,6 +10,7 @@ from consolerl.errors import ConfigError
 from consolerl.types import EnvError, Observation, StepResult
 from env_workers.actions import parse_action
 from rollout_service.agent import AgentConfig, AgentLoop, Generation, SamplingParams
+from tests.conftest import run_async
 
 MERGES = {"cl": 300, "ck": 301, "op": 302}        # a tiny BPE: greedy merges on encode
 
@@ -97,7 +97,7 @@ def run(outputs, config=None, env=None, **kw):
     policy = ScriptedPolicy(outputs)
     env = env or FakeEnv()
     loop = AgentLoop(policy, ByteTokenizer(), config or AgentConfig(max_prompt_tokens=4000))
-    traj = asyncio.run(loop.run("t-1", "Create a user", "1. Click Create.\n2. Stop.", START,
+    traj = run_async(loop.run("t-1", "Create a user", "1. Click Create.\n2. Stop.", START,
                                 env.step, **kw))
     return traj, policy, env
 
@@ -155,7 +155,7 @@ def test_a_long_page_is_cut_to_fit_the_prompt():
     policy = ScriptedPolicy(['stop("x")'])
     loop = AgentLoop(policy, ByteTokenizer(), AgentConfig(max_prompt_tokens=3000,
                                                           max_observation_chars=16000))
-    traj = asyncio.run(loop.run("t", "T", "1. Go.", huge, FakeEnv().step))
+    traj = run_async(loop.run("t", "T", "1. Go.", huge, FakeEnv().step))
     assert len(policy.prompts[0]) <= 3000 and traj.end_reason == "stop"
     assert "more characters of the page omitted" in ByteTokenizer().decode(policy.prompts[0])
 
