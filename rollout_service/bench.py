@@ -1,0 +1,176 @@
+"""Benchmark of the rollout side, async against sync on the same workload:
+``python -m rollout_service.bench --json``.
+
+Starts a local cloud, a Redis server, ``--workers`` env workers (Chromium, leased accounts), the
+CPU policy (transformers, the default SmolLM2-135M-Instruct unless ``--model``), the reward
+service, and a stand-in trainer that consumes groups from the experience stream, ``--groups-
+per-step`` per step, spends ``--train-seconds`` per step (the time an optimizer step would take;
+the real trainer is issue 8) and then advances the trainer version the staleness control reads.
+
+Each mode runs until ``--groups`` groups of ``--group-size`` episodes are trained:
+
+- ``async``: workers run episodes back to back, groups flow as they complete, admission within
+  ``--max-staleness`` versions;
+- ``sync``: a batch of ``--groups-per-step`` groups, the barrier, training, the next batch.
+
+Prints one JSON object: ``episodes_per_min``, ``env_utilization`` (the fraction of wall time a
+worker is inside an episode, lease to release), ``policy_utilization`` (the fraction of wall
+time the policy engine is generating) for both modes, and ``sync_over_async_wall_time``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from env_workers.accounts import PoolConfig
+from env_workers.pool import EnvWorkerBody
+from env_workers.worker import WorkerConfig
+from infra.console_sim.accounts import load_accounts
+from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
+from infra.local_cloud import LocalCloud
+from infra.provisioning.tasks import TASKS_DIR, load_suite
+from infra.redis_local import RedisServer
+from reward_service.actiontrail import TrailConfig
+from reward_service.service import RewardService
+
+from .agent import AgentConfig, AgentLoop
+from .experience import ExperienceStream, StreamConfig
+from .models import HFChatTokenizer, resolve_model
+from .orchestrator import Orchestrator, OrchestratorConfig
+from .policy import PolicyConfig, PolicyRouter, PolicyServerBody, TransformersEngine
+
+
+def _progress(msg: str) -> None:
+    print(f"[rollout-bench] {msg}", file=sys.stderr, flush=True)
+
+
+async def _trainer(stream: ExperienceStream, groups_per_step: int, train_s: float,
+                   target: int, trained: list[int]) -> None:
+    """Consume groups (XREAD from the start), one step per ``groups_per_step``."""
+    last = "0-0"
+    buffered = 0
+    while trained[0] < target:
+        entries = await asyncio.to_thread(stream.redis.xread, {stream.config.stream: last},
+                                          count=100, block=200)
+        for _, items in entries or []:
+            for entry_id, _ in items:
+                last = entry_id
+                buffered += 1
+        while buffered >= groups_per_step and trained[0] < target:
+            buffered -= groups_per_step
+            await asyncio.sleep(train_s)
+            trained[0] += groups_per_step
+            stream.set_trainer_version(stream.trainer_version() + 1)
+
+
+async def run_mode(mode: str, args: argparse.Namespace, cloud: LocalCloud, redis_url: str,
+                   engine: TransformersEngine, tokenizer: HFChatTokenizer) -> dict[str, Any]:
+    accounts = load_accounts(DEFAULT_ACCOUNTS_FILE)
+    tasks = load_suite(TASKS_DIR)
+    stream = ExperienceStream(StreamConfig(url=redis_url, stream=f"bench:{mode}:exp"))
+    stream.redis.delete(stream.config.stream, stream.version_key)
+    pool = PoolConfig(redis_url=redis_url, key_prefix=f"bench:{mode}", lease_ttl_s=30)
+    workers = [EnvWorkerBody(WorkerConfig(console_url=cloud.url), pool, f"w{i}")
+               for i in range(args.workers)]
+    server = PolicyServerBody(PolicyConfig(), engine=engine)
+    agent = AgentLoop(PolicyRouter([server]), tokenizer,
+                      AgentConfig(max_steps=args.max_steps, max_new_tokens=args.max_new_tokens,
+                                  max_prompt_tokens=3072, max_observation_chars=3000))
+    reward = RewardService(tasks, accounts, cloud.endpoint,
+                           TrailConfig(qps=20, settle_s=15, poll_s=0.25, clock_skew_s=5))
+    orch = Orchestrator(OrchestratorConfig(group_size=args.group_size, mode=mode,
+                                           max_staleness=args.max_staleness,
+                                           groups_per_step=args.groups_per_step,
+                                           drop_uniform_groups=False,
+                                           task_filter=args.tasks, seed=1),
+                        tasks, workers, accounts, cloud.endpoint, agent, reward.score, stream)
+    trained = [0]
+    busy0 = engine.busy_s
+    t0 = time.monotonic()
+    trainer = asyncio.create_task(_trainer(stream, args.groups_per_step, args.train_seconds,
+                                           args.groups, trained))
+    try:
+        summary = await orch.run(max_groups=args.groups)
+        await trainer
+    finally:
+        trainer.cancel()
+        for w in workers:
+            await w.drain()
+    wall = time.monotonic() - t0
+    episodes = summary["episodes"]
+    busy = sum(orch.busy_s.values())
+    return {
+        "wall_s": round(wall, 1),
+        "episodes": episodes,
+        "episodes_per_min": round(episodes / wall * 60, 2),
+        "env_utilization": round(busy / (wall * args.workers), 4),
+        "policy_utilization": round((engine.busy_s - busy0) / wall, 4),
+        "groups_pushed": summary["groups_pushed"], "env_errors": summary["env_errors"],
+        "leaked_resources": summary["leaked_resources"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rollout_service.bench")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--model", default="", help="model folder (default: SmolLM2-135M)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--groups", type=int, default=4, help="groups trained per mode")
+    parser.add_argument("--group-size", type=int, default=2)
+    parser.add_argument("--groups-per-step", type=int, default=1)
+    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--train-seconds", type=float, default=5.0)
+    parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--tasks", default="^ram-create-user|^ram-grant-policy",
+                        help="regular expression over train task ids")
+    args = parser.parse_args(argv)
+    if args.groups < 1 or args.workers < 1 or args.group_size < 1:
+        parser.error("--groups, --workers and --group-size must be at least 1")
+    state = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
+    cloud = LocalCloud(state / "cloud", ("--lookup-qps", "0", "--transition", "0.5",
+                                         "--network-ready", "0.2"))
+    redis = RedisServer(state / "redis")
+    try:
+        cloud.start()
+        redis.start()
+        path = resolve_model(args.model)
+        _progress(f"policy {path}; {args.workers} workers; {args.groups} groups of "
+                  f"{args.group_size} per mode")
+        engine = TransformersEngine(path)
+        tokenizer = HFChatTokenizer(path)
+        results = {}
+        for mode in ("async", "sync"):
+            _progress(f"{mode} mode")
+            results[mode] = asyncio.run(run_mode(mode, args, cloud, redis.url, engine,
+                                                 tokenizer))
+            _progress(f"{mode}: {results[mode]}")
+    finally:
+        redis.stop()
+        cloud.stop()
+        shutil.rmtree(state, ignore_errors=True)
+    a, s = results["async"], results["sync"]
+    out = {
+        "episodes_per_min": {"async": a["episodes_per_min"], "sync": s["episodes_per_min"]},
+        "env_utilization": {"async": a["env_utilization"], "sync": s["env_utilization"]},
+        "policy_utilization": {"async": a["policy_utilization"],
+                               "sync": s["policy_utilization"]},
+        "sync_over_async_wall_time": round(s["wall_s"] / a["wall_s"], 3),
+        "async": a, "sync": s,
+        "workers": args.workers, "groups": args.groups, "group_size": args.group_size,
+        "groups_per_step": args.groups_per_step, "max_staleness": args.max_staleness,
+        "train_seconds": args.train_seconds, "model": args.model or "SmolLM2-135M-Instruct",
+    }
+    print(json.dumps(out) if args.json else json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
