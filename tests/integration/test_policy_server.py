@@ -93,3 +93,53 @@ def test_the_agent_loop_on_real_tokens(engine, tiny):
         assert tok.decode(turn.response_ids) == turn.response_text
         assert len(turn.response_ids) == len(turn.logprobs) == len(turn.loss_mask)
     assert steps == [t.response_text for t in traj.turns]
+
+
+def test_the_openai_compatible_endpoint(engine, tiny):
+    import threading
+
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    from infra.local_cloud import free_port
+    from tests.conftest import wait_for
+
+    from infra.provisioning.resource_coder import OpenAIChatClient
+    from rollout_service.api import build_api
+
+    router = PolicyRouter([PolicyServerBody(PolicyConfig(), engine=engine)])
+    api = TestClient(build_api(router, HFChatTokenizer(tiny), "tiny", max_prompt_tokens=200))
+    r = api.post("/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "Judge this."}],
+        "max_tokens": 5, "seed": 1})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert 1 <= body["usage"]["completion_tokens"] <= 5
+    assert body["consolerl"]["weight_version"] == engine.version
+    for payload, status, fragment in [
+        ({"messages": []}, 422, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, 422, "role"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 422,
+         "temperature"),
+        ({"messages": [{"role": "user", "content": "x" * 5000}]}, 400, "limit is 200"),
+    ]:
+        r = api.post("/v1/chat/completions", json=payload)
+        assert r.status_code == status and fragment in r.text, r.text
+    assert "consolerl_policy_api_requests_total" in api.get("/metrics").text
+
+    # The judges' own OpenAI client talks to it over HTTP.
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(api.app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, timeout=20)
+        client = OpenAIChatClient(f"http://127.0.0.1:{port}", "tiny", api_key_env=None,
+                                  max_tokens=4)
+        reply = client.complete([{"role": "user", "content": "Say success."}])
+        assert isinstance(reply, str)
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -1,0 +1,81 @@
+"""An OpenAI-compatible ``POST /v1/chat/completions`` over the policy replicas, for external
+callers (judges, ResourceCoder, other teams), plus ``GET /v1/models`` and ``GET /metrics``.
+
+The request's messages go through the model's chat template; the completion comes from the same
+router the agent loop uses (least-loaded replica). Supported: ``messages``, ``max_tokens``
+(or ``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``n`` = 1, no streaming.
+The response carries the usual fields and, under ``consolerl``, the weight version that
+answered. Malformed requests are 422 with the field named; a prompt over the context limit 400.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from fastapi import FastAPI, HTTPException, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from pydantic import BaseModel, Field
+
+from .agent import ChatTokenizer, SamplingParams
+from .policy import PolicyRouter
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=200_000)
+
+
+class ChatRequest(BaseModel):
+    model: str = Field(default="", max_length=200)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=200)
+    max_tokens: int | None = Field(default=None, ge=1, le=8192)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=8192)
+    temperature: float = Field(default=1.0, ge=0.0, le=5.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    n: Literal[1] = 1
+    stream: Literal[False] = False
+
+
+def build_api(router: PolicyRouter, tokenizer: ChatTokenizer, model_name: str,
+              max_prompt_tokens: int = 8192, default_max_tokens: int = 256,
+              registry: CollectorRegistry | None = None) -> FastAPI:
+    registry = registry if registry is not None else CollectorRegistry()
+    requests = Counter("consolerl_policy_api_requests_total", "Chat completion requests, by "
+                       "outcome.", ["outcome"], registry=registry)
+    app = FastAPI(title="console-rl policy", version="1")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: ChatRequest) -> Mapping[str, Any]:
+        prompt = tokenizer.apply_chat_template([m.model_dump() for m in request.messages])
+        if len(prompt) > max_prompt_tokens:
+            requests.labels("too_long").inc()
+            raise HTTPException(400, detail=f"the prompt has {len(prompt)} tokens; the limit "
+                                            f"is {max_prompt_tokens}")
+        limit = request.max_completion_tokens or request.max_tokens or default_max_tokens
+        gen = await router.generate(prompt, SamplingParams(limit, request.temperature,
+                                                           request.top_p, request.seed))
+        text = tokenizer.decode(list(gen.token_ids), skip_special_tokens=True)
+        requests.labels("ok").inc()
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+            "created": int(time.time()), "model": request.model or model_name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": gen.finish_reason}],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids),
+                      "total_tokens": len(prompt) + len(gen.token_ids)},
+            "consolerl": {"weight_version": gen.version},
+        }
+
+    @app.get("/v1/models")
+    async def models() -> Mapping[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model",
+                                            "owned_by": "console-rl"}]}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
