@@ -313,10 +313,10 @@ class Orchestrator:
         self.metrics.groups.labels(outcome).inc()
         return outcome
 
-    async def _capacity(self) -> None:
-        """Wait until staleness capacity allows opening one more group."""
+    async def _capacity(self, stop: asyncio.Event | None = None) -> None:
+        """Wait until staleness capacity allows opening one more group (or ``stop`` is set)."""
         t0 = time.monotonic()
-        while True:
+        while stop is None or not stop.is_set():
             version = await asyncio.to_thread(self.stream.trainer_version)
             self.metrics.trainer_version.set(version)
             limit = (version + self.config.max_staleness + 1) * self.config.groups_per_step
@@ -390,9 +390,9 @@ class Orchestrator:
                         return None
                     await asyncio.sleep(0.1)      # a retry may still need a worker
                     continue
-                await self._capacity()
+                await self._capacity(stop)
                 async with lock:
-                    if self.groups_opened < max_groups:
+                    if self.groups_opened < max_groups and not stop.is_set():
                         g = self._open_group()
                         open_groups.append(g)
                         g.in_flight += 1

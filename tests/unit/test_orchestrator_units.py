@@ -1,0 +1,123 @@
+"""The orchestrator's group logic with fake episodes (no browser, no cloud): env-error retries
+and abandoning, uniform groups dropped, staleness capacity, and the sync barrier."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from consolerl.errors import ConfigError
+from infra.provisioning.tasks import TASKS_DIR, load_suite
+from reward_service.fusion import RewardResult
+from rollout_service.agent import AgentConfig, AgentLoop, Trajectory, Turn
+from rollout_service.orchestrator import EpisodeResult, Orchestrator, OrchestratorConfig
+from tests.conftest import run_async
+
+TASKS = [t for t in load_suite(TASKS_DIR) if t.id in ("ram-create-user-0", "ram-grant-policy-0")]
+
+
+class FakeStream:
+    def __init__(self):
+        self.pushed = []
+        self.version = 0
+
+    def push(self, group):
+        self.pushed.append(group)
+        return "1-0"
+
+    def trainer_version(self):
+        return self.version
+
+
+def orchestrator(config: OrchestratorConfig, outcomes, stream=None, workers=2):
+    """``outcomes``: a function (call number, index in the group) -> reward or 'env_error'."""
+    stream = stream or FakeStream()
+    orch = Orchestrator(config, TASKS, [object() for _ in range(workers)], [], "127.0.0.1:1",
+                        AgentLoop(None, None, AgentConfig()), None, stream)
+    calls = [0]
+
+    async def episode(worker, task, trajectory_id, seed):
+        calls[0] += 1
+        what = outcomes(calls[0], int(trajectory_id.rsplit("-", 1)[1]))
+        await asyncio.sleep(0.01)
+        if what == "env_error":
+            return EpisodeResult(task.id, None, None, "browser_crashed: gone")
+        turn = Turn((1,), (2,), (-0.1,), (1,), stream.version, "x", "click(1)")
+        traj = Trajectory(trajectory_id, task.id, (turn,), "stop", answer="done")
+        return EpisodeResult(task.id, traj, RewardResult(what, True, "success" if what else
+                                                         "failure", "rule"))
+    orch.episode = episode
+    return orch, stream, calls
+
+
+def test_groups_are_pushed_with_their_rewards():
+    orch, stream, _ = orchestrator(OrchestratorConfig(group_size=2, max_staleness=5),
+                                   lambda n, i: float(i))
+    summary = run_async(orch.run(max_groups=3))
+    assert summary["groups_pushed"] == 3 and len(stream.pushed) == 3
+    for g in stream.pushed:
+        assert sorted(g.rewards) == [0.0, 1.0] and len(g.samples) == 2
+
+
+def test_uniform_groups_are_dropped_and_counted():
+    orch, stream, _ = orchestrator(OrchestratorConfig(group_size=2, max_staleness=5),
+                                   lambda n, i: 1.0)
+    summary = run_async(orch.run(max_groups=2))
+    assert stream.pushed == [] and summary["groups_dropped_uniform"] == 2
+
+
+def test_env_errors_are_retried_then_the_group_is_abandoned():
+    orch, stream, calls = orchestrator(
+        OrchestratorConfig(group_size=2, max_staleness=5, max_env_retries=1),
+        lambda n, i: "env_error" if n == 1 else float(i))
+    summary = run_async(orch.run(max_groups=1))
+    assert summary["groups_pushed"] == 1 and summary["env_errors"] == 1 and calls[0] == 3
+    assert all(s.trajectory_id for s in stream.pushed[0].samples)
+
+    orch, stream, _ = orchestrator(
+        OrchestratorConfig(group_size=2, max_staleness=5, max_env_retries=1),
+        lambda n, i: "env_error")
+    summary = run_async(orch.run(max_groups=1))
+    assert stream.pushed == [] and summary["groups_abandoned"] == 1
+
+
+def test_staleness_capacity_holds_new_groups_until_the_trainer_moves():
+    stream = FakeStream()
+    orch, stream, calls = orchestrator(
+        OrchestratorConfig(group_size=2, max_staleness=0, groups_per_step=1),
+        lambda n, i: float(i), stream=stream)
+
+    async def go():
+        task = asyncio.create_task(orch.run(max_groups=2))
+        await asyncio.sleep(0.5)
+        held = (orch.groups_opened, calls[0])     # version 0, staleness 0: one group only
+        stream.version = 1
+        summary = await asyncio.wait_for(task, 10)
+        return held, summary
+    held, summary = run_async(go())
+    assert held == (1, 2)
+    assert summary["groups_pushed"] == 2
+
+
+def test_sync_mode_waits_for_the_trainer_between_batches():
+    stream = FakeStream()
+    orch, stream, calls = orchestrator(
+        OrchestratorConfig(group_size=2, mode="sync", groups_per_step=1),
+        lambda n, i: float(i), stream=stream)
+
+    async def go():
+        task = asyncio.create_task(orch.run(max_groups=2))
+        await asyncio.sleep(0.5)
+        held = (len(stream.pushed), calls[0])
+        stream.version = 1
+        return held, await asyncio.wait_for(task, 10)
+    held, summary = run_async(go())
+    assert held == (1, 2) and summary["groups_pushed"] == 2
+
+
+@pytest.mark.parametrize("kwargs,field", [(dict(group_size=0), "group_size"),
+                                          (dict(mode="batch"), "mode"),
+                                          (dict(task_filter="("), "task_filter")])
+def test_bad_config(kwargs, field):
+    with pytest.raises(ConfigError, match=field):
+        OrchestratorConfig(**kwargs)
