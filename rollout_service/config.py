@@ -27,10 +27,14 @@ class CloudSection:
 
 @dataclass(frozen=True)
 class EnvSection:
+    """The env workers; their account leases live in the stream's Redis under
+    ``lease_prefix``."""
+
     workers: int = 2
     num_cpus_per_worker: float = 0.5
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     lease_ttl_s: float = 60.0
+    lease_prefix: str = "consolerl:pool"
 
 
 @dataclass(frozen=True)

@@ -1,30 +1,30 @@
-"""The orchestrator on Ray with real Redis (leases and the experience stream), real Chromium
-on the local cloud, the transformers PolicyServer with a tiny random model, the reward
-service, 2 env workers and groups of 2: groups reach the stream with the reward service's
-rewards, every account is released and nothing leaks."""
+"""The orchestrator as a Ray actor built from configs/cpu.yaml (with overrides): real Redis
+(leases and the experience stream), real Chromium on the local cloud, a PolicyServer actor with
+a tiny random transformers model, the reward service, 2 env worker actors, groups of 2. Groups
+reach the stream with the reward service's rewards, every account is released, nothing
+leaks."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import ray
 
 torch = pytest.importorskip("torch")
 
+from consolerl.config import load_config  # noqa: E402
 from env_workers.accounts import PoolConfig  # noqa: E402
 from env_workers.leases import AccountPool  # noqa: E402
-from env_workers.pool import EnvPool, EnvPoolConfig  # noqa: E402
-from env_workers.worker import WorkerConfig  # noqa: E402
-from infra.provisioning.tasks import TASKS_DIR, load_suite  # noqa: E402
-from reward_service.actiontrail import TrailConfig  # noqa: E402
-from reward_service.service import RewardService  # noqa: E402
-from rollout_service.agent import AgentConfig, AgentLoop  # noqa: E402
-from rollout_service.experience import ExperienceStream, StreamConfig, decode_group  # noqa: E402
-from rollout_service.models import HFChatTokenizer, tiny_model  # noqa: E402
-from rollout_service.orchestrator import Orchestrator, OrchestratorConfig  # noqa: E402
-from rollout_service.policy import PolicyConfig, PolicyRouter, PolicyServer  # noqa: E402
-from tests.conftest import CloudServer, _server, run_async  # noqa: E402
+from rollout_service.config import RolloutConfig  # noqa: E402
+from rollout_service.experience import ExperienceStream, decode_group  # noqa: E402
+from rollout_service.models import tiny_model  # noqa: E402
+from rollout_service.service import OrchestratorActor  # noqa: E402
+from tests.conftest import CloudServer, _server  # noqa: E402
 from tests.integration.redis_server import RedisServer  # noqa: E402
+
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @pytest.fixture(scope="module")
@@ -42,38 +42,36 @@ def redis_server(tmp_path_factory) -> Iterator[RedisServer]:
 
 
 def test_groups_flow_to_the_stream_with_rewards_and_nothing_leaks(orch_cloud, redis_server,
-                                                                  accounts, tmp_path):
+                                                                  tmp_path):
     model = tiny_model(tmp_path / "tiny")
-    tasks = [t for t in load_suite(TASKS_DIR) if t.id in ("ram-create-user-0",
-                                                          "ecs-add-rule-0")]
-    pool_config = PoolConfig(redis_url=redis_server.url, key_prefix="test:orch",
-                             lease_ttl_s=10, acquire_timeout_s=60)
+    config = load_config(RolloutConfig, CONFIGS / "cpu.yaml", [
+        f"cloud.endpoint={orch_cloud.endpoint}", f"env.worker.console_url={orch_cloud.url}",
+        "env.workers=2", "env.lease_prefix=test:orch", "env.num_cpus_per_worker=0.5",
+        f"policy.model={model}", "policy.num_cpus_per_replica=0.5",
+        "agent.max_steps=3", "agent.max_new_tokens=12",
+        "orchestrator.group_size=2", "orchestrator.groups_per_step=2",
+        "orchestrator.drop_uniform_groups=false",
+        r"orchestrator.task_filter=^(ram-create-user-0|ecs-add-rule-0)$",
+        "orchestrator.split=all",
+        f"stream.url={redis_server.url}", "stream.stream=test:orch:exp",
+        "trail.qps=20", "trail.settle_s=20", "trail.poll_s=0.25", "trail.clock_skew_s=5"])
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        pool = EnvPool(EnvPoolConfig(workers=2, worker=WorkerConfig(console_url=orch_cloud.url),
-                                     pool=pool_config, metrics_port=None))
-        server = PolicyServer.remote(PolicyConfig(model=str(model)))
-        router = PolicyRouter([server])
-        agent = AgentLoop(router, HFChatTokenizer(model),
-                          AgentConfig(max_steps=3, max_new_tokens=12, max_prompt_tokens=3000))
-        reward = RewardService(tasks, accounts, orch_cloud.endpoint,
-                               TrailConfig(qps=20, settle_s=20, poll_s=0.25, clock_skew_s=5))
-        stream = ExperienceStream(StreamConfig(url=redis_server.url, stream="test:orch:exp"))
-        orch = Orchestrator(OrchestratorConfig(group_size=2, max_staleness=1,
-                                               groups_per_step=2, drop_uniform_groups=False,
-                                               split="all"),
-                            tasks, pool.actors, accounts, orch_cloud.endpoint, agent,
-                            reward.score, stream)
-        summary = run_async(orch.run(max_groups=2))
-        pool.drain()
+        actor = OrchestratorActor.remote(config)
+        summary = ray.get(actor.run.remote(2), timeout=600)
+        metrics = ray.get(actor.metrics.remote()).decode()
+        ray.get(actor.drain.remote(), timeout=120)
     finally:
         ray.shutdown()
     assert summary["groups_pushed"] == 2 and summary["env_errors"] == 0, summary
     assert summary["leaked_resources"] == 0
+    assert "consolerl_rollout_episodes_total" in metrics
+    assert "consolerl_reward_scores_total" in metrics
+    stream = ExperienceStream(config.stream)
     entries = stream.redis.xrange("test:orch:exp")
     assert len(entries) == 2
     groups = [decode_group(fields) for _, fields in entries]
-    assert {g.task_id for g in groups} == {t.id for t in tasks}
+    assert {g.task_id for g in groups} == {"ram-create-user-0", "ecs-add-rule-0"}
     for g in groups:
         assert len(g.samples) == 2
         for s in g.samples:
@@ -83,7 +81,8 @@ def test_groups_flow_to_the_stream_with_rewards_and_nothing_leaks(orch_cloud, re
             assert all(len(t.response_ids) == len(t.logprobs) == len(t.loss_mask)
                        for t in s.turns)
     # Every account is free again.
-    leases = AccountPool.from_config(pool_config)
+    leases = AccountPool.from_config(PoolConfig(redis_url=redis_server.url,
+                                                key_prefix="test:orch"))
     try:
         assert leases.status().leased == 0
     finally:
