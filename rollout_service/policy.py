@@ -64,6 +64,7 @@ class PolicyConfig:
 
 class Engine(Protocol):
     version: int
+    busy_s: float                       # seconds spent generating
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation: ...
 
@@ -100,64 +101,30 @@ class TransformersEngine:
             finally:
                 self.busy_s += time.perf_counter() - t0
 
-    def update_weights(self, version: int, state_dict: Mapping[str, Any]) -> float: ...
-
-
-class TransformersEngine:
-    """One causal LM on one device; thread-safe (one generation or weight update at a time)."""
-
-    def __init__(self, model_path: str | Path, dtype: str = "float32", device: str = "cpu",
-                 seed: int = 0):
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        self._torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(
-            str(model_path), dtype=getattr(torch, dtype)).to(device)
-        self.model.eval()
-        self.device = device
-        self.eos_ids = _eos_ids(self.model)
-        self.version = 0
-        self.seed = seed
-        self.busy_s = 0.0                 # seconds spent generating (policy utilisation)
-        self._lock = threading.Lock()
-
-    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
-        torch = self._torch
-        if not prompt_ids:
-            raise ValueError("generate: empty prompt")
-        with self._lock, torch.no_grad():
-            t0 = time.perf_counter()
-            try:
-                return self._generate(prompt_ids, sampling)
-            finally:
-                self.busy_s += time.perf_counter() - t0
-
     def _generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         torch = self._torch
-        if True:
-            gen = torch.Generator(device="cpu")
-            gen.manual_seed(sampling.seed if sampling.seed is not None
-                            else self.seed * 1_000_003 + time.monotonic_ns() % 1_000_003)
-            ids = torch.tensor([list(prompt_ids)], device=self.device)
-            out = self.model(input_ids=ids, use_cache=True)
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(sampling.seed if sampling.seed is not None
+                        else self.seed * 1_000_003 + time.monotonic_ns() % 1_000_003)
+        ids = torch.tensor([list(prompt_ids)], device=self.device)
+        out = self.model(input_ids=ids, use_cache=True)
+        past = out.past_key_values
+        logits = out.logits[0, -1].float()
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        finish = "length"
+        for _ in range(sampling.max_tokens):
+            token, logprob = _sample(torch, logits, sampling, gen)
+            tokens.append(token)
+            logprobs.append(logprob)
+            if token in self.eos_ids:
+                finish = "stop"
+                break
+            out = self.model(input_ids=torch.tensor([[token]], device=self.device),
+                             past_key_values=past, use_cache=True)
             past = out.past_key_values
             logits = out.logits[0, -1].float()
-            tokens: list[int] = []
-            logprobs: list[float] = []
-            finish = "length"
-            for _ in range(sampling.max_tokens):
-                token, logprob = _sample(torch, logits, sampling, gen)
-                tokens.append(token)
-                logprobs.append(logprob)
-                if token in self.eos_ids:
-                    finish = "stop"
-                    break
-                out = self.model(input_ids=torch.tensor([[token]], device=self.device),
-                                 past_key_values=past, use_cache=True)
-                past = out.past_key_values
-                logits = out.logits[0, -1].float()
-            return Generation(tuple(tokens), tuple(logprobs), self.version, finish)
+        return Generation(tuple(tokens), tuple(logprobs), self.version, finish)
 
     def update_weights(self, version: int, state_dict: Mapping[str, Any]) -> float:
         """Load ``state_dict`` in place (same names and shapes); returns the seconds it took."""
@@ -302,7 +269,7 @@ class PolicyServerBody:
 
     async def busy_seconds(self) -> float:
         """Seconds the engine has spent generating (for policy utilisation)."""
-        return float(getattr(self.engine, "busy_s", 0.0))
+        return float(self.engine.busy_s)
 
     async def metrics(self) -> bytes:
         return generate_latest(self.registry)
