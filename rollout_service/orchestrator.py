@@ -149,8 +149,7 @@ class Orchestrator:
 
     ``accounts``: the accounts the workers lease (their credentials provision and destroy);
     ``endpoint``: the cloud's OpenAPI endpoint; ``scorer``: ``RewardService.score`` or a
-    ``RewardActor`` handle's ``score``; ``policy_version``: reads the version new episodes
-    will start with (for the record).
+    ``RewardActor`` handle's ``score``. Tasks are taken in turn, one per group.
     """
 
     def __init__(self, config: OrchestratorConfig, tasks: Sequence[Task],
@@ -177,7 +176,6 @@ class Orchestrator:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = RolloutMetrics(self.registry)
         self._provisioners: dict[str, SdkProvisioner] = {}
-        self._rng_task = 0
         self.groups_opened = 0
         self.groups_pushed = 0
         self.groups_dropped = 0
@@ -281,13 +279,8 @@ class Orchestrator:
                 self.metrics.reward.observe(result.reward.reward)
 
     # ---- groups ----------------------------------------------------------------------------------
-    def _next_task(self) -> Task:
-        task = self.tasks[self._rng_task % len(self.tasks)]
-        self._rng_task += 1
-        return task
-
     def _open_group(self) -> _Group:
-        task = self._next_task()
+        task = self.tasks[self.groups_opened % len(self.tasks)]     # in turn
         self.groups_opened += 1
         n = self.config.group_size
         return _Group(f"g-{secrets.token_hex(6)}", task, n, [None] * n, list(range(n)))
