@@ -3,7 +3,7 @@
 #   make test        the fast suite (unit + integration against real local services)
 #   make test-slow   the slow tests (run before resolving an issue)
 #   make cloud       serve the local cloud on $(CLOUD_PORT)
-#   make bench       benchmarks (local cloud API, console, env workers, reward service), one JSON object each
+#   make bench       benchmarks (local cloud API, console, env workers, reward, rollout), one JSON object each
 #   make validate    the reward channels on the labelled validation set (174 episodes, ~15 min)
 #   make setup-ml    verl (the trainer's algorithm functions); make setup-vllm: vLLM on CPU in .venv-vllm
 SHELL := /bin/bash
@@ -72,6 +72,7 @@ bench: $(PY)
 	$(PY) -m infra.console_sim.bench --console --json
 	$(PY) -m env_workers.bench --json
 	$(PY) -m reward_service.bench --json
+	$(PY) -m rollout_service.bench --json
 
 validate: $(PY)
 	$(PY) -m reward_service.validate --json
