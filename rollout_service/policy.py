@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,11 @@ from .agent import Generation, SamplingParams
 class PolicyConfig:
     """``model``: a local Hugging Face folder (or a hub id where the hub is reachable);
     ``backend``: ``transformers`` | ``vllm``; ``replicas``: PolicyServer actors; ``dtype``:
-    float32 on CPU."""
+    float32 on CPU. vLLM only: ``vllm_python`` (the interpreter with vLLM; empty: this one if
+    it has vLLM, else ``.venv-vllm``), ``gpu_memory_utilization`` (on CPU: the share of memory
+    for weights and KV cache), ``kv_cache_gib`` (a fixed KV cache size instead; the
+    robust choice on CPU, where the share counts every process's memory), ``enforce_eager`` (no graph capture / compilation: faster
+    start), ``startup_timeout_s``."""
 
     model: str = ""
     backend: str = "transformers"
@@ -48,6 +53,11 @@ class PolicyConfig:
     max_model_len: int = 8192
     num_cpus_per_replica: float = 1.0
     num_gpus_per_replica: float = 0.0
+    vllm_python: str = ""
+    gpu_memory_utilization: float = 0.9
+    kv_cache_gib: float = 0.0
+    enforce_eager: bool = False
+    startup_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
         if self.backend not in ("transformers", "vllm"):
@@ -60,6 +70,9 @@ class PolicyConfig:
                 or self.replicas < 1:
             raise ConfigError(f"PolicyConfig.replicas: must be an integer >= 1, "
                               f"got {self.replicas!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"PolicyConfig.gpu_memory_utilization: must be in (0, 1], "
+                              f"got {self.gpu_memory_utilization!r}")
 
 
 class Engine(Protocol):
@@ -226,6 +239,9 @@ class PolicyServerBody:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.name = name
         self.in_flight = 0
+        # Engines that batch (vLLM) need many requests in flight: more threads than the
+        # default executor's.
+        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="policy-generate")
         self.m_requests = Counter("consolerl_policy_requests_total", "Generate requests.",
                                   ["server"], registry=self.registry)
         self.m_tokens = Counter("consolerl_policy_generated_tokens_total", "Sampled tokens.",
@@ -246,7 +262,8 @@ class PolicyServerBody:
         self.in_flight += 1
         t0 = time.perf_counter()
         try:
-            gen = await asyncio.to_thread(self.engine.generate, list(prompt_ids), sampling)
+            gen = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self.engine.generate, list(prompt_ids), sampling)
         finally:
             self.in_flight -= 1
         self.m_requests.labels(self.name).inc()
@@ -273,6 +290,12 @@ class PolicyServerBody:
 
     async def metrics(self) -> bytes:
         return generate_latest(self.registry)
+
+    async def shutdown(self) -> None:
+        """Stop the engine's processes (vLLM); a no-op for in-process engines."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
 
 
 PolicyServer = ray.remote(PolicyServerBody)

@@ -1,0 +1,227 @@
+"""The vLLM side of :class:`rollout_service.vllm_engine.VllmEngine`.
+
+Run by the interpreter that has vLLM (``python -m rollout_service.vllm_server``; on CPU machines
+the ``.venv-vllm`` environment, whose pins clash with the services'), it builds vLLM's
+``AsyncLLM`` and serves requests from the engine's owner over a local authenticated socket
+(``multiprocessing.connection``). It imports nothing from console-rl but this module, so the
+vLLM environment needs only vLLM.
+
+Messages (tuples), owner -> here: ``("generate", rid, prompt_ids, sampling)``,
+``("update", rid, version, path)``, ``("shutdown", rid)``; here -> owner: ``("ready", info)``,
+``("result", rid, payload)``, ``("error", rid, message)``, ``("fatal", message)``.
+
+Weights arrive as a safetensors file (written by the owner, usually in ``/dev/shm``) and are
+loaded in place by every vLLM worker through :class:`WeightLoader`, a worker extension that
+``collective_rpc`` calls by name; the model's own ``load_weights`` maps Hugging Face names onto
+vLLM's fused parameters. An update waits for the generations in flight, blocks new ones while
+it loads, and resets the prefix cache (its KV entries were computed under the old weights), so
+every generation is produced by exactly one version, the one it reports.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import threading
+import traceback
+from multiprocessing.connection import Client, Connection
+from typing import Any
+
+
+class WeightLoader:
+    """Mixed into each vLLM worker (``worker_extension_cls``)."""
+
+    def consolerl_load_weights(self, path: str) -> int:
+        from safetensors.torch import load_file
+
+        weights = load_file(path)
+        model = self.model_runner.model           # type: ignore[attr-defined]
+        _unpack_cpu_linears(model)
+        loaded = model.load_weights(weights=iter(weights.items()))
+        # On CPU, linear layers (and the embedding used as the LM head) run from a packed copy
+        # of their weight made after loading; pack the new weights again.
+        for module in model.modules():
+            method = getattr(module, "quant_method", None)
+            if hasattr(module, "cpu_linear") and method is not None:
+                method.process_weights_after_loading(module)
+        if loaded is not None:
+            missing = sorted(set(name for name, _ in model.named_parameters()) - set(loaded))
+            if missing:
+                raise ValueError(f"weights file {path} left {len(missing)} parameters "
+                                 f"unloaded: {missing[:5]}")
+        return len(weights)
+
+
+def _unpack_cpu_linears(model: Any) -> None:
+    """vLLM on CPU packs each linear layer's weight for oneDNN after loading and replaces the
+    parameter with an empty one, so ``load_weights`` has nowhere to write. Give those layers
+    a full-size weight parameter again (with its weight loader), created by the layer's own
+    quantisation method just as at construction."""
+    from vllm.model_executor.layers.linear import (WEIGHT_LOADER_V2_SUPPORTED, LinearBase,
+                                                   UnquantizedLinearMethod)
+
+    for module in model.modules():
+        if not isinstance(module, LinearBase) \
+                or not isinstance(module.quant_method, UnquantizedLinearMethod) \
+                or module.weight.numel() != 0:
+            continue
+        method = module.quant_method
+        loader = (module.weight_loader_v2
+                  if type(method).__name__ in WEIGHT_LOADER_V2_SUPPORTED
+                  else module.weight_loader)
+        del module._parameters["weight"]
+        method.create_weights(
+            layer=module,
+            input_size_per_partition=getattr(module, "input_size_per_partition",
+                                             module.input_size),
+            output_partition_sizes=module.output_partition_sizes,
+            input_size=module.input_size, output_size=module.output_size,
+            params_dtype=module.params_dtype, weight_loader=loader)
+
+
+class _Server:
+    def __init__(self, conn: Connection, args: dict[str, Any]):
+        self.conn = conn
+        self.args = args
+        self.version = int(args.get("version", 0))
+        self.active = 0
+        self.updating = False
+        self.cond = asyncio.Condition()
+        self.closed = asyncio.Event()
+        self.engine: Any = None
+
+    def send(self, message: tuple) -> None:
+        try:
+            self.conn.send(message)
+        except (OSError, EOFError):
+            self.closed.set()
+
+    async def start(self) -> None:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        a = self.args
+        engine_args = AsyncEngineArgs(
+            model=a["model"], dtype=a.get("dtype", "float32"),
+            max_model_len=int(a.get("max_model_len", 4096)),
+            gpu_memory_utilization=float(a.get("gpu_memory_utilization", 0.9)),
+            kv_cache_memory_bytes=(int(float(a["kv_cache_gib"]) * 2**30)
+                                   if a.get("kv_cache_gib") else None),
+            seed=int(a.get("seed", 0)), enforce_eager=bool(a.get("enforce_eager", False)),
+            enable_prefix_caching=True, disable_log_stats=True,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls="rollout_service.vllm_server.WeightLoader")
+        self.engine = AsyncLLM.from_engine_args(engine_args)
+
+    async def _admit(self) -> int:
+        async with self.cond:
+            await self.cond.wait_for(lambda: not self.updating)
+            self.active += 1
+            return self.version
+
+    async def _leave(self) -> None:
+        async with self.cond:
+            self.active -= 1
+            self.cond.notify_all()
+
+    async def generate(self, rid: str, prompt_ids: list[int], s: dict[str, Any]) -> dict:
+        from vllm import SamplingParams, TokensPrompt
+
+        params = SamplingParams(n=1, temperature=float(s["temperature"]),
+                                top_p=float(s.get("top_p", 1.0)),
+                                max_tokens=int(s["max_tokens"]), seed=s.get("seed"),
+                                logprobs=0, detokenize=False)
+        version = await self._admit()
+        try:
+            final = None
+            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=prompt_ids),
+                                                  params, request_id=rid):
+                final = out
+        finally:
+            await self._leave()
+        if final is None or not final.outputs:
+            raise RuntimeError("vLLM returned no output")
+        c = final.outputs[0]
+        ids = list(c.token_ids)
+        logprobs = [float(step[t].logprob) for t, step in zip(ids, c.logprobs or [])]
+        if len(logprobs) != len(ids):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(ids)} tokens")
+        return {"token_ids": ids, "logprobs": logprobs, "version": version,
+                "finish_reason": "stop" if c.finish_reason == "stop" else "length"}
+
+    async def update(self, version: int, path: str) -> dict:
+        async with self.cond:
+            await self.cond.wait_for(lambda: not self.updating)
+            self.updating = True
+            await self.cond.wait_for(lambda: self.active == 0)
+        try:
+            loaded = await self.engine.collective_rpc("consolerl_load_weights", args=(path,))
+            await self.engine.reset_prefix_cache()
+            self.version = int(version)
+        finally:
+            async with self.cond:
+                self.updating = False
+                self.cond.notify_all()
+        return {"version": self.version, "tensors": loaded[0] if loaded else 0}
+
+    async def handle(self, message: tuple) -> None:
+        kind, rid = message[0], message[1]
+        try:
+            if kind == "generate":
+                payload = await self.generate(rid, list(message[2]), dict(message[3]))
+            elif kind == "update":
+                payload = await self.update(int(message[2]), str(message[3]))
+            elif kind == "shutdown":
+                self.send(("result", rid, {}))
+                self.closed.set()
+                return
+            else:
+                raise ValueError(f"unknown request {kind!r}")
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the caller
+            self.send(("error", rid, f"{type(exc).__name__}: {exc}"))
+            return
+        self.send(("result", rid, payload))
+
+    def reader(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Blocking receive loop (a thread); the owner closing the socket ends the server."""
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                loop.call_soon_threadsafe(self.closed.set)
+                return
+            loop.call_soon_threadsafe(lambda m=message: loop.create_task(self.handle(m)))
+
+
+async def _main(conn: Connection, args: dict[str, Any]) -> None:
+    server = _Server(conn, args)
+    try:
+        await server.start()
+    except Exception:  # noqa: BLE001 - reported to the owner, which raises it
+        server.send(("fatal", traceback.format_exc(limit=20)))
+        raise
+    import vllm
+    server.send(("ready", {"vllm": vllm.__version__, "pid": os.getpid()}))
+    loop = asyncio.get_running_loop()
+    threading.Thread(target=server.reader, args=(loop,), daemon=True,
+                     name="vllm-server-reader").start()
+    await server.closed.wait()
+    server.engine.shutdown()
+
+
+def main() -> None:
+    address = os.environ["CONSOLERL_VLLM_ADDRESS"]
+    authkey = bytes.fromhex(os.environ.pop("CONSOLERL_VLLM_AUTHKEY"))
+    args = json.loads(sys.argv[1])
+    conn = Client(address, family="AF_UNIX", authkey=authkey)
+    try:
+        asyncio.run(_main(conn, args))
+    finally:
+        conn.close()
+    # vLLM leaves non-daemon threads behind on some platforms; the owner waits for this exit.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
