@@ -2,7 +2,8 @@
 ``python -m rollout_service.bench --json``.
 
 Starts a local cloud, a Redis server, ``--workers`` env workers (Chromium, leased accounts), the
-CPU policy (transformers, the default SmolLM2-135M-Instruct unless ``--model``), the reward
+CPU policy (``--backend``: vLLM on CPU where ``.venv-vllm`` exists, else transformers; the
+default SmolLM2-135M-Instruct unless ``--model``), the reward
 service, and a stand-in trainer that consumes groups from the experience stream, ``--groups-
 per-step`` per step, spends ``--train-seconds`` per step (the time an optimizer step would take;
 the real trainer is issue 8) and then advances the trainer version the staleness control reads.
@@ -13,8 +14,14 @@ Each mode runs until ``--groups`` groups of ``--group-size`` episodes are traine
   ``--max-staleness`` versions;
 - ``sync``: a batch of ``--groups-per-step`` groups, the barrier, training, the next batch.
 
-Prints one JSON object: ``episodes_per_min``, ``env_utilization`` (the fraction of wall time a
-worker is inside an episode, lease to release), ``policy_utilization`` (the fraction of wall
+The policy is warmed up before the first mode, and ``--rounds`` > 1 repeats the pair in
+alternating order (async first, then sync first, ...) and sums the rounds, so neither mode
+gains from going second.
+
+Prints one JSON object: ``episodes_per_min``, ``env_utilization`` (the fraction of the rollout
+time, from the start until the last episode ends, that a worker is inside an episode, lease to
+release; ``env_utilization_of_wall`` divides by the whole wall time instead, which adds the
+trainer's last step), ``policy_utilization`` (the fraction of wall
 time the policy engine is generating) for both modes, and ``sync_over_async_wall_time``.
 """
 from __future__ import annotations
@@ -40,11 +47,13 @@ from infra.redis_local import RedisServer
 from reward_service.actiontrail import TrailConfig
 from reward_service.service import RewardService
 
-from .agent import AgentConfig, AgentLoop
+from consolerl.errors import ConfigError
+
+from .agent import AgentConfig, AgentLoop, SamplingParams
 from .experience import ExperienceStream, StreamConfig
 from .models import HFChatTokenizer, resolve_model
 from .orchestrator import Orchestrator, OrchestratorConfig
-from .policy import PolicyConfig, PolicyRouter, PolicyServerBody, TransformersEngine
+from .policy import Engine, PolicyConfig, PolicyRouter, PolicyServerBody, make_engine
 
 
 def _progress(msg: str) -> None:
@@ -71,7 +80,7 @@ async def _trainer(stream: ExperienceStream, groups_per_step: int, train_s: floa
 
 
 async def run_mode(mode: str, args: argparse.Namespace, cloud: LocalCloud, redis_url: str,
-                   engine: TransformersEngine, tokenizer: HFChatTokenizer) -> dict[str, Any]:
+                   engine: Engine, tokenizer: HFChatTokenizer) -> dict[str, Any]:
     accounts = load_accounts(DEFAULT_ACCOUNTS_FILE)
     tasks = load_suite(TASKS_DIR)
     stream = ExperienceStream(StreamConfig(url=redis_url, stream=f"bench:{mode}:exp"))
@@ -98,6 +107,7 @@ async def run_mode(mode: str, args: argparse.Namespace, cloud: LocalCloud, redis
                                            args.groups, trained))
     try:
         summary = await orch.run(max_groups=args.groups)
+        rollout_s = time.monotonic() - t0
         await trainer
     finally:
         trainer.cancel()
@@ -110,10 +120,49 @@ async def run_mode(mode: str, args: argparse.Namespace, cloud: LocalCloud, redis
         "wall_s": round(wall, 1),
         "episodes": episodes,
         "episodes_per_min": round(episodes / wall * 60, 2),
-        "env_utilization": round(busy / (wall * args.workers), 4),
+        "env_utilization": round(busy / (rollout_s * args.workers), 4),
+        "env_utilization_of_wall": round(busy / (wall * args.workers), 4),
         "policy_utilization": round((engine.busy_s - busy0) / wall, 4),
+        "rollout_s": round(rollout_s, 1), "env_busy_s": round(busy, 1), "policy_busy_s": round(engine.busy_s - busy0, 1),
         "groups_pushed": summary["groups_pushed"], "env_errors": summary["env_errors"],
         "leaked_resources": summary["leaked_resources"],
+    }
+
+
+def _backend(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    from .vllm_engine import vllm_python
+    try:
+        vllm_python()
+    except ConfigError:
+        return "transformers"
+    return "vllm"
+
+
+def _warm_up(engine: Engine, tokenizer: HFChatTokenizer) -> None:
+    """First calls pay for allocation and kernel selection; keep them out of both modes."""
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "warm up " * 200}])
+    for seed in range(2):
+        engine.generate(prompt, SamplingParams(16, 1.0, seed=seed))
+
+
+def _combine(runs: list[dict[str, Any]], workers: int) -> dict[str, Any]:
+    """Sum the rounds of one mode: utilisations are busy time over total wall time."""
+    wall = sum(r["wall_s"] for r in runs)
+    episodes = sum(r["episodes"] for r in runs)
+    return {
+        "wall_s": round(wall, 1), "episodes": episodes,
+        "episodes_per_min": round(episodes / wall * 60, 2),
+        "env_utilization": round(sum(r["env_busy_s"] for r in runs)
+                                 / (sum(r["rollout_s"] for r in runs) * workers), 4),
+        "env_utilization_of_wall": round(sum(r["env_busy_s"] for r in runs) / (wall * workers),
+                                         4),
+        "policy_utilization": round(sum(r["policy_busy_s"] for r in runs) / wall, 4),
+        "groups_pushed": sum(r["groups_pushed"] for r in runs),
+        "env_errors": sum(r["env_errors"] for r in runs),
+        "leaked_resources": sum(r["leaked_resources"] for r in runs),
+        "runs": runs,
     }
 
 
@@ -121,8 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rollout_service.bench")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--model", default="", help="model folder (default: SmolLM2-135M)")
+    parser.add_argument("--backend", choices=("auto", "vllm", "transformers"), default="auto",
+                        help="auto: vLLM where it is installed, else transformers")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="pairs of runs, the order alternating")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--groups", type=int, default=4, help="groups trained per mode")
+    parser.add_argument("--groups", type=int, default=8, help="groups trained per mode")
     parser.add_argument("--group-size", type=int, default=2)
     parser.add_argument("--groups-per-step", type=int, default=1)
     parser.add_argument("--max-staleness", type=int, default=1)
@@ -132,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default="^ram-create-user|^ram-grant-policy",
                         help="regular expression over train task ids")
     args = parser.parse_args(argv)
-    if args.groups < 1 or args.workers < 1 or args.group_size < 1:
-        parser.error("--groups, --workers and --group-size must be at least 1")
+    if min(args.groups, args.workers, args.group_size, args.rounds) < 1:
+        parser.error("--groups, --workers, --group-size and --rounds must be at least 1")
     state = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
     cloud = LocalCloud(state / "cloud", ("--lookup-qps", "0", "--transition", "0.5",
                                          "--network-ready", "0.2"))
@@ -142,20 +195,28 @@ def main(argv: list[str] | None = None) -> int:
         cloud.start()
         redis.start()
         path = resolve_model(args.model)
-        _progress(f"policy {path}; {args.workers} workers; {args.groups} groups of "
-                  f"{args.group_size} per mode")
-        engine = TransformersEngine(path)
+        backend = _backend(args.backend)
+        _progress(f"policy {path} ({backend}); {args.workers} workers; {args.groups} groups "
+                  f"of {args.group_size} per mode; {args.rounds} round(s)")
+        engine = make_engine(PolicyConfig(model=str(path), backend=backend, kv_cache_gib=1.0,
+                                          max_model_len=4096))
         tokenizer = HFChatTokenizer(path)
-        results = {}
-        for mode in ("async", "sync"):
-            _progress(f"{mode} mode")
-            results[mode] = asyncio.run(run_mode(mode, args, cloud, redis.url, engine,
-                                                 tokenizer))
-            _progress(f"{mode}: {results[mode]}")
+        _warm_up(engine, tokenizer)
+        rounds: dict[str, list[dict[str, Any]]] = {"async": [], "sync": []}
+        for r in range(args.rounds):
+            for mode in (("async", "sync") if r % 2 == 0 else ("sync", "async")):
+                _progress(f"round {r + 1}: {mode} mode")
+                result = asyncio.run(run_mode(mode, args, cloud, redis.url, engine, tokenizer))
+                rounds[mode].append(result)
+                _progress(f"{mode}: {result}")
     finally:
+        close = getattr(locals().get("engine"), "close", None)
+        if close is not None:
+            close()
         redis.stop()
         cloud.stop()
         shutil.rmtree(state, ignore_errors=True)
+    results = {mode: _combine(runs, args.workers) for mode, runs in rounds.items()}
     a, s = results["async"], results["sync"]
     out = {
         "episodes_per_min": {"async": a["episodes_per_min"], "sync": s["episodes_per_min"]},
@@ -167,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         "workers": args.workers, "groups": args.groups, "group_size": args.group_size,
         "groups_per_step": args.groups_per_step, "max_staleness": args.max_staleness,
         "train_seconds": args.train_seconds, "model": args.model or "SmolLM2-135M-Instruct",
+        "backend": backend, "rounds": args.rounds,
     }
     print(json.dumps(out) if args.json else json.dumps(out, indent=2))
     return 0
