@@ -182,6 +182,7 @@ class Orchestrator:
         self.groups_abandoned = 0
         self.episodes: list[EpisodeResult] = []
         self.busy_s: dict[str, float] = {}
+        self._stop = asyncio.Event()
 
     # ---- one episode ---------------------------------------------------------------------------
     def _provisioner(self, account: Account) -> SdkProvisioner:
@@ -320,16 +321,21 @@ class Orchestrator:
         if waited > 0.01:
             self.metrics.admission_wait.inc(waited)
 
-    async def run(self, max_groups: int, deadline_s: float | None = None) -> dict[str, Any]:
-        """Run until ``max_groups`` groups are finished (pushed, dropped or abandoned)."""
-        if max_groups < 1:
-            raise ConfigError("run: max_groups must be >= 1")
+    async def run(self, max_groups: int | None, deadline_s: float | None = None
+                  ) -> dict[str, Any]:
+        """Run until ``max_groups`` groups are finished (pushed, dropped or abandoned), or,
+        with ``None``, until :meth:`stop`. Episodes in flight at a stop are finished (and
+        cleaned up); groups left incomplete are not pushed."""
+        if max_groups is not None and max_groups < 1:
+            raise ConfigError("run: max_groups must be >= 1 (or None: until stopped)")
+        limit = float("inf") if max_groups is None else max_groups
         t0 = time.monotonic()
         self.busy_s = {}
+        self._stop = asyncio.Event()
         if self.config.mode == "async":
-            await self._run_async(max_groups, deadline_s)
+            await self._run_async(limit, deadline_s)
         else:
-            await self._run_sync(max_groups, deadline_s)
+            await self._run_sync(limit, deadline_s)
         wall = time.monotonic() - t0
         return self.summary(wall)
 
@@ -363,11 +369,15 @@ class Orchestrator:
     def _seed(self, group: _Group, index: int) -> int:
         return (self.config.seed * 1_000_003 + int(group.group_id[2:], 16) + index) % 2**31
 
-    async def _run_async(self, max_groups: int, deadline_s: float | None) -> None:
+    def stop(self) -> None:
+        """Ask :meth:`run` to end: no new episodes start; those in flight finish."""
+        self._stop.set()
+
+    async def _run_async(self, max_groups: float, deadline_s: float | None) -> None:
         open_groups: list[_Group] = []
         finished = 0
         lock = asyncio.Lock()
-        stop = asyncio.Event()
+        stop = self._stop
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
 
         async def claim() -> tuple[_Group, int] | None:
@@ -416,12 +426,16 @@ class Orchestrator:
 
         await asyncio.gather(*(work(w) for w in self.workers))
 
-    async def _run_sync(self, max_groups: int, deadline_s: float | None) -> None:
+    async def _run_sync(self, max_groups: float, deadline_s: float | None) -> None:
         done = 0
-        while done < max_groups:
-            version = await asyncio.to_thread(self.stream.trainer_version)
-            batch = [self._open_group() for _ in range(min(self.config.groups_per_step,
-                                                           max_groups - done))]
+        unconsumed = 0                 # groups pushed that the trainer has not stepped on yet
+        version = await asyncio.to_thread(self.stream.trainer_version)
+        deadline = None if deadline_s is None else time.monotonic() + deadline_s
+        while done < max_groups and not self._stop.is_set():
+            if deadline is not None and time.monotonic() > deadline:
+                return
+            batch = [self._open_group() for _ in range(int(min(self.config.groups_per_step,
+                                                               max_groups - done)))]
 
             async def work(worker: Any) -> None:
                 while True:
@@ -438,9 +452,14 @@ class Orchestrator:
             while not all(g.done for g in batch):
                 await asyncio.gather(*(work(w) for w in self.workers))    # the batch barrier
             for g in batch:
-                await asyncio.to_thread(self._finish, g)
+                unconsumed += await asyncio.to_thread(self._finish, g) == "pushed"
             done += len(batch)
-            if done < max_groups:
-                # The next batch waits for the trainer to consume this one.
-                while await asyncio.to_thread(self.stream.trainer_version) <= version:
+            steps = unconsumed // self.config.groups_per_step
+            if done < max_groups and steps:
+                # The barrier: the next batch waits until the trainer has stepped on this one.
+                # (Dropped or abandoned groups leave the batch short: generate more first.)
+                while not self._stop.is_set() and \
+                        await asyncio.to_thread(self.stream.trainer_version) < version + steps:
                     await asyncio.sleep(0.2)
+                version += steps
+                unconsumed -= steps * self.config.groups_per_step

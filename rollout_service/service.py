@@ -38,7 +38,10 @@ def start_policy(config: PolicyConfig) -> tuple[list[Any], PolicyRouter]:
 class OrchestratorBody:
     """Builds everything from ``config`` on the current Ray cluster and runs groups."""
 
-    def __init__(self, config: RolloutConfig, suite_dir: str | None = None):
+    def __init__(self, config: RolloutConfig, suite_dir: str | None = None,
+                 servers: list[Any] | None = None):
+        """``servers``: PolicyServer actors started by the caller (the trainer, which publishes
+        weights to them); None starts ``config.policy.replicas`` of them here."""
         self.config = config
         accounts_file = config.cloud.accounts_file or str(DEFAULT_ACCOUNTS_FILE)
         self.accounts = load_accounts(accounts_file)
@@ -48,7 +51,12 @@ class OrchestratorBody:
             num_cpus_per_worker=config.env.num_cpus_per_worker, metrics_port=None,
             pool=PoolConfig(redis_url=config.stream.url, key_prefix=config.env.lease_prefix,
                             lease_ttl_s=config.env.lease_ttl_s, accounts_file=accounts_file)))
-        self.servers, self.router = start_policy(config.policy)
+        if servers:
+            self.servers, self.router = list(servers), PolicyRouter(servers)
+            self.own_servers = False
+        else:
+            self.servers, self.router = start_policy(config.policy)
+            self.own_servers = True
         tokenizer = HFChatTokenizer(resolve_model(config.policy.model))
         self.reward = RewardService(tasks, self.accounts, config.cloud.endpoint, config.trail,
                                     config.reward)
@@ -57,17 +65,32 @@ class OrchestratorBody:
             config.orchestrator, tasks, self.pool.actors, self.accounts, config.cloud.endpoint,
             AgentLoop(self.router, tokenizer, config.agent), self.reward.score, self.stream)
 
-    async def run(self, max_groups: int) -> dict[str, Any]:
+    async def run(self, max_groups: int | None) -> dict[str, Any]:
+        """``max_groups`` finished groups, or ``None``: until :meth:`stop`."""
         return await self.orchestrator.run(max_groups)
+
+    async def stop(self) -> None:
+        self.orchestrator.stop()
+
+    async def status(self) -> dict[str, Any]:
+        o = self.orchestrator
+        return {"groups_opened": o.groups_opened, "groups_pushed": o.groups_pushed,
+                "groups_dropped_uniform": o.groups_dropped,
+                "groups_abandoned": o.groups_abandoned, "episodes": len(o.episodes),
+                "env_errors": sum(bool(e.env_error) for e in o.episodes),
+                "leaked_resources": sum(len(e.leaked) for e in o.episodes)}
 
     async def metrics(self) -> bytes:
         return generate_latest(self.orchestrator.registry) + \
             generate_latest(self.reward.registry)
 
     def drain(self) -> None:
+        """Release every account and stop the env workers (and the PolicyServers it
+        started)."""
         self.pool.drain()
-        for server in self.servers:
-            ray.kill(server)
+        if self.own_servers:
+            for server in self.servers:
+                ray.kill(server)
 
 
 OrchestratorActor = ray.remote(OrchestratorBody)
