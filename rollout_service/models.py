@@ -67,9 +67,13 @@ def default_model(progress: bool = True) -> Path:
 
 
 def resolve_model(name: str) -> str:
-    """``""`` or ``"default"``: the converted default; a path: that folder; else a hub id."""
+    """``""`` or ``"default"``: the converted default; ``"tiny"``: a tiny random model with the
+    default tokenizer (made once in the cache; smoke runs and tests); a path: that folder;
+    else a hub id."""
     if name in ("", "default"):
         return str(default_model())
+    if name == "tiny":
+        return str(cached_tiny_model())
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
@@ -99,6 +103,20 @@ def tiny_model(target: Path, *, layers: int = 2, hidden: int = 64, seed: int = 0
     target.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
+    return target
+
+
+def cached_tiny_model() -> Path:
+    """:func:`tiny_model` in the model cache, built once (atomically: a temp folder renamed)."""
+    target = cache_dir() / "tiny-llama"
+    if (target / "config.json").exists():
+        return target
+    tmp = target.with_name(f"tiny-llama.tmp-{os.getpid()}")
+    tiny_model(tmp)
+    try:
+        tmp.rename(target)
+    except OSError:                              # another process made it first
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

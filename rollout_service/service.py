@@ -69,6 +69,15 @@ class OrchestratorBody:
         """``max_groups`` finished groups, or ``None``: until :meth:`stop`."""
         return await self.orchestrator.run(max_groups)
 
+    async def results(self) -> list[dict[str, Any]]:
+        """Every episode so far: task, reward, verdict, env error (for evaluation)."""
+        return [{"task_id": e.task_id, "env_error": e.env_error,
+                 "reward": None if e.reward is None else e.reward.reward,
+                 "verdict": None if e.reward is None else e.reward.verdict,
+                 "end_reason": e.trajectory.end_reason if e.trajectory else None,
+                 "steps": len(e.trajectory.turns) if e.trajectory else 0}
+                for e in self.orchestrator.episodes]
+
     async def stop(self) -> None:
         self.orchestrator.stop()
 
