@@ -1,0 +1,33 @@
+"""The learning check's statistics: bootstrap intervals of a success rate and of a paired
+difference between two models on the same tasks."""
+from __future__ import annotations
+
+import pytest
+
+from trainer.evaluate import bootstrap_ci, paired_bootstrap_diff
+
+
+def test_bootstrap_ci_brackets_the_mean_and_narrows_with_more_data():
+    small = [1.0, 0.0] * 5
+    large = [1.0, 0.0] * 200
+    lo_s, hi_s = bootstrap_ci(small)
+    lo_l, hi_l = bootstrap_ci(large)
+    assert lo_s < 0.5 < hi_s and lo_l < 0.5 < hi_l
+    assert (hi_l - lo_l) < (hi_s - lo_s)
+    assert bootstrap_ci([1.0] * 7) == (1.0, 1.0)          # no spread: a point
+    # Roughly the normal interval for p=0.5, n=400: +-1.96*0.025.
+    assert hi_l - lo_l == pytest.approx(2 * 1.96 * 0.025, abs=0.02)
+    with pytest.raises(ValueError):
+        bootstrap_ci([])
+
+
+def test_paired_difference_resamples_tasks():
+    before = {"a": [0, 0, 0], "b": [1, 1, 1], "c": [0, 0, 1]}
+    after = {"a": [1, 1, 1], "b": [1, 1, 1], "c": [1, 1, 1], "only-after": [1]}
+    diff, (lo, hi) = paired_bootstrap_diff(before, after)
+    assert diff == pytest.approx((1 + 0 + 2 / 3) / 3)
+    assert 0.0 <= lo <= diff <= hi <= 1.0
+    same, (lo0, hi0) = paired_bootstrap_diff(before, before)
+    assert same == 0.0 and lo0 == hi0 == 0.0
+    with pytest.raises(ValueError):
+        paired_bootstrap_diff({"a": [1]}, {"b": [1]})

@@ -1,0 +1,295 @@
+"""The update engine: data-parallel trainer workers (Ray actors) around one causal LM each.
+
+Each :class:`TrainerWorkerBody` holds a full replica of the model wrapped in torch's
+``DistributedDataParallel`` (``gloo`` on CPU, ``nccl`` on GPU), optionally with LoRA adapters
+(peft). One optimizer step (:meth:`TrainerWorkerBody.step`) on a rank's shard of the batch:
+
+1. log-probs of the sampled tokens under the current weights, no grad (the "old" policy of
+   the PPO ratio; the rollout log-probs only enter through the staleness importance weights);
+2. micro-batches by a token budget, gradients accumulated locally (``no_sync``) and averaged
+   across ranks on the last one; the loss (:func:`trainer.algo.compute_loss`) is scaled by the
+   global token count so that the accumulated, averaged gradient is the gradient of the global
+   token-mean loss;
+3. gradient clipping, the optimizer step.
+
+:meth:`state_dict` gives the full model in Hugging Face names (LoRA merged in), which is what
+PolicyServers load and checkpoints store.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from consolerl.errors import ConfigError
+
+from .algo import AlgoConfig, TrainBatch, compute_loss, response_logprobs
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.lr < 1.0:
+            raise ConfigError(f"OptimConfig.lr: must be in (0, 1), got {self.lr!r}")
+        if self.grad_clip < 0:
+            raise ConfigError(f"OptimConfig.grad_clip: must be >= 0 (0 = off), "
+                              f"got {self.grad_clip!r}")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """``rank`` 0 trains every weight; > 0 trains LoRA adapters on ``target_modules``."""
+
+    rank: int = 0
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise ConfigError(f"LoraConfig.rank: must be an integer >= 0, got {self.rank!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """``workers``: data-parallel ranks (Ray actors); ``backend``: ``gloo`` (CPU) or ``nccl``
+    (GPU); ``micro_batch_tokens``: padded tokens (rows x length) per forward/backward."""
+
+    workers: int = 1
+    backend: str = "gloo"
+    device: str = "cpu"
+    dtype: str = "float32"
+    micro_batch_tokens: int = 8192
+    num_cpus_per_worker: float = 1.0
+    num_gpus_per_worker: float = 0.0
+    gradient_checkpointing: bool = False
+    threads_per_worker: int = 0                 # torch intra-op threads; 0 = torch's default
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) \
+                or self.workers < 1:
+            raise ConfigError(f"EngineConfig.workers: must be an integer >= 1, "
+                              f"got {self.workers!r}")
+        if self.backend not in ("gloo", "nccl"):
+            raise ConfigError(f"EngineConfig.backend: must be gloo or nccl, "
+                              f"got {self.backend!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"EngineConfig.dtype: must be float32, bfloat16 or float16, "
+                              f"got {self.dtype!r}")
+        if self.micro_batch_tokens < 64:
+            raise ConfigError(f"EngineConfig.micro_batch_tokens: must be >= 64, "
+                              f"got {self.micro_batch_tokens!r}")
+
+
+# compute_loss metrics that are a micro-batch's share of the step's value (summed, not averaged)
+_SHARE_METRICS = frozenset({"loss", "pg_loss", "kl"})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class TrainerWorkerBody:
+    """One data-parallel rank: the model is loaded on construction; :meth:`init_distributed`
+    joins the process group (rendezvous at rank 0's :meth:`address`) and builds the
+    optimizer."""
+
+    def __init__(self, rank: int, world_size: int, model_path: str, engine: EngineConfig,
+                 algo: AlgoConfig):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.rank, self.world_size = rank, world_size
+        self.engine_config, self.algo = engine, algo
+        if engine.threads_per_worker:
+            torch.set_num_threads(engine.threads_per_worker)
+        self.device = torch.device(engine.device if engine.device != "cuda"
+                                   else f"cuda:{torch.cuda.current_device()}")
+        torch.manual_seed(1234 + rank)
+        model = AutoModelForCausalLM.from_pretrained(model_path,
+                                                     dtype=getattr(torch, engine.dtype))
+        model.to(self.device)
+        if engine.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        if engine.lora.rank:
+            from peft import LoraConfig as PeftLora
+            from peft import get_peft_model
+            model = get_peft_model(model, PeftLora(
+                r=engine.lora.rank, lora_alpha=engine.lora.alpha,
+                lora_dropout=engine.lora.dropout,
+                target_modules=list(engine.lora.target_modules), task_type="CAUSAL_LM"))
+        self.model = model
+        self.tied = bool(getattr(self._base().config, "tie_word_embeddings", False))
+        self.ddp: Any = model
+        self.optimizer: Any = None
+        self.params: list[Any] = []
+        self.steps = 0
+
+    def address(self) -> str:
+        """``host:port`` for the process group's rendezvous (called on rank 0)."""
+        return f"{_node_ip()}:{free_port()}"
+
+    def init_distributed(self, master: str) -> int:
+        torch = self.torch
+        if self.world_size > 1:
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel
+            dist.init_process_group(self.engine_config.backend, init_method=f"tcp://{master}",
+                                    rank=self.rank, world_size=self.world_size)
+            self.ddp = DistributedDataParallel(self.model)
+        o = self.engine_config.optim
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=(o.beta1, o.beta2),
+                                           eps=o.eps, weight_decay=o.weight_decay)
+        return self.rank
+
+    def _base(self) -> Any:
+        return self.model.get_base_model() if self.engine_config.lora.rank else self.model
+
+    def ping(self) -> int:
+        return self.rank
+
+    # -- one optimizer step ------------------------------------------------------------------
+
+    def _forward(self, module: Any, mb: TrainBatch) -> Any:
+        d = self.device
+        out = module(input_ids=mb.input_ids_BT.to(d), attention_mask=mb.attention_mask_BT.to(d),
+                     position_ids=mb.position_ids_BT.to(d), use_cache=False)
+        return response_logprobs(out.logits.float(), mb.to(d) if hasattr(mb, "to") else mb,
+                                 self.algo.temperature)
+
+    def step(self, shard: TrainBatch, global_tokens: int, global_seqs: int,
+             ref_logprobs: list[Any] | None = None) -> dict[str, float]:
+        """One optimizer step on this rank's ``shard`` (``global_tokens`` / ``global_seqs``:
+        trained response tokens / rows of the whole step over all ranks). Returns this rank's
+        metrics: ``loss``, ``pg_loss``, ``kl`` are this rank's share (their mean over ranks is
+        the step's value); the others are means over this rank's tokens."""
+        torch = self.torch
+        t0 = time.perf_counter()
+        budget = self.engine_config.micro_batch_tokens
+        micro = shard.micro_batches(budget) if shard.input_ids_BT.shape[0] else []
+        if not micro:
+            raise ConfigError(f"rank {self.rank}: empty shard; a step needs at least "
+                              f"{self.world_size} rows")
+        self.model.eval()                                   # no dropout: the policy as served
+        with torch.no_grad():
+            old = [self._forward(self.model, mb).detach() for mb in micro]
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        for i, mb in enumerate(micro):
+            last = i == len(micro) - 1
+            sync = contextlib.nullcontext() if (last or self.world_size == 1) \
+                else self.ddp.no_sync()
+            with sync:
+                new = self._forward(self.ddp, mb)
+                ref = ref_logprobs[i] if ref_logprobs is not None else None
+                loss, metrics = compute_loss(new, old[i].to(new.device), mb, self.algo,
+                                             batch_num_tokens=global_tokens,
+                                             batch_num_seqs=global_seqs,
+                                             dp_size=self.world_size, ref_logprobs_BR=ref)
+                loss.backward()
+            weight = float(mb.num_tokens())
+            for k, v in metrics.items():
+                share = k in _SHARE_METRICS
+                sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if share else weight)
+            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
+        clip = self.engine_config.optim.grad_clip
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip)) if clip \
+            else float(torch.norm(torch.stack([p.grad.norm() for p in self.params
+                                               if p.grad is not None])))
+        self.optimizer.step()
+        self.steps += 1
+        tokens = float(shard.num_tokens()) or 1.0
+        out = {k: (v if k in _SHARE_METRICS else v / tokens) for k, v in sums.items()}
+        out.update(loss=sums["loss"], grad_norm=grad_norm, tokens=float(shard.num_tokens()),
+                   rows=float(shard.input_ids_BT.shape[0]), micro_batches=float(len(micro)),
+                   step_s=time.perf_counter() - t0)
+        return out
+
+    # -- weights and checkpoints ---------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The full model in Hugging Face names, on CPU (LoRA merged in)."""
+        if not self.engine_config.lora.rank:
+            return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
+        self.model.merge_adapter()
+        try:
+            out = {}
+            for k, v in self.model.state_dict().items():
+                if "lora_" in k:
+                    continue
+                name = k.removeprefix("base_model.model.").replace(".base_layer.", ".")
+                out[name] = v.detach().to("cpu").clone()
+            return out
+        finally:
+            self.model.unmerge_adapter()
+
+    def training_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(trainable model state, optimizer state) for a checkpoint."""
+        model_state = {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
+        return model_state, self.optimizer.state_dict()
+
+    def load_training_state(self, model_state: dict[str, Any],
+                            optimizer_state: dict[str, Any] | None) -> None:
+        missing, unexpected = self.model.load_state_dict(model_state, strict=False)
+        missing = [m for m in missing if not (self.tied and m.endswith("lm_head.weight"))]
+        if missing or unexpected:
+            raise ConfigError(f"checkpoint does not fit the model: missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}")
+        if optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)
+
+    def save_pretrained(self, folder: str) -> str:
+        """The merged model as a Hugging Face folder (e.g. for evaluation or serving)."""
+        base = self._base()
+        state = self.state_dict()
+        base.save_pretrained(folder, state_dict=state)
+        return folder
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+TrainerWorker = ray.remote(TrainerWorkerBody)
+
+
+def start_workers(model_path: str, engine: EngineConfig, algo: AlgoConfig) -> list[Any]:
+    """``engine.workers`` ranks as Ray actors, joined in one process group (rendezvous on
+    rank 0's node)."""
+    resources: dict[str, float] = {"num_cpus": engine.num_cpus_per_worker}
+    if engine.num_gpus_per_worker:
+        resources["num_gpus"] = engine.num_gpus_per_worker
+    threads = engine.threads_per_worker or max(1, int(engine.num_cpus_per_worker))
+    env = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
+    workers = [TrainerWorker.options(**resources, runtime_env=env).remote(
+        rank, engine.workers, model_path, engine, algo) for rank in range(engine.workers)]
+    master = ray.get(workers[0].address.remote())
+    ray.get([w.init_distributed.remote(master) for w in workers])
+    return workers
+
+
+def _node_ip() -> str:
+    try:
+        return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - outside Ray
+        return os.environ.get("CONSOLERL_NODE_IP", "127.0.0.1")

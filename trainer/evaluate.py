@@ -1,0 +1,171 @@
+"""Success of a model on a task split, episodes in real browsers scored by the reward service:
+``python -m trainer.evaluate --config configs/cpu.yaml --model FOLDER [--runs 3] [key=value]``.
+
+The same machinery as training (env worker actors, PolicyServers, the orchestrator, the reward
+service), with groups of one episode, nothing trained: each run does every selected task
+``episodes_per_task`` times. A success is a reward of at least 1 (the rule or the judges said
+the documented procedure was carried out, or correctly reported infeasible).
+
+Figures: the success rate per run, pooled over runs with a bootstrap 95% confidence interval
+(resampling episodes), and, for two models evaluated on the same tasks, the difference with a
+paired bootstrap interval (resampling tasks).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+from dataclasses import replace
+from typing import Any
+
+from consolerl.errors import ConfigError
+
+from .config import JobConfig
+
+
+def bootstrap_ci(values: list[float], *, n: int = 10_000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean."""
+    if not values:
+        raise ValueError("bootstrap_ci: no values")
+    rng = random.Random(seed)
+    k = len(values)
+    means = sorted(sum(values[rng.randrange(k)] for _ in range(k)) / k for _ in range(n))
+    lo = means[int((1 - level) / 2 * n)]
+    hi = means[min(n - 1, int((1 + level) / 2 * n))]
+    return lo, hi
+
+
+def paired_bootstrap_diff(before: dict[str, list[float]], after: dict[str, list[float]], *,
+                          n: int = 10_000, seed: int = 0, level: float = 0.95
+                          ) -> tuple[float, tuple[float, float]]:
+    """Mean success difference ``after - before`` over the tasks both saw, and its interval
+    from resampling tasks (each task's episodes stay together: tasks differ in difficulty)."""
+    tasks = sorted(set(before) & set(after))
+    if not tasks:
+        raise ValueError("paired_bootstrap_diff: no task evaluated in both")
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs)
+
+    diffs = [mean(after[t]) - mean(before[t]) for t in tasks]
+    rng = random.Random(seed)
+    k = len(diffs)
+    boots = sorted(sum(diffs[rng.randrange(k)] for _ in range(k)) / k for _ in range(n))
+    return sum(diffs) / k, (boots[int((1 - level) / 2 * n)],
+                            boots[min(n - 1, int((1 + level) / 2 * n))])
+
+
+def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | None = None,
+             tasks: str | None = None, episodes_per_task: int | None = None,
+             temperature: float | None = None, label: str = "eval",
+             progress: Any = None) -> dict[str, Any]:
+    """Evaluate ``model_path`` (Ray initialised, Redis and the cloud up). Returns per-run and
+    pooled success, per-task outcomes, env errors and leaks."""
+    import ray
+
+    from infra.provisioning.tasks import TASKS_DIR, load_suite
+    from rollout_service.service import OrchestratorActor, start_policy
+
+    from .main import stop_actors
+
+    ev = config.eval
+    split = split or ev.split
+    tasks = ev.tasks if tasks is None else tasks
+    per_task = episodes_per_task or ev.episodes_per_task
+    temp = ev.temperature if temperature is None else temperature
+    if runs < 1:
+        raise ConfigError("evaluate: runs must be >= 1")
+    pattern = re.compile(tasks) if tasks else None
+    selected = [t.id for t in load_suite(TASKS_DIR)
+                if (split == "all" or t.split == split) and (pattern is None or
+                                                              pattern.search(t.id))]
+    if not selected:
+        raise ConfigError(f"evaluate: no {split} task matches {tasks!r}")
+    servers, _ = start_policy(replace(config.policy, model=model_path))
+    by_task: dict[str, list[float]] = {t: [] for t in selected}
+    per_run: list[float] = []
+    env_errors = leaked = 0
+    try:
+        for run in range(runs):
+            cfg = replace(
+                config,
+                agent=replace(config.agent, temperature=temp),
+                orchestrator=replace(config.orchestrator, group_size=1, groups_per_step=1,
+                                     max_staleness=10**6, mode="async",
+                                     drop_uniform_groups=False, split=split,
+                                     task_filter=tasks or "", seed=run + 1),
+                stream=replace(config.stream, stream=f"{config.stream.stream}:{label}"),
+                env=replace(config.env, lease_prefix=config.env.lease_prefix))
+            actor = OrchestratorActor.options(num_cpus=0).remote(cfg, None, servers)
+            try:
+                summary = ray.get(actor.run.remote(len(selected) * per_task))
+                results = ray.get(actor.results.remote())
+            finally:
+                ray.get(actor.drain.remote(), timeout=120)
+                ray.kill(actor)
+            env_errors += summary["env_errors"]
+            leaked += summary["leaked_resources"]
+            ok = [r for r in results if not r["env_error"] and r["reward"] is not None]
+            wins = [1.0 if r["reward"] >= 1.0 else 0.0 for r in ok]
+            for r, w in zip(ok, wins):
+                by_task.setdefault(r["task_id"], []).append(w)
+            per_run.append(sum(wins) / len(wins) if wins else 0.0)
+            if progress is not None:
+                progress(f"{label} run {run + 1}/{runs}: success {per_run[-1]:.2f} "
+                         f"({len(wins)} episodes, {summary['env_errors']} env errors)")
+    finally:
+        stop_actors(servers)
+    pooled = [w for ws in by_task.values() for w in ws]
+    lo, hi = bootstrap_ci(pooled) if pooled else (0.0, 0.0)
+    return {"model": model_path, "split": split, "tasks": len(selected), "runs": runs,
+            "temperature": temp, "episodes": len(pooled),
+            "success": sum(pooled) / len(pooled) if pooled else 0.0,
+            "success_ci95": [lo, hi], "success_per_run": per_run,
+            "per_task": {t: ws for t, ws in by_task.items() if ws},
+            "env_errors": env_errors, "leaked_resources": leaked}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from consolerl.config import load_config
+
+    from .main import _ray_init, _Services
+
+    parser = argparse.ArgumentParser(prog="python -m trainer.evaluate")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--model", required=True, help="model folder (or default / tiny)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(JobConfig, args.config, args.overrides)
+    except (ConfigError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from pathlib import Path
+
+    import ray
+
+    from rollout_service.models import resolve_model
+    run_dir = Path(config.run.dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    services = _Services(config, run_dir)
+    try:
+        services.start()
+        _ray_init(config)
+        result = evaluate(config, resolve_model(args.model), runs=args.runs,
+                          progress=lambda m: print(f"[evaluate] {m}", file=sys.stderr,
+                                                   flush=True))
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        services.stop()
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""The GRPO trainer's control loop: groups from the experience stream, one optimizer step on
+the data-parallel workers, weights to the PolicyServers, a checkpoint, then the acknowledgement.
+
+Per step ``v -> v+1``:
+
+1. read ``groups_per_step`` groups through the consumer group (``XREADGROUP``); a group whose
+   id a checkpoint already holds as trained (a crash between checkpoint and ``XACK``) is
+   acknowledged and skipped, so nothing is trained twice;
+2. build the batch (one row per turn, advantages from verl's estimator), shard it over the
+   workers, one step each (DDP averages the gradients);
+3. every ``publish_every`` steps: the full weights from rank 0 go through the Ray object store
+   once to every PolicyServer (``update_weights(v+1, ref)``), then the trainer version in
+   Redis moves to ``v+1``: the orchestrator's staleness control reads it;
+4. every ``checkpoint.every_steps`` steps (and at the end): model, optimizer, version, trained
+   group ids and unacknowledged entry ids are written atomically; only then the entries
+   trained since the previous checkpoint are acknowledged (``XACK``). A crash anywhere
+   re-delivers exactly the entries not covered by the latest checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from consolerl.errors import ConfigError
+from rollout_service.experience import ExperienceStream, Group, StreamConfig
+
+from .algo import build_batch
+from .checkpoint import CheckpointManager
+from .config import TrainerConfig
+from .stream import Delivery, ExperienceConsumer
+
+log = logging.getLogger(__name__)
+
+
+class TrainerMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        r = registry
+        self.steps = Counter("consolerl_trainer_steps_total", "Optimizer steps.", registry=r)
+        self.step_s = Histogram("consolerl_trainer_step_seconds", "Time per optimizer step "
+                                "(all workers).", registry=r,
+                                buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
+        self.sync_s = Histogram("consolerl_trainer_weight_sync_seconds", "Time to publish "
+                                "weights to every PolicyServer.", registry=r,
+                                buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+        self.ckpt_s = Histogram("consolerl_trainer_checkpoint_seconds", "Time to write a "
+                                "checkpoint.", registry=r,
+                                buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+        self.version = Gauge("consolerl_trainer_version", "Weight version published.",
+                             registry=r)
+        self.reward = Gauge("consolerl_trainer_reward_mean", "Mean reward of the last step's "
+                            "samples.", registry=r)
+        self.success = Gauge("consolerl_trainer_success_rate", "Share of the last step's "
+                             "samples with reward >= 1.", registry=r)
+        self.loss = Gauge("consolerl_trainer_loss", "Policy loss of the last step.",
+                          registry=r)
+        self.tokens = Counter("consolerl_trainer_tokens_total", "Response tokens trained.",
+                              registry=r)
+        self.staleness = Histogram("consolerl_trainer_sample_staleness", "Trainer version "
+                                   "minus the version that sampled a turn.", registry=r,
+                                   buckets=(0, 1, 2, 3, 4, 8, 16))
+        self.skipped = Counter("consolerl_trainer_groups_skipped_total", "Groups delivered "
+                               "again after a crash and already trained.", registry=r)
+
+
+class GRPOTrainer:
+    """``workers``: trainer worker actors (rank 0 first); ``publish``: called with
+    ``(version, state_ref)`` to load weights on every PolicyServer (None: no servers)."""
+
+    def __init__(self, config: TrainerConfig, stream_config: StreamConfig, groups_per_step: int,
+                 workers: Sequence[Any], publish: Callable[[int, Any], Any] | None,
+                 pad_token_id: int, run_dir: str | Path,
+                 registry: CollectorRegistry | None = None):
+        if groups_per_step < 1:
+            raise ConfigError("GRPOTrainer: groups_per_step must be >= 1")
+        self.config = config
+        self.groups_per_step = groups_per_step
+        self.workers = list(workers)
+        self.publish_fn = publish
+        self.pad_token_id = pad_token_id
+        self.run_dir = Path(run_dir)
+        self.registry = registry or CollectorRegistry()
+        self.metrics = TrainerMetrics(self.registry)
+        self.stream = ExperienceStream(stream_config)
+        self.consumer = ExperienceConsumer(stream_config, config.consumer,
+                                           registry=self.registry)
+        self.checkpoints = CheckpointManager(config.checkpoint)
+        self.step = 0
+        self.version = 0
+        self.trained: set[str] = set()          # group ids trained (since the last restore)
+        self.unacked: list[str] = []            # entry ids trained, not yet acknowledged
+        self.history: list[dict[str, Any]] = []
+        self.sync_times: list[float] = []
+
+    # -- start / resume ----------------------------------------------------------------------
+
+    def restore(self) -> bool:
+        """Continue from the latest checkpoint; returns whether there was one."""
+        ckpt = self.checkpoints.latest()
+        if ckpt is None:
+            return False
+        state = ckpt.trainer_state
+        ref_model, ref_optim = ray.put(ckpt.model_state), ray.put(ckpt.optimizer_state)
+        ray.get([w.load_training_state.remote(ref_model, ref_optim) for w in self.workers])
+        self.step, self.version = ckpt.step, ckpt.version
+        self._truncate_jsonl(ckpt.step)          # steps after the checkpoint run again
+        self.trained = set(state.get("trained_groups", []))
+        # Entries trained and checkpointed but not acknowledged before the crash.
+        pending = list(state.get("unacked", []))
+        if pending:
+            self.consumer.ack(pending)
+        log.info("resumed at step %d, version %d (%d groups trained)", self.step,
+                 self.version, len(self.trained))
+        return True
+
+    def start(self) -> None:
+        self.consumer.ensure_group()
+        self.publish(self.version)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def collect(self, deadline: float) -> list[Delivery]:
+        out: list[Delivery] = []
+        while len(out) < self.groups_per_step:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the experience stream gave {len(out)} of "
+                                   f"{self.groups_per_step} groups within "
+                                   f"{self.config.read_timeout_s} s")
+            for d in self.consumer.read(self.groups_per_step - len(out)):
+                if d.group.group_id in self.trained:
+                    self.consumer.ack([d.entry_id])
+                    self.metrics.skipped.inc()
+                    continue
+                out.append(d)
+        return out
+
+    def train_step(self, groups: Sequence[Group]) -> dict[str, Any]:
+        batch = build_batch(list(groups), self.pad_token_id, self.config.algo)
+        shards = batch.split(len(self.workers))
+        tokens, seqs = int(batch.num_tokens()), int(batch.num_seqs())
+        t0 = time.perf_counter()
+        per_rank = ray.get([w.step.remote(s, tokens, seqs)
+                            for w, s in zip(self.workers, shards)])
+        step_s = time.perf_counter() - t0
+        rewards = [s.reward for g in groups for s in g.samples]
+        out: dict[str, Any] = {
+            "step": self.step + 1, "step_s": round(step_s, 3), "groups": len(groups),
+            "samples": len(rewards), "rows": int(batch.input_ids_BT.shape[0]),
+            "tokens": tokens, "reward_mean": sum(rewards) / len(rewards),
+            "success_rate": sum(r >= 1.0 for r in rewards) / len(rewards),
+            "loss": sum(m["loss"] for m in per_rank) / len(per_rank),
+            "grad_norm": per_rank[0]["grad_norm"],
+        }
+        for key in ("pg_loss", "kl"):                  # shares: mean over ranks
+            if all(key in m for m in per_rank):
+                out[key] = sum(m[key] for m in per_rank) / len(per_rank)
+        for key in ("pg_clipfrac", "ppo_kl", "is_weight_mean", "is_capped_frac"):
+            values = [m[key] * m["tokens"] for m in per_rank if key in m]
+            if values:
+                out[key] = sum(values) / max(1.0, sum(m["tokens"] for m in per_rank))
+        for g in groups:
+            for s in g.samples:
+                for t in s.turns:
+                    self.metrics.staleness.observe(max(0, self.version - t.version))
+        out["max_staleness"] = max((self.version - v for g in groups for v in g.versions),
+                                   default=0)
+        self.metrics.steps.inc()
+        self.metrics.step_s.observe(step_s)
+        self.metrics.reward.set(out["reward_mean"])
+        self.metrics.success.set(out["success_rate"])
+        self.metrics.loss.set(out["loss"])
+        self.metrics.tokens.inc(tokens)
+        return out
+
+    def publish(self, version: int) -> float:
+        """Weights of rank 0 to every PolicyServer as ``version``; then the trainer version
+        the orchestrator reads."""
+        t0 = time.perf_counter()
+        if self.publish_fn is not None and version > 0:
+            state_ref = self.workers[0].state_dict.remote()
+            self.publish_fn(version, state_ref)
+        self.stream.set_trainer_version(version)
+        self.metrics.version.set(version)
+        seconds = time.perf_counter() - t0
+        if version > 0:
+            self.metrics.sync_s.observe(seconds)
+            self.sync_times.append(seconds)
+        return seconds
+
+    def checkpoint(self) -> float:
+        """Commit the steps so far (the entries they used are acknowledged by :meth:`ack`)."""
+        t0 = time.perf_counter()
+        model_state, optim_state = ray.get(self.workers[0].training_state.remote())
+        self.checkpoints.save(self.step, self.version, model_state, optim_state,
+                              {"trained_groups": sorted(self.trained),
+                               "unacked": list(self.unacked)})
+        seconds = time.perf_counter() - t0
+        self.metrics.ckpt_s.observe(seconds)
+        return seconds
+
+    def ack(self) -> None:
+        if self.unacked:
+            self.consumer.ack(self.unacked)        # only after the checkpoint: committed
+            self.unacked = []
+
+    def run(self, steps: int, on_step: Callable[[dict[str, Any]], None] | None = None
+            ) -> list[dict[str, Any]]:
+        """Train until ``steps`` optimizer steps are done in total (a resumed run continues
+        its count); checkpoint at the end."""
+        while self.step < steps:
+            deliveries = self.collect(time.monotonic() + self.config.read_timeout_s)
+            metrics = self.train_step([d.group for d in deliveries])
+            self.step += 1
+            self.trained.update(d.group.group_id for d in deliveries)
+            self.unacked.extend(d.entry_id for d in deliveries)
+            metrics["redelivered"] = sum(d.redelivered for d in deliveries)
+            if self.step % self.config.publish_every == 0 or self.step == steps:
+                self.version += 1
+                metrics["weight_sync_s"] = round(self.publish(self.version), 3)
+            metrics["version"] = self.version
+            commit = self.checkpoints.should_save(self.step) or self.step == steps
+            if commit:
+                metrics["checkpoint_s"] = round(self.checkpoint(), 3)
+            metrics["time"] = time.time()
+            self.history.append(metrics)
+            self._append_jsonl(metrics)
+            if commit:
+                self.ack()
+            if on_step is not None:
+                on_step(metrics)
+        return self.history
+
+    def _truncate_jsonl(self, step: int) -> None:
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return
+        kept = [line for line in path.read_text().splitlines()
+                if line.strip() and not (json.loads(line).get("stage") == "grpo"
+                                         and json.loads(line).get("step", 0) > step)]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(path)
+
+    def _append_jsonl(self, metrics: dict[str, Any]) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"stage": "grpo", **metrics}) + "\n")
