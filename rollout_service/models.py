@@ -88,16 +88,18 @@ def tiny_model(target: Path, *, layers: int = 2, hidden: int = 64, seed: int = 0
     """A random Llama-architecture model with the default model's tokenizer and chat template
     (real tokens, meaningless weights): for tests, seconds to load."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     source = default_model()
     tokenizer = AutoTokenizer.from_pretrained(str(source))
+    # The end of an assistant turn (<|im_end|>) as the default model's generation config has
+    # it; the converted tokenizer's own eos_token is <|im_start|>.
+    eos = GenerationConfig.from_pretrained(str(source)).eos_token_id
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden,
                          intermediate_size=hidden * 2, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=8192, tie_word_embeddings=True,
-                         bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=eos)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     target.mkdir(parents=True, exist_ok=True)
@@ -108,10 +110,10 @@ def tiny_model(target: Path, *, layers: int = 2, hidden: int = 64, seed: int = 0
 
 def cached_tiny_model() -> Path:
     """:func:`tiny_model` in the model cache, built once (atomically: a temp folder renamed)."""
-    target = cache_dir() / "tiny-llama"
+    target = cache_dir() / "tiny-llama-2"
     if (target / "config.json").exists():
         return target
-    tmp = target.with_name(f"tiny-llama.tmp-{os.getpid()}")
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     tiny_model(tmp)
     try:
         tmp.rename(target)

@@ -1,0 +1,492 @@
+"""Teacher trajectories for SFT: the oracle solves tasks in real episodes, every action becomes
+one training turn whose prompt is exactly what the policy would see there.
+
+``python -m trainer.export --out PATH.jsonl [--split train|test|all] [--tasks REGEX]
+[--episodes-per-task 1] [--workers 2] [--config configs/cpu.yaml] [--history-turns 4
+--max-prompt-tokens 3072 --max-observation-chars 6000] [--model default|FOLDER]
+[--cloud-endpoint HOST:PORT] [--redis-url URL] [--accounts-file FILE] [--max-steps 40]``
+
+``--split test`` is the suite's ``heldout`` split (``--split heldout`` works too). The prompt
+settings are :class:`rollout_service.agent.AgentConfig` fields: from ``--config``'s ``agent``
+section when given, else 4 / 3,072 / 6,000 (``configs/cpu.yaml``), flags override either.
+``--model``: whose tokenizer makes the ids (the policy's; the tiny test models share
+SmolLM2's).
+
+Starts the local cloud and a Redis for the account leases (unless ``--cloud-endpoint`` /
+``--redis-url`` name running ones: the leases are then shared with a running orchestrator's
+workers, same key prefix), and runs each selected task ``--episodes-per-task`` times through
+:func:`infra.provisioning.lifecycle.run_episode` with the oracle, ``--workers`` Chromiums in
+parallel, one leased account per episode. A wrapper around the oracle's ``step`` records, per
+action, the observation it was chosen on, the actions before it (as the agent loop keeps its
+history: canonical action, error only when the text did not parse) and the action's error.
+
+Kept: episodes whose rule outcome is ``solved`` and, for tasks whose documentation is wrong,
+``infeasible_reported``; not kept: failures, env errors, episodes that broke a prerequisite, and
+episodes with a turn whose prompt cannot fit ``max_prompt_tokens`` (the policy would stop
+there). One JSON line per kept trajectory::
+
+    {"trajectory_id", "task_id", "source": "oracle", "reward": 1.0, "status",
+     "agent": {history_turns, max_prompt_tokens, max_observation_chars, min_observation_chars},
+     "turns": [{"messages": [system, user], "completion": action, "prompt_ids": [...],
+                "response_ids": [...], "action_error": ""}]}
+
+``messages`` is the output of :func:`rollout_service.agent.build_messages` that
+:meth:`AgentLoop.prompt_ids` tokenized (page cut included), ``prompt_ids`` those ids,
+``completion`` the canonical action text the env worker ran, ``response_ids`` its tokens then
+the chat template's end-of-turn token (SmolLM2: ``<|im_end|>``), i.e. what the policy samples
+when it stops; ``action_error`` what the action got back ("" normally; SFT skips turns that
+have one). No line may hold an account password or AccessKey secret
+(:func:`check_no_secrets`, checked on every line before it is written). The file is written to
+a temporary name beside ``--out`` and renamed when complete. Progress goes to stderr; the JSON
+summary on stdout counts episodes, kept trajectories and turns, statuses, dropped episodes by
+reason, and ``over_agent_max_steps`` (kept trajectories longer than the agent's step limit).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from consolerl.config import build
+from consolerl.errors import ConfigError, ConsoleRLError
+from consolerl.types import Observation, StepResult
+from env_workers.accounts import PoolConfig, load_pool_accounts
+from env_workers.driver import StepFn
+from env_workers.leases import AccountPool, Heartbeat
+from env_workers.worker import EnvWorker, WorkerConfig
+from infra.cloud import CloudClient, CloudConfig, Credentials
+from infra.console_sim.accounts import Account
+from infra.local_cloud import LocalCloud
+from infra.provisioning.lifecycle import run_episode
+from infra.provisioning.meta import fill
+from infra.provisioning.oracle import run_oracle
+from infra.provisioning.sdk import SdkProvisioner
+from infra.provisioning.tasks import TASKS_DIR, Task, load_suite
+from infra.redis_local import RedisServer
+from rollout_service.agent import AgentConfig, AgentLoop, _short, _Step
+from rollout_service.models import HFChatTokenizer, resolve_model
+from trainer.sft import end_of_turn_id
+
+KEPT = ("solved", "infeasible_reported")
+SPLITS = {"train": ("train",), "heldout": ("heldout",), "test": ("heldout",),
+          "all": ("train", "heldout")}
+
+
+class SecretLeak(ConsoleRLError, RuntimeError):
+    """A line about to be written holds an account secret (the message names the account and
+    the kind of secret, never the value)."""
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """``split``: train | heldout (alias test) | all; ``tasks``: a regular expression over task
+    ids; ``model``: whose tokenizer builds the prompts (the policy's); ``cloud_endpoint`` /
+    ``redis_url``: "" starts a local one (``console_url``: the console's scheme://host:port when
+    it is not the endpoint's); ``max_steps``: the oracle's step limit per episode."""
+
+    out: str
+    split: str = "train"
+    tasks: str = ""
+    episodes_per_task: int = 1
+    workers: int = 2
+    agent: AgentConfig = field(default_factory=lambda: AgentConfig(
+        history_turns=4, max_prompt_tokens=3072, max_observation_chars=6000))
+    model: str = "default"
+    suite: str = str(TASKS_DIR)
+    cloud_endpoint: str = ""
+    console_url: str = ""                      # "" = http://<cloud endpoint>
+    redis_url: str = ""
+    accounts_file: str = ""
+    lease_prefix: str = "consolerl:pool"
+    max_steps: int = 40
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ConfigError(f"ExportConfig.split: must be one of {', '.join(SPLITS)}, "
+                              f"got {self.split!r}")
+        try:
+            re.compile(self.tasks)
+        except re.error as exc:
+            raise ConfigError(f"ExportConfig.tasks: not a regular expression: {exc}") from None
+        for name, low, high in (("episodes_per_task", 1, 1000), ("workers", 1, 8),
+                                ("max_steps", 1, 200)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ConfigError(f"ExportConfig.{name}: must be an integer {low}..{high}, "
+                                  f"got {value!r}")
+        if not self.out:
+            raise ConfigError("ExportConfig.out: required")
+
+
+@dataclass(frozen=True)
+class RecordedTurn:
+    """One oracle action: the observation and history it was chosen on, what it sent, the
+    canonical action the env ran ("" if it did not parse) and the error it got."""
+
+    observation: Observation
+    history: tuple[_Step, ...]            # the last history_turns steps, as the agent shows them
+    text: str
+    action_text: str
+    action_error: str
+
+
+@dataclass
+class Recording:
+    """What :func:`recording_policy` saw of one episode: the task's filled values (the
+    procedure's placeholders) and every action."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    turns: list[RecordedTurn] = field(default_factory=list)
+
+
+def recording_policy(config: AgentConfig, recording: Recording,
+                     teacher: Callable[..., Any] = run_oracle):
+    """A :data:`lifecycle.Policy` that runs ``teacher`` and records each of its actions in
+    ``recording``; the history follows :meth:`AgentLoop.run` (same entries, same window)."""
+    async def policy(task: Task, values: Mapping[str, str], step: StepFn,
+                     observation: Observation) -> StepResult:
+        recording.values = dict(values)
+        turns = recording.turns
+        history: list[_Step] = []
+        current = [observation]
+
+        async def recorded(text: str) -> StepResult:
+            shown = tuple(history[-config.history_turns:]) if config.history_turns else ()
+            result = await step(text)
+            turns.append(RecordedTurn(current[0], shown, text, result.action_text,
+                                      result.observation.last_action_error))
+            agent_error = result.observation.last_action_error if not result.action_text else ""
+            history.append(_Step(result.action_text or _short(text), agent_error))
+            current[0] = result.observation
+            return result
+        return await teacher(task, values, recorded, observation)
+    return policy
+
+
+class _Capture:
+    """A chat tokenizer that remembers the messages it tokenized last, so the messages of a
+    prompt are exactly those :meth:`AgentLoop.prompt_ids` settled on (page cut included)."""
+
+    def __init__(self, tokenizer: HFChatTokenizer):
+        self.tokenizer = tokenizer
+        self.messages: list[dict[str, str]] = []
+
+    def apply_chat_template(self, messages, *, tokenize=True, add_generation_prompt=True):
+        self.messages = messages
+        return self.tokenizer.apply_chat_template(messages, tokenize=tokenize,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    def decode(self, ids, skip_special_tokens=True):
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def build_record(task: Task, status: str, recording: Recording, tokenizer: HFChatTokenizer,
+                 config: AgentConfig) -> dict[str, Any] | None:
+    """The JSONL record of a kept episode, or ``None`` when a prompt cannot fit."""
+    capture = _Capture(tokenizer)
+    loop = AgentLoop(None, capture, config)        # type: ignore[arg-type]  (no policy needed)
+    procedure = fill(task.procedure, recording.values)
+    eot = end_of_turn_id(tokenizer)
+    turns = []
+    for r in recording.turns:
+        ids = loop.prompt_ids(task.title, procedure, list(r.history), r.observation)
+        if ids is None:
+            return None
+        completion = r.action_text or r.text
+        turns.append({"messages": capture.messages, "completion": completion,
+                      "prompt_ids": ids, "response_ids": tokenizer.encode(completion) + [eot],
+                      "action_error": r.action_error})
+    return {"trajectory_id": uuid.uuid4().hex, "task_id": task.id, "source": "oracle",
+            "reward": 1.0, "status": status,
+            "agent": {k: getattr(config, k) for k in ("history_turns", "max_prompt_tokens",
+                                                      "max_observation_chars",
+                                                      "min_observation_chars")},
+            "turns": turns}
+
+
+def account_secrets(accounts: Sequence[Account]) -> dict[str, str]:
+    """Secret value -> a label naming whose and what it is (never the value)."""
+    found = {}
+    for a in accounts:
+        found[a.password] = f"the password of account {a.login_name}"
+        found[a.access_key_secret] = f"the AccessKey secret of account {a.login_name}"
+    return found
+
+
+def check_no_secrets(line: str, secrets: Mapping[str, str]) -> None:
+    """Raise :class:`SecretLeak` if ``line`` holds any secret, raw or JSON-escaped."""
+    for value, label in secrets.items():
+        if value and (value in line or json.dumps(value, ensure_ascii=False)[1:-1] in line):
+            raise SecretLeak(f"refusing to write a trajectory that contains {label}")
+
+
+def select_tasks(config: ExportConfig) -> list[Task]:
+    splits = SPLITS[config.split]
+    tasks = [t for t in load_suite(Path(config.suite))
+             if t.split in splits and re.search(config.tasks, t.id)]
+    if not tasks:
+        raise ConfigError(f"no task of split {config.split!r} matches {config.tasks!r}")
+    return tasks
+
+
+def _progress(msg: str) -> None:
+    print(f"[export] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class _Tally:
+    total: int
+    episodes: int = 0
+    written: int = 0
+    turns: int = 0
+    action_errors: int = 0
+    longest: int = 0
+    over_agent_max_steps: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+class _Exporter:
+    """The shared state of the export's workers: the lease pool, one provisioner per account,
+    the open output file and the tally."""
+
+    def __init__(self, config: ExportConfig, endpoint: str, pool: AccountPool,
+                 tokenizer: HFChatTokenizer, sink, tally: _Tally,
+                 on_record: Callable[[dict[str, Any], Recording], None] | None):
+        self.config, self.endpoint, self.pool = config, endpoint, pool
+        self.tokenizer, self.sink, self.tally, self.on_record = tokenizer, sink, tally, on_record
+        self.secrets = account_secrets([pool.account(a) for a in pool.account_ids])
+        self.provisioners: dict[str, SdkProvisioner] = {}
+        # One fast tokenizer shared by worker threads: HF tokenizers may refuse concurrent use.
+        self.tokenize_lock = threading.Lock()
+        self.started = time.monotonic()
+
+    def provisioner(self, account: Account) -> SdkProvisioner:
+        if account.account_id not in self.provisioners:
+            endpoint = self.endpoint
+            self.provisioners[account.account_id] = SdkProvisioner(
+                lambda: CloudClient(CloudConfig(endpoint=endpoint), Credentials(
+                    account.access_key_id, account.access_key_secret)),
+                ready_timeout_s=60, poll_s=0.05)
+        return self.provisioners[account.account_id]
+
+    def _record(self, task: Task, status: str, recording: Recording) -> dict[str, Any] | None:
+        with self.tokenize_lock:
+            return build_record(task, status, recording, self.tokenizer, self.config.agent)
+
+    async def work(self, index: int, jobs: asyncio.Queue[Task]) -> None:
+        worker = EnvWorker(WorkerConfig(
+            console_url=self.config.console_url or f"http://{self.endpoint}"))
+        holder = f"export-{os.getpid()}-{index}"
+        try:
+            while not jobs.empty():
+                await self.episode(worker, holder, jobs.get_nowait())
+        finally:
+            await worker.shutdown()
+
+    async def episode(self, worker: EnvWorker, holder: str, task: Task) -> None:
+        recording = Recording()
+        lease = await self.pool.acquire_async(holder)
+        account = self.pool.account(lease.account_id)
+        provisioner = self.provisioner(account)
+        try:
+            with Heartbeat(self.pool, lease) as beat:
+                outcome = await run_episode(
+                    task, worker, account, provisioner.client, provisioner,
+                    max_steps=self.config.max_steps,
+                    policy=recording_policy(self.config.agent, recording))
+            status = "env_error" if beat.lost else outcome.status
+        except Exception as exc:      # noqa: BLE001  one broken episode must not end the export
+            status = f"error: {type(exc).__name__}"
+            _progress(f"{task.id}: {type(exc).__name__}: {str(exc)[:300]}")
+            outcome = None
+        finally:
+            await asyncio.to_thread(self.pool.release, lease)
+        tally = self.tally
+        tally.episodes += 1
+        tally.statuses[status] = tally.statuses.get(status, 0) + 1
+        record, reason = None, ""
+        if status not in KEPT:
+            reason = status
+        elif outcome is not None and outcome.broken_prerequisites:
+            reason = "broke a prerequisite"
+        else:
+            record = await asyncio.to_thread(self._record, task, status, recording)
+            reason = "" if record is not None else "prompt too long"
+        if record is not None:
+            line = json.dumps(record, ensure_ascii=False)
+            check_no_secrets(line, self.secrets)
+            self.sink.write(line + "\n")
+            self.sink.flush()
+            turns = record["turns"]
+            tally.written += 1
+            tally.turns += len(turns)
+            tally.action_errors += sum(bool(t["action_error"]) for t in turns)
+            tally.longest = max(tally.longest, len(turns))
+            tally.over_agent_max_steps += len(turns) > self.config.agent.max_steps
+            if self.on_record is not None:
+                self.on_record(record, recording)
+        else:
+            tally.dropped[reason] = tally.dropped.get(reason, 0) + 1
+        solved = tally.statuses.get("solved", 0)
+        _progress(f"{tally.episodes}/{tally.total} episodes, {solved} solved, {tally.written} "
+                  f"kept; {task.id}: {status}, {len(recording.turns)} actions"
+                  + ("" if record is not None else f" (dropped: {reason})")
+                  + f" ({time.monotonic() - self.started:.0f} s)")
+
+
+async def run_export(config: ExportConfig, *, on_record: Callable[[dict[str, Any],
+                     Recording], None] | None = None) -> dict[str, Any]:
+    """Run the export; returns the summary. ``on_record(record, recording)`` sees each kept
+    trajectory with the observations it was built from (tests check the prompts)."""
+    tasks = select_tasks(config)
+    tokenizer = HFChatTokenizer(resolve_model(config.model))
+    end_of_turn_id(tokenizer)                    # fail early on a template without one
+    out = Path(config.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="export-"))
+    cloud = redis_server = pool = None
+    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    sink = os.fdopen(fd, "w", encoding="utf-8")
+    started = time.monotonic()
+    jobs: asyncio.Queue[Task] = asyncio.Queue()
+    for _ in range(config.episodes_per_task):
+        for task in tasks:
+            jobs.put_nowait(task)
+    tally = _Tally(total=jobs.qsize())
+    try:
+        endpoint = config.cloud_endpoint
+        if not endpoint:
+            args = ("--lookup-qps", "0", "--transition", "1", "--network-ready", "0.3")
+            if config.accounts_file:
+                args += ("--accounts", config.accounts_file)
+            (scratch / "cloud").mkdir()
+            cloud = LocalCloud(scratch / "cloud", args).start()
+            endpoint = cloud.endpoint
+        redis_url = config.redis_url
+        if not redis_url:
+            redis_server = RedisServer(scratch / "redis").start()
+            redis_url = redis_server.url
+        pool_config = PoolConfig(redis_url=redis_url, key_prefix=config.lease_prefix,
+                                 accounts_source="file" if config.accounts_file else "local",
+                                 accounts_file=config.accounts_file or None)
+        pool = AccountPool(load_pool_accounts(pool_config), pool_config)
+        _progress(f"{tally.total} episodes of {len(tasks)} tasks against http://{endpoint}, "
+                  f"{config.workers} browsers")
+        exporter = _Exporter(config, endpoint, pool, tokenizer, sink, tally, on_record)
+        workers = [asyncio.create_task(exporter.work(i, jobs)) for i in range(config.workers)]
+        try:
+            await asyncio.gather(*workers)
+        except BaseException:
+            for w in workers:                    # stop the others before the cloud goes away
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            raise
+        sink.flush()
+        os.fsync(sink.fileno())
+        sink.close()
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_name, 0o666 & ~umask)      # mkstemp made it 0600; a normal file instead
+        os.replace(tmp_name, out)
+    except BaseException:
+        sink.close()
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    finally:
+        if pool is not None:
+            pool.close()
+        if redis_server is not None:
+            redis_server.stop()
+        if cloud is not None:
+            cloud.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    summary = asdict(tally)
+    summary.pop("total")
+    return {"out": str(out), "tasks": len(tasks), **summary,
+            "agent_max_steps": config.agent.max_steps,
+            "wall_s": round(time.monotonic() - started, 1)}
+
+
+def agent_settings(config_path: str | None, overrides: Mapping[str, int | None]) -> AgentConfig:
+    """The prompt settings: the rollout config's ``agent`` section when given (else the CPU
+    defaults: 4 history turns, 3,072 prompt tokens, 6,000 page characters), then the flags
+    that were set."""
+    base = asdict(ExportConfig(out="-").agent)
+    if config_path:
+        try:
+            tree = yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}
+        except OSError as exc:
+            raise ConfigError(f"{config_path}: cannot read: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{config_path}: not valid YAML: {exc}") from None
+        section = tree.get("agent", {}) if isinstance(tree, dict) else None
+        if not isinstance(section, dict):
+            raise ConfigError(f"{config_path}: field 'agent' must be a mapping")
+        base = asdict(build(AgentConfig, section, f"{config_path}: agent"))
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    return build(AgentConfig, base, "agent settings")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> ExportConfig:
+    parser = argparse.ArgumentParser(prog="python -m trainer.export",
+                                     description="Export oracle trajectories as SFT JSONL.")
+    parser.add_argument("--out", required=True, help="the JSONL file to write")
+    parser.add_argument("--split", default="train", choices=sorted(SPLITS),
+                        help="task split (test = heldout)")
+    parser.add_argument("--tasks", default="", help="regular expression over task ids")
+    parser.add_argument("--episodes-per-task", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=2, help="browsers in parallel (1-8)")
+    parser.add_argument("--config", default=None,
+                        help="rollout config YAML whose 'agent' section sets the prompt")
+    parser.add_argument("--history-turns", type=int, default=None)
+    parser.add_argument("--max-prompt-tokens", type=int, default=None)
+    parser.add_argument("--max-observation-chars", type=int, default=None)
+    parser.add_argument("--model", default="default",
+                        help="model folder whose tokenizer the policy uses (default: SmolLM2)")
+    parser.add_argument("--suite", default=str(TASKS_DIR))
+    parser.add_argument("--cloud-endpoint", default="",
+                        help="HOST:PORT of a running cloud (default: start a local one)")
+    parser.add_argument("--redis-url", default="",
+                        help="Redis of the account leases (default: start a local one)")
+    parser.add_argument("--accounts-file", default="",
+                        help="accounts YAML (default: the local cloud's accounts)")
+    parser.add_argument("--max-steps", type=int, default=40, help="oracle steps per episode")
+    args = parser.parse_args(argv)
+    try:
+        agent = agent_settings(args.config, {
+            "history_turns": args.history_turns, "max_prompt_tokens": args.max_prompt_tokens,
+            "max_observation_chars": args.max_observation_chars})
+        return ExportConfig(out=args.out, split=args.split, tasks=args.tasks,
+                            episodes_per_task=args.episodes_per_task, workers=args.workers,
+                            agent=agent, model=args.model, suite=args.suite,
+                            cloud_endpoint=args.cloud_endpoint, redis_url=args.redis_url,
+                            accounts_file=args.accounts_file, max_steps=args.max_steps)
+    except ConfigError as exc:
+        parser.error(str(exc))
+        raise                                   # unreachable: parser.error exits
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_args(argv)
+    summary = asyncio.run(run_export(config))
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
