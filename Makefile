@@ -1,5 +1,6 @@
 # console-rl — set-up, tests, local services.
 #   make setup       system packages (redis-server, chromium) + .venv + the package + vLLM (.venv-vllm)
+#   make demo        SFT then GRPO on the local cloud (runs/demo: metrics, curves, summary)
 #   make test        the fast suite (unit + integration against real local services)
 #   make test-slow   the slow tests (run before resolving an issue)
 #   make cloud       serve the local cloud on $(CLOUD_PORT)
@@ -16,7 +17,7 @@ STATE_DIR ?= var/console_sim
 APT_PACKAGES := redis-server chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup setup-system setup-python setup-vllm test test-slow test-all bench validate cloud clean
+.PHONY: setup setup-system setup-python setup-vllm demo test test-slow test-all bench validate cloud clean
 
 setup: setup-system setup-python setup-vllm
 
@@ -75,6 +76,11 @@ bench: $(PY)
 	$(PY) -m env_workers.bench --json
 	$(PY) -m reward_service.bench --json
 	$(PY) -m rollout_service.bench --json
+
+# The two-stage run on this machine (SFT on oracle trajectories, then GRPO with 2 browser
+# workers and the vLLM CPU policy); the run folder is runs/demo (see configs/demo.yaml).
+demo: $(PY)
+	$(PY) -m trainer.main --config configs/demo.yaml $(ARGS)
 
 validate: $(PY)
 	$(PY) -m reward_service.validate --json
