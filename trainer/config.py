@@ -75,7 +75,7 @@ class RunSection:
     redis: bool = True
     ray_address: str = ""
     ray_num_cpus: int = 0                   # embedded cluster only; 0 = the machine's
-    deadline_s: float = 0.0                 # 0 = none
+    metrics_port: int = 0                   # the trainer's /metrics (Prometheus); 0 = off
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,34 @@ def _ray_init(config: JobConfig) -> bool:
     return True
 
 
+class _PeakMemory:
+    """Peak resident memory of this process and everything it started (an embedded Ray
+    cluster's actors, vLLM, Chromium, Redis, the local cloud), sampled every 2 s."""
+
+    def __init__(self) -> None:
+        import threading
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="peak-memory")
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+        me = psutil.Process()
+        while not self._stop.wait(2.0):
+            total = 0
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+
+    def stop(self) -> float:
+        self._stop.set()
+        return round(self.peak / 2**30, 2)
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -134,6 +162,7 @@ def run(config: JobConfig) -> dict[str, Any]:
     if not config.run.resume:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     t_start = time.monotonic()
+    memory = _PeakMemory()
     services = _Services(config, run_dir)
     orchestrator = run_ref = None
     servers: list[Any] = []
@@ -165,6 +194,10 @@ def run(config: JobConfig) -> dict[str, Any]:
                               workers, lambda v, ref: ray.get(
                                   [s.update_weights.remote(v, ref) for s in servers]),
                               pad if pad is not None else 0, run_dir)
+        if config.run.metrics_port:
+            from prometheus_client import start_http_server
+            start_http_server(config.run.metrics_port, registry=trainer.registry)
+            _progress(f"trainer metrics on :{config.run.metrics_port}/metrics")
         if config.run.resume and trainer.restore():
             _progress(f"resumed at step {trainer.step} (version {trainer.version})")
         trainer.start()                 # the trainer version before the orchestrator reads it
@@ -182,6 +215,7 @@ def run(config: JobConfig) -> dict[str, Any]:
             ray.shutdown()       # stops an embedded cluster; disconnects from an external one
         services.stop()
         summary["wall_s"] = round(time.monotonic() - t_start, 1)
+        summary["peak_rss_gib"] = memory.stop()
         _write_summary(run_dir, summary)
     return summary
 

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from consolerl.config import load_config  # noqa: E402
 from env_workers.accounts import PoolConfig  # noqa: E402
 from env_workers.leases import AccountPool  # noqa: E402
-from rollout_service.config import RolloutConfig  # noqa: E402
+from trainer.config import JobConfig  # noqa: E402
 from rollout_service.experience import ExperienceStream, decode_group  # noqa: E402
 from rollout_service.models import tiny_model  # noqa: E402
 from rollout_service.service import OrchestratorActor  # noqa: E402
@@ -44,7 +44,7 @@ def redis_server(tmp_path_factory) -> Iterator[RedisServer]:
 def test_groups_flow_to_the_stream_with_rewards_and_nothing_leaks(orch_cloud, redis_server,
                                                                   tmp_path):
     model = tiny_model(tmp_path / "tiny")
-    config = load_config(RolloutConfig, CONFIGS / "cpu.yaml", [
+    config = load_config(JobConfig, CONFIGS / "cpu.yaml", [
         f"cloud.endpoint={orch_cloud.endpoint}", f"env.worker.console_url={orch_cloud.url}",
         "env.workers=2", "env.lease_prefix=test:orch", "env.num_cpus_per_worker=0.5",
         f"policy.model={model}", "policy.backend=transformers",

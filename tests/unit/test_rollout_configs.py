@@ -1,4 +1,6 @@
-"""The shipped configs load into the typed rollout config, and overrides apply."""
+"""The shipped configs load into the job's typed config (the rollout sections plus trainer,
+SFT, evaluation and run), and overrides apply; the rollout side alone refuses the job's
+sections by name."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,23 +10,33 @@ import pytest
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
 from rollout_service.config import RolloutConfig
+from trainer.config import JobConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.mark.parametrize("name", ["cpu.yaml", "gpu-cluster.yaml"])
+@pytest.mark.parametrize("name", ["cpu.yaml", "gpu-cluster.yaml", "smoke.yaml", "demo.yaml"])
 def test_shipped_configs_load(name):
-    config = load_config(RolloutConfig, CONFIGS / name)
+    config = load_config(JobConfig, CONFIGS / name)
     assert config.orchestrator.group_size >= 2
     assert config.policy.backend in ("transformers", "vllm")
+    assert config.trainer.steps >= 1
+    if config.cloud.local:                       # the browser goes where the API is
+        assert config.env.worker.console_url.endswith(config.cloud.endpoint)
 
 
 def test_overrides_and_errors():
-    config = load_config(RolloutConfig, CONFIGS / "cpu.yaml",
-                         ["orchestrator.mode=sync", "agent.max_steps=5", "env.workers=4"])
-    assert (config.orchestrator.mode, config.agent.max_steps, config.env.workers) == (
-        "sync", 5, 4)
+    config = load_config(JobConfig, CONFIGS / "cpu.yaml",
+                         ["orchestrator.mode=sync", "agent.max_steps=5", "env.workers=4",
+                          "trainer.engine.workers=2", "trainer.algo.adv_estimator=rloo"])
+    assert (config.orchestrator.mode, config.agent.max_steps, config.env.workers,
+            config.trainer.engine.workers, config.trainer.algo.adv_estimator) == (
+        "sync", 5, 4, 2, "rloo")
     with pytest.raises(ConfigError, match="OrchestratorConfig.mode"):
-        load_config(RolloutConfig, CONFIGS / "cpu.yaml", ["orchestrator.mode=fast"])
+        load_config(JobConfig, CONFIGS / "cpu.yaml", ["orchestrator.mode=fast"])
     with pytest.raises(ConfigError, match="unknown field"):
-        load_config(RolloutConfig, CONFIGS / "cpu.yaml", ["policy.gpu=1"])
+        load_config(JobConfig, CONFIGS / "cpu.yaml", ["policy.gpu=1"])
+    with pytest.raises(ConfigError, match="adv_estimator"):
+        load_config(JobConfig, CONFIGS / "cpu.yaml", ["trainer.algo.adv_estimator=magic"])
+    with pytest.raises(ConfigError, match="unknown field.*trainer"):
+        load_config(RolloutConfig, CONFIGS / "cpu.yaml")
