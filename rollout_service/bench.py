@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -179,14 +180,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=2)
     parser.add_argument("--groups-per-step", type=int, default=1)
     parser.add_argument("--max-staleness", type=int, default=1)
-    parser.add_argument("--train-seconds", type=float, default=5.0)
-    parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--train-seconds", type=float, default=30.0,
+                        help="stand-in optimizer step (a real CPU step on these groups takes "
+                             "longer)")
+    parser.add_argument("--max-steps", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=24)
-    parser.add_argument("--tasks", default="^ram-create-user|^ram-grant-policy",
+    parser.add_argument("--tasks", default="^ram-create-user|^ram-grant-policy|^ecs-add-rule",
                         help="regular expression over train task ids")
     args = parser.parse_args(argv)
     if min(args.groups, args.workers, args.group_size, args.rounds) < 1:
         parser.error("--groups, --workers, --group-size and --rounds must be at least 1")
+    # SIGTERM runs the finally below (the cloud, Redis and vLLM are child processes).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     state = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
     cloud = LocalCloud(state / "cloud", ("--lookup-qps", "0", "--transition", "0.5",
                                          "--network-ready", "0.2"))
