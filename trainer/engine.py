@@ -227,20 +227,25 @@ class TrainerWorkerBody:
     # -- weights and checkpoints ---------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The full model in Hugging Face names, on CPU (LoRA merged in)."""
+        """The full model in Hugging Face names, on CPU. With LoRA, each adapted weight is
+        ``W + delta`` computed aside (peft's ``get_delta_weight``): the base weights are never
+        merged and unmerged in place, which would drift them by rounding at every publish."""
+        torch = self.torch
         if not self.engine_config.lora.rank:
             return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
-        self.model.merge_adapter()
-        try:
-            out = {}
-            for k, v in self.model.state_dict().items():
-                if "lora_" in k:
+        out: dict[str, Any] = {}
+        for k, v in self.model.state_dict().items():
+            if "lora_" in k:
+                continue
+            out[_base_name(k)] = v.detach().to("cpu")
+        with torch.no_grad():
+            for name, module in self.model.named_modules():
+                if not (hasattr(module, "base_layer") and hasattr(module, "get_delta_weight")):
                     continue
-                name = k.removeprefix("base_model.model.").replace(".base_layer.", ".")
-                out[name] = v.detach().to("cpu").clone()
-            return out
-        finally:
-            self.model.unmerge_adapter()
+                key = _base_name(f"{name}.base_layer.weight")
+                delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
+                out[key] = (module.base_layer.weight.detach() + delta).to("cpu")
+        return out
 
     def training_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(trainable model state, optimizer state) for a checkpoint."""
@@ -286,6 +291,11 @@ def start_workers(model_path: str, engine: EngineConfig, algo: AlgoConfig) -> li
     master = ray.get(workers[0].address.remote())
     ray.get([w.init_distributed.remote(master) for w in workers])
     return workers
+
+
+def _base_name(peft_key: str) -> str:
+    """A peft parameter name in the base model's names."""
+    return peft_key.removeprefix("base_model.model.").replace(".base_layer.", ".")
 
 
 def _node_ip() -> str:

@@ -1,0 +1,52 @@
+"""The training job under ``ray job submit`` on an existing cluster (``ray start --head``), as
+an ML engineer launches it: the working directory is uploaded with the runtime-env file from
+``infra/deploy``, the driver joins the cluster through ``RAY_ADDRESS``, and the smoke config
+completes its 2 GRPO steps. Slow (a cluster start plus the smoke run): ``make test-slow``."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.local_cloud import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).with_name("ray"))
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def head(tmp_path):
+    dashboard = free_port()
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    subprocess.run([RAY, "start", "--head", "--port", str(free_port()), "--num-cpus", "4",
+                    "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+                    "--dashboard-port", str(dashboard),
+                    "--temp-dir", str(tmp_path / "ray")],
+                   check=True, capture_output=True, env=env, timeout=120)
+    try:
+        yield f"http://127.0.0.1:{dashboard}"
+    finally:
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+        shutil.rmtree(tmp_path / "ray", ignore_errors=True)
+
+
+def test_trainer_main_runs_under_ray_job_submit(head, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [RAY, "job", "submit", "--address", head, "--working-dir", ".",
+         "--runtime-env", "infra/deploy/runtime-env.yaml", "--",
+         sys.executable, "-m", "trainer.main", "--config", "configs/smoke.yaml",
+         "--run-dir", str(run_dir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "succeeded" in proc.stdout.lower()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["completed"] and summary["replica_versions"] == [2]
+    assert summary["pending_entries"] == 0 and summary["leases_held"] == 0

@@ -1,0 +1,75 @@
+"""One trainer worker in process (world size 1, the tiny model): a full fine-tuning step moves
+the weights along the advantage, LoRA trains only the adapters and publishes merged weights in
+the base model's names (what a PolicyServer loads)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from rollout_service.agent import SamplingParams, Turn  # noqa: E402
+from rollout_service.experience import Group, Sample  # noqa: E402
+from rollout_service.models import cached_tiny_model  # noqa: E402
+from rollout_service.policy import TransformersEngine  # noqa: E402
+from trainer.algo import AlgoConfig, build_batch, response_logprobs  # noqa: E402
+from trainer.engine import EngineConfig, LoraConfig, OptimConfig, TrainerWorkerBody  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return str(cached_tiny_model())
+
+
+def _batch():
+    good = Turn((5, 6, 7, 8), (20, 21, 2), (-3.0, -3.0, -3.0), (1, 1, 1), 0, "", "")
+    bad = Turn((5, 6, 7, 8), (30, 31, 2), (-3.0, -3.0, -3.0), (1, 1, 1), 0, "", "")
+    group = Group("g", "t", (Sample("a", (good,), 1.0), Sample("b", (bad,), 0.0)))
+    return build_batch([group], 0, AlgoConfig())
+
+
+def _logprobs(worker, batch):
+    with torch.no_grad():
+        out = worker.model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT,
+                           position_ids=batch.position_ids_BT)
+    return response_logprobs(out.logits.float(), batch, 1.0)
+
+
+def test_full_step_raises_the_rewarded_response_and_lowers_the_other(tiny):
+    worker = TrainerWorkerBody(0, 1, tiny, EngineConfig(micro_batch_tokens=64,
+                                                        optim=OptimConfig(lr=1e-2)),
+                               AlgoConfig())
+    worker.init_distributed("")
+    batch = _batch()
+    before = _logprobs(worker, batch)
+    metrics = worker.step(batch, int(batch.num_tokens()), int(batch.num_seqs()))
+    after = _logprobs(worker, batch)
+    assert metrics["tokens"] == 6 and metrics["micro_batches"] == 1 and metrics["grad_norm"] > 0
+    assert after[0].sum() > before[0].sum()             # advantage +1: more likely
+    assert after[1].sum() < before[1].sum()             # advantage -1: less likely
+
+
+def test_lora_trains_adapters_and_publishes_merged_weights_in_base_names(tiny):
+    worker = TrainerWorkerBody(0, 1, tiny, EngineConfig(
+        micro_batch_tokens=64, optim=OptimConfig(lr=5e-2),
+        lora=LoraConfig(rank=4, alpha=8, target_modules=("q_proj", "v_proj"))), AlgoConfig())
+    worker.init_distributed("")
+    engine = TransformersEngine(tiny)
+    base = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    assert all("lora_" in n for n, p in worker.model.named_parameters() if p.requires_grad)
+    batch = _batch()
+    for _ in range(2):
+        worker.step(batch, int(batch.num_tokens()), int(batch.num_seqs()))
+    merged = worker.state_dict()
+    assert set(merged) == set(base)                      # the base model's own names
+    changed = [k for k in base if not torch.equal(base[k], merged[k])]
+    assert changed and all(("q_proj" in k or "v_proj" in k) for k in changed)
+    # The adapters stay separate inside the worker (unmerged after publishing).
+    assert all(torch.equal(p, base[k.removeprefix("base_model.model.")
+                                     .replace(".base_layer.", ".")])
+               for k, p in worker.model.state_dict().items()
+               if "lora_" not in k and "q_proj" in k)
+    prompt = [5, 6, 7, 8]
+    old = engine.generate(prompt, SamplingParams(4, 0.0))
+    engine.update_weights(1, merged)
+    new = engine.generate(prompt, SamplingParams(4, 0.0))
+    assert new.version == 1 and new.logprobs != old.logprobs
