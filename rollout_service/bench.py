@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=8, help="groups trained per mode")
     parser.add_argument("--group-size", type=int, default=2)
     parser.add_argument("--groups-per-step", type=int, default=1)
-    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--train-seconds", type=float, default=30.0,
                         help="stand-in optimizer step (a real CPU step on these groups takes "
                              "longer)")
