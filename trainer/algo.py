@@ -337,14 +337,20 @@ def build_batch(groups: Sequence[Group], pad_token_id: int, config: AlgoConfig) 
 
 def _response_logits(logits_BTV: torch.Tensor, batch: TrainBatch,
                      temperature: float) -> torch.Tensor:
-    if tuple(logits_BTV.shape[:2]) != tuple(batch.input_ids_BT.shape):
-        raise ConfigError(f"logits_BTV: shape {tuple(logits_BTV.shape)} does not match the "
-                          f"batch's [B, T] = {tuple(batch.input_ids_BT.shape)}")
+    """The logits that predict the response tokens. ``logits_BTV`` covers every column, or only
+    the last ``R + 1`` (a model called with ``logits_to_keep=R + 1``: the full ``[B, T, V]``
+    of a long prompt is most of a step's memory)."""
+    b, t = batch.input_ids_BT.shape
+    p, r = batch.prompt_len, batch.response_len
     if not temperature > 0:
         raise ConfigError(f"temperature: must be > 0, got {temperature!r}")
-    p, r = batch.prompt_len, batch.response_len
-    # the logits at column c predict the token at column c + 1
-    return logits_BTV[:, p - 1:p + r - 1, :] / temperature
+    if tuple(logits_BTV.shape[:2]) == (b, t):
+        # the logits at column c predict the token at column c + 1
+        return logits_BTV[:, p - 1:p + r - 1, :] / temperature
+    if tuple(logits_BTV.shape[:2]) == (b, r + 1):
+        return logits_BTV[:, :r, :] / temperature
+    raise ConfigError(f"logits_BTV: shape {tuple(logits_BTV.shape)} matches neither the "
+                      f"batch's [B, T] = {(b, t)} nor its last R + 1 columns {(b, r + 1)}")
 
 
 def response_logprobs(logits_BTV: torch.Tensor, batch: TrainBatch,

@@ -134,6 +134,11 @@ class CheckpointManager:
     def latest(self) -> Checkpoint | None:
         """The committed checkpoint ``latest`` names, or None before the first commit;
         :class:`CheckpointCorrupt` if it cannot be loaded (no fallback: see the module)."""
+        path = self.latest_path()
+        return None if path is None else self.load(path)
+
+    def latest_path(self) -> Path | None:
+        """The folder of the committed checkpoint ``latest`` names (nothing loaded), or None."""
         name = self._latest_name()
         if name is None:
             if self._step_dirs():
@@ -143,7 +148,12 @@ class CheckpointManager:
         if self._step_of(name) is None:
             raise CheckpointCorrupt(str(self.dir / LATEST_FILE),
                                     f"names {name!r}, not a step-NNNNNN folder")
-        return self.load(self.dir / name)
+        return self.dir / name
+
+    def read_state(self, path: str | os.PathLike) -> dict[str, Any]:
+        """A checkpoint's ``state.json`` (step, version, trainer_state, ...) without its
+        tensors: what a controller needs while the workers load the weights themselves."""
+        return self._read_state(Path(path))
 
     def load(self, path: str | os.PathLike) -> Checkpoint:
         """The checkpoint in folder ``path``; :class:`CheckpointCorrupt` naming what is

@@ -170,10 +170,12 @@ class TrainerWorkerBody:
 
     def _forward(self, module: Any, mb: TrainBatch) -> Any:
         d = self.device
-        out = module(input_ids=mb.input_ids_BT.to(d), attention_mask=mb.attention_mask_BT.to(d),
-                     position_ids=mb.position_ids_BT.to(d), use_cache=False)
-        return response_logprobs(out.logits.float(), mb.to(d) if hasattr(mb, "to") else mb,
-                                 self.algo.temperature)
+        mb = mb.to(d)
+        # Only the positions that predict response tokens: [B, R+1, V] instead of [B, T, V].
+        out = module(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT,
+                     position_ids=mb.position_ids_BT, use_cache=False,
+                     logits_to_keep=mb.response_len + 1)
+        return response_logprobs(out.logits.float(), mb, self.algo.temperature)
 
     def step(self, shard: TrainBatch, global_tokens: int, global_seqs: int,
              ref_logprobs: list[Any] | None = None) -> dict[str, float]:
@@ -261,6 +263,21 @@ class TrainerWorkerBody:
                               f"unexpected {unexpected[:5]}")
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
+
+    def save_checkpoint(self, config: Any, step: int, version: int,
+                        trainer_state: dict[str, Any]) -> str:
+        """Write this rank's model and optimizer as a checkpoint (rank 0; the folder is shared
+        storage on a cluster): the tensors never cross the object store."""
+        from .checkpoint import CheckpointManager
+        model_state, optimizer_state = self.training_state()
+        return str(CheckpointManager(config).save(step, version, model_state, optimizer_state,
+                                                  trainer_state))
+
+    def load_checkpoint(self, config: Any, path: str) -> int:
+        from .checkpoint import CheckpointManager
+        ckpt = CheckpointManager(config).load(path)
+        self.load_training_state(ckpt.model_state, ckpt.optimizer_state)
+        return ckpt.step
 
     def save_pretrained(self, folder: str) -> str:
         """The merged model as a Hugging Face folder (e.g. for evaluation or serving)."""

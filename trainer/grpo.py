@@ -102,14 +102,16 @@ class GRPOTrainer:
 
     def restore(self) -> bool:
         """Continue from the latest checkpoint; returns whether there was one."""
-        ckpt = self.checkpoints.latest()
-        if ckpt is None:
+        path = self.checkpoints.latest_path()
+        if path is None:
             return False
-        state = ckpt.trainer_state
-        ref_model, ref_optim = ray.put(ckpt.model_state), ray.put(ckpt.optimizer_state)
-        ray.get([w.load_training_state.remote(ref_model, ref_optim) for w in self.workers])
-        self.step, self.version = ckpt.step, ckpt.version
-        self._truncate_jsonl(ckpt.step)          # steps after the checkpoint run again
+        meta = self.checkpoints.read_state(path)
+        state = meta["trainer_state"]
+        # Every rank loads the files itself (a shared folder on a cluster).
+        ray.get([w.load_checkpoint.remote(self.config.checkpoint, str(path))
+                 for w in self.workers])
+        self.step, self.version = int(meta["step"]), int(meta["version"])
+        self._truncate_jsonl(self.step)          # steps after the checkpoint run again
         self.trained = set(state.get("trained_groups", []))
         # Entries trained and checkpointed but not acknowledged before the crash.
         pending = list(state.get("unacked", []))
@@ -196,10 +198,9 @@ class GRPOTrainer:
     def checkpoint(self) -> float:
         """Commit the steps so far (the entries they used are acknowledged by :meth:`ack`)."""
         t0 = time.perf_counter()
-        model_state, optim_state = ray.get(self.workers[0].training_state.remote())
-        self.checkpoints.save(self.step, self.version, model_state, optim_state,
-                              {"trained_groups": sorted(self.trained),
-                               "unacked": list(self.unacked)})
+        ray.get(self.workers[0].save_checkpoint.remote(
+            self.config.checkpoint, self.step, self.version,
+            {"trained_groups": sorted(self.trained), "unacked": list(self.unacked)}))
         seconds = time.perf_counter() - t0
         self.metrics.ckpt_s.observe(seconds)
         return seconds

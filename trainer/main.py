@@ -232,8 +232,17 @@ def stop_actors(actors: list[Any], timeout_s: float = 60) -> None:
 
 
 def _sft_stage(config: JobConfig, run_dir: Path, start_model: str) -> str:
+    """SFT in a child process: its model, optimizer and allocator arenas (several GB on CPU)
+    are returned to the system before GRPO starts its own."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_sft_child, config, str(run_dir), start_model).result()
+
+
+def _sft_child(config: JobConfig, run_dir: str, start_model: str) -> str:
     from .sft import sft_stage
-    return sft_stage(config, run_dir, start_model, progress=_progress)
+    return sft_stage(config, Path(run_dir), start_model, progress=_progress)
 
 
 def _step_printer(config: JobConfig, trainer: Any):

@@ -199,6 +199,8 @@ def test_response_logprobs_matches_log_softmax_at_the_right_columns():
             real = b.attention_mask_BT[i, 3 + j].item() == 1
             want = torch.log_softmax(logits[i, 2 + j] / 0.7, -1)[b.responses_BR[i, j]].item()
             assert got[i, j].item() == pytest.approx(want if real else 0.0, abs=1e-6)
+    # Only the last R + 1 columns (a model called with logits_to_keep=R+1): the same values.
+    assert torch.equal(response_logprobs(logits[:, -4:], b, 0.7), got)
     with pytest.raises(ConfigError, match="logits_BTV"):
         response_logprobs(logits[:, :5], b, 1.0)
 
