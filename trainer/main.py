@@ -108,8 +108,9 @@ def _ray_init(config: JobConfig) -> bool:
 
 
 class _PeakMemory:
-    """Peak resident memory of this process and everything it started (an embedded Ray
-    cluster's actors, vLLM, Chromium, Redis, the local cloud), sampled every 2 s."""
+    """Peak memory of this process and everything it started (an embedded Ray cluster's
+    actors, vLLM, Chromium, Redis, the local cloud), sampled every 2 s as the sum of
+    proportional set sizes (PSS: shared pages such as the object store counted once)."""
 
     def __init__(self) -> None:
         import threading
@@ -125,8 +126,8 @@ class _PeakMemory:
             total = 0
             for p in [me, *me.children(recursive=True)]:
                 try:
-                    total += p.memory_info().rss
-                except psutil.Error:
+                    total += p.memory_full_info().pss
+                except (psutil.Error, AttributeError):
                     pass
             self.peak = max(self.peak, total)
 
@@ -215,7 +216,7 @@ def run(config: JobConfig) -> dict[str, Any]:
             ray.shutdown()       # stops an embedded cluster; disconnects from an external one
         services.stop()
         summary["wall_s"] = round(time.monotonic() - t_start, 1)
-        summary["peak_rss_gib"] = memory.stop()
+        summary["peak_memory_gib"] = memory.stop()
         _write_summary(run_dir, summary)
     return summary
 
