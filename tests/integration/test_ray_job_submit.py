@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,20 +23,27 @@ RAY = str(Path(sys.executable).with_name("ray"))
 pytestmark = pytest.mark.slow
 
 
+# Ray >= 2.59 authenticates local clusters by token: the head and the CLI share one, as they
+# would on a real cluster (a Secret there).
+AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
 @pytest.fixture
-def head(tmp_path):
+def head():
     dashboard = free_port()
-    env = {**os.environ, "RAY_ADDRESS": ""}
+    env = {**os.environ, "RAY_ADDRESS": "", **AUTH}
+    # Ray's Unix socket paths must stay short: not under pytest's long tmp_path.
+    temp = Path(tempfile.mkdtemp(prefix="rj-", dir="/tmp"))
     subprocess.run([RAY, "start", "--head", "--port", str(free_port()), "--num-cpus", "4",
                     "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
                     "--dashboard-port", str(dashboard),
-                    "--temp-dir", str(tmp_path / "ray")],
+                    "--temp-dir", str(temp)],
                    check=True, capture_output=True, env=env, timeout=120)
     try:
         yield f"http://127.0.0.1:{dashboard}"
     finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
-        shutil.rmtree(tmp_path / "ray", ignore_errors=True)
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120, env=env)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_trainer_main_runs_under_ray_job_submit(head, tmp_path):
@@ -44,7 +53,8 @@ def test_trainer_main_runs_under_ray_job_submit(head, tmp_path):
          "--runtime-env", "infra/deploy/runtime-env.yaml", "--",
          sys.executable, "-m", "trainer.main", "--config", "configs/smoke.yaml",
          "--run-dir", str(run_dir)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1200)
+        cwd=ROOT, capture_output=True, text=True, timeout=1200,
+        env={**os.environ, "RAY_ADDRESS": "", **AUTH})
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     assert "succeeded" in proc.stdout.lower()
     summary = json.loads((run_dir / "summary.json").read_text())
