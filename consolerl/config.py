@@ -26,6 +26,13 @@ from .errors import ConfigError
 T = TypeVar("T")
 
 
+def check_int(where: str, value: Any, minimum: int) -> None:
+    """A config field that must be an integer (not a bool) of at least ``minimum``; the
+    :class:`ConfigError` names ``where`` (``Class.field``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where}: must be an integer >= {minimum}, got {value!r}")
+
+
 def _convert(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)

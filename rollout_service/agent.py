@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from consolerl.config import check_int
 from consolerl.errors import ConfigError
 from consolerl.types import EnvError, Observation, StepResult
 from env_workers.actions import ACTION_HELP
@@ -61,10 +62,7 @@ class AgentConfig:
         for name, low in (("max_steps", 1), ("history_turns", 0), ("max_observation_chars", 100),
                           ("min_observation_chars", 50), ("max_prompt_tokens", 64),
                           ("max_new_tokens", 1), ("max_episode_tokens", 128)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"AgentConfig.{name}: must be an integer >= {low}, "
-                                  f"got {value!r}")
+            check_int(f"AgentConfig.{name}", getattr(self, name), low)
         if self.min_observation_chars > self.max_observation_chars:
             raise ConfigError("AgentConfig.min_observation_chars: must not exceed "
                               "max_observation_chars")

@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 
+from consolerl.config import check_int
 from consolerl.errors import ConfigError
 
 from .agent import Trajectory, Turn
@@ -102,10 +103,7 @@ class StreamConfig:
     def __post_init__(self) -> None:
         if not self.url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(f"StreamConfig.url: must be a redis:// URL, got {self.url!r}")
-        if isinstance(self.max_len, bool) or not isinstance(self.max_len, int) \
-                or self.max_len < 1:
-            raise ConfigError(f"StreamConfig.max_len: must be an integer >= 1, "
-                              f"got {self.max_len!r}")
+        check_int("StreamConfig.max_len", self.max_len, 1)
 
 
 class ExperienceStream:

@@ -35,6 +35,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from consolerl.config import check_int
 from consolerl.errors import CloudAPIError, ConfigError
 from consolerl.types import EpisodeSpec
 from infra.cloud import CloudClient, CloudConfig, Credentials
@@ -71,10 +72,7 @@ class OrchestratorConfig:
     def __post_init__(self) -> None:
         for name, low in (("group_size", 1), ("max_staleness", 0), ("groups_per_step", 1),
                           ("max_env_retries", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"OrchestratorConfig.{name}: must be an integer >= {low}, "
-                                  f"got {value!r}")
+            check_int(f"OrchestratorConfig.{name}", getattr(self, name), low)
         if self.mode not in ("async", "sync"):
             raise ConfigError(f"OrchestratorConfig.mode: must be async or sync, "
                               f"got {self.mode!r}")

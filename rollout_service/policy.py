@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import ray
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from consolerl.config import check_int
 from consolerl.errors import ConfigError
 
 from .agent import Generation, SamplingParams
@@ -66,10 +67,7 @@ class PolicyConfig:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"PolicyConfig.dtype: must be float32, bfloat16 or float16, "
                               f"got {self.dtype!r}")
-        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) \
-                or self.replicas < 1:
-            raise ConfigError(f"PolicyConfig.replicas: must be an integer >= 1, "
-                              f"got {self.replicas!r}")
+        check_int("PolicyConfig.replicas", self.replicas, 1)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"PolicyConfig.gpu_memory_utilization: must be in (0, 1], "
                               f"got {self.gpu_memory_utilization!r}")

@@ -43,6 +43,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from consolerl.config import check_int
 from consolerl.errors import ConfigError, ConsoleRLError
 
 log = logging.getLogger(__name__)
@@ -84,10 +85,7 @@ class CheckpointConfig:
             raise ConfigError(f"CheckpointConfig.dir: must be a non-empty path, "
                               f"got {self.dir!r}")
         for name in ("every_steps", "keep"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"CheckpointConfig.{name}: must be an integer >= 1, "
-                                  f"got {value!r}")
+            check_int(f"CheckpointConfig.{name}", getattr(self, name), 1)
 
 
 @dataclass

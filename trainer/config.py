@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from consolerl.errors import ConfigError
+from consolerl.config import check_int
 from rollout_service.config import RolloutConfig
 
 from .algo import AlgoConfig
@@ -32,10 +32,7 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         for name in ("steps", "publish_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"TrainerConfig.{name}: must be an integer >= 1, "
-                                  f"got {value!r}")
+            check_int(f"TrainerConfig.{name}", getattr(self, name), 1)
 
 
 @dataclass(frozen=True)

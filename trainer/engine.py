@@ -26,6 +26,7 @@ from typing import Any
 
 import ray
 
+from consolerl.config import check_int
 from consolerl.errors import ConfigError
 
 from .algo import AlgoConfig, TrainBatch, compute_loss, response_logprobs
@@ -58,8 +59,7 @@ class LoraConfig:
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
     def __post_init__(self) -> None:
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
-            raise ConfigError(f"LoraConfig.rank: must be an integer >= 0, got {self.rank!r}")
+        check_int("LoraConfig.rank", self.rank, 0)
 
 
 @dataclass(frozen=True)
@@ -80,10 +80,7 @@ class EngineConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) \
-                or self.workers < 1:
-            raise ConfigError(f"EngineConfig.workers: must be an integer >= 1, "
-                              f"got {self.workers!r}")
+        check_int("EngineConfig.workers", self.workers, 1)
         if self.backend not in ("gloo", "nccl"):
             raise ConfigError(f"EngineConfig.backend: must be gloo or nccl, "
                               f"got {self.backend!r}")

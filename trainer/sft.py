@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from consolerl.config import check_int
 from consolerl.errors import ConfigError
 
 IGNORE = -100
@@ -95,10 +96,7 @@ class SftConfig:
                 raise ConfigError(f"SftConfig.{name}: required")
         for name, low in (("epochs", 1), ("max_tokens_per_batch", 16),
                           ("micro_batch_tokens", 16), ("max_seq_len", 8)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"SftConfig.{name}: must be an integer >= {low}, "
-                                  f"got {value!r}")
+            check_int(f"SftConfig.{name}", getattr(self, name), low)
         for name, low, high in (("lr", 0.0, 1.0), ("weight_decay", 0.0, 1.0),
                                 ("warmup_ratio", 0.0, 0.5)):
             value = getattr(self, name)

@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from consolerl.config import check_int
 from consolerl.errors import ConfigError, ConsoleRLError
 from rollout_service.experience import Group, StreamConfig, decode_group
 
@@ -91,10 +92,7 @@ class ConsumerConfig:
             if not isinstance(value, str) or not value or value != value.strip():
                 raise ConfigError(f"ConsumerConfig.{name}: must be a non-empty string without "
                                   f"surrounding spaces, got {value!r}")
-        if isinstance(self.block_ms, bool) or not isinstance(self.block_ms, int) \
-                or self.block_ms < 0:
-            raise ConfigError(f"ConsumerConfig.block_ms: must be an integer >= 0, "
-                              f"got {self.block_ms!r}")
+        check_int("ConsumerConfig.block_ms", self.block_ms, 0)
         if isinstance(self.retry_s, bool) or not isinstance(self.retry_s, (int, float)) \
                 or not 0 <= self.retry_s < float("inf"):
             raise ConfigError(f"ConsumerConfig.retry_s: must be a finite number >= 0, "
