@@ -1,5 +1,6 @@
-"""Fixtures of the console tests: a local cloud of their own, real headless Chromium (the
-system's, through Playwright), and a signed-in :class:`Console` per test."""
+"""Fixtures of the integration tests: a local cloud of their own, real headless Chromium (the
+system's, through Playwright), a signed-in :class:`Console` per test, and a real redis-server
+per test module."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -8,6 +9,7 @@ import pytest
 from playwright.sync_api import Browser, sync_playwright
 
 from consolerl.chromium import chromium_path
+from infra.redis_local import RedisServer
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from tests.conftest import CloudServer, _server
 from tests.integration.console_kit import Console
@@ -54,3 +56,11 @@ def api(console_cloud: CloudServer, accounts):
         return CloudClient(CloudConfig(endpoint=console_cloud.endpoint),
                            Credentials(account.access_key_id, account.access_key_secret))
     return make
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory) -> Iterator[RedisServer]:
+    """A redis-server of the test module's own (AOF on, loopback, a free port)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()

@@ -32,14 +32,6 @@ FAST = dict(lease_ttl_s=10.0, poll_interval_s=0.01, waiter_ttl_s=1.0)
 
 
 @pytest.fixture(scope="module")
-def redis_server(tmp_path_factory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def rclient(redis_server: RedisServer) -> Iterator[redis.Redis]:
     with redis_server.client() as client:
         yield client

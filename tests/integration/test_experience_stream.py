@@ -8,15 +8,6 @@ from consolerl.errors import ConfigError
 from rollout_service.agent import Turn
 from rollout_service.experience import (ExperienceStream, Group, Sample, StreamConfig,
                                         decode_group)
-from tests.integration.redis_server import RedisServer
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis-exp"))
-    server.start()
-    yield server
-    server.stop()
 
 
 def group(i: int) -> Group:

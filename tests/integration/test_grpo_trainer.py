@@ -9,7 +9,6 @@ import pytest
 torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 
-from infra.redis_local import RedisServer  # noqa: E402
 from rollout_service.agent import Turn  # noqa: E402
 from rollout_service.experience import ExperienceStream, Group, Sample, StreamConfig  # noqa: E402
 from rollout_service.models import cached_tiny_model  # noqa: E402
@@ -20,13 +19,6 @@ from trainer.config import TrainerConfig  # noqa: E402
 from trainer.engine import EngineConfig, OptimConfig, start_workers  # noqa: E402
 from trainer.grpo import GRPOTrainer  # noqa: E402
 from trainer.stream import ConsumerConfig  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ from rollout_service.experience import ExperienceStream, decode_group  # noqa: E
 from rollout_service.models import tiny_model  # noqa: E402
 from rollout_service.service import OrchestratorActor  # noqa: E402
 from tests.conftest import CloudServer, _server  # noqa: E402
-from tests.integration.redis_server import RedisServer  # noqa: E402
 
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -31,14 +30,6 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 def orch_cloud(tmp_path_factory) -> Iterator[CloudServer]:
     yield from _server(tmp_path_factory, "orch-cloud", ["--lookup-qps", "0", "--transition",
                                                        "0.3", "--network-ready", "0.1"])
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("orch-redis"))
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_groups_flow_to_the_stream_with_rewards_and_nothing_leaks(orch_cloud, redis_server,

@@ -19,14 +19,6 @@ from tests.integration.redis_server import RedisServer
 from trainer.stream import ConsumerConfig, ExperienceConsumer, StreamUnavailable, redact_url
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis-trainer-stream"))
-    server.start()
-    yield server
-    server.stop()
-
-
 def group(i: int) -> Group:
     turn = Turn((1, 2, 3), (70000 + i, 5), (-0.25, -1.5), (1, 1), 3, "click(3)", "click(3)")
     return Group(f"g{i}", "ram-create-user-0",
