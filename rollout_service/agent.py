@@ -148,6 +148,18 @@ class _Step:
     error: str
 
 
+def history_entry(text: str, result: StepResult) -> _Step:
+    """What later prompts show of an action: the canonical action the env worker ran (or the
+    generated text, shortened, when it did not parse, with the parse error)."""
+    error = result.observation.last_action_error if not result.action_text else ""
+    return _Step(result.action_text or _short(text), error)
+
+
+def recent_history(history: Sequence[_Step], turns: int) -> list[_Step]:
+    """The last ``turns`` entries (none when ``turns`` is 0)."""
+    return list(history[-turns:]) if turns else []
+
+
 def _cut(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
@@ -206,8 +218,8 @@ class AgentLoop:
         used = 0
         end, answer, infeasible, env_error = "max_steps", None, None, None
         for index in range(cfg.max_steps):
-            ids = self.prompt_ids(title, procedure, history[-cfg.history_turns:]
-                                  if cfg.history_turns else [], observation)
+            ids = self.prompt_ids(title, procedure, recent_history(history, cfg.history_turns),
+                                  observation)
             if ids is None or used + len(ids) + cfg.max_new_tokens > cfg.max_episode_tokens:
                 end = "token_limit"
                 break
@@ -217,11 +229,11 @@ class AgentLoop:
             used += len(ids) + len(gen.token_ids)
             text = self.tokenizer.decode(list(gen.token_ids), skip_special_tokens=True)
             result = await step(text)
-            error = result.observation.last_action_error if not result.action_text else ""
+            entry = history_entry(text, result)
             turns.append(Turn(tuple(ids), tuple(gen.token_ids), tuple(gen.logprobs),
                               (1,) * len(gen.token_ids), gen.version, text,
-                              result.action_text, error))
-            history.append(_Step(result.action_text or _short(text), error))
+                              result.action_text, entry.error))
+            history.append(entry)
             observation = result.observation
             if result.env_error is not None:
                 end, env_error = "env_error", result.env_error

@@ -77,7 +77,8 @@ from infra.provisioning.oracle import run_oracle
 from infra.provisioning.sdk import SdkProvisioner
 from infra.provisioning.tasks import TASKS_DIR, Task, load_suite
 from infra.redis_local import RedisServer
-from rollout_service.agent import AgentConfig, AgentLoop, _short, _Step
+from rollout_service.agent import (AgentConfig, AgentLoop, _Step, history_entry,
+                                   recent_history)
 from rollout_service.models import HFChatTokenizer, resolve_model
 from trainer.sft import end_of_turn_id
 
@@ -165,12 +166,11 @@ def recording_policy(config: AgentConfig, recording: Recording,
         current = [observation]
 
         async def recorded(text: str) -> StepResult:
-            shown = tuple(history[-config.history_turns:]) if config.history_turns else ()
+            shown = tuple(recent_history(history, config.history_turns))
             result = await step(text)
             turns.append(RecordedTurn(current[0], shown, text, result.action_text,
                                       result.observation.last_action_error))
-            agent_error = result.observation.last_action_error if not result.action_text else ""
-            history.append(_Step(result.action_text or _short(text), agent_error))
+            history.append(history_entry(text, result))
             current[0] = result.observation
             return result
         return await teacher(task, values, recorded, observation)
