@@ -97,8 +97,7 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
                                      max_staleness=10**6, mode="async",
                                      drop_uniform_groups=False, split=split,
                                      task_filter=tasks or "", seed=run + 1),
-                stream=replace(config.stream, stream=f"{config.stream.stream}:{label}"),
-                env=replace(config.env, lease_prefix=config.env.lease_prefix))
+                stream=replace(config.stream, stream=f"{config.stream.stream}:{label}"))
             actor = OrchestratorActor.options(num_cpus=0).remote(cfg, None, servers)
             try:
                 summary = ray.get(actor.run.remote(len(selected) * per_task))

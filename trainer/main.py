@@ -92,19 +92,18 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _ray_init(config: JobConfig) -> bool:
-    """Join the configured or ``RAY_ADDRESS`` cluster, else start an embedded one; returns
-    whether this process owns the cluster."""
+def _ray_init(config: JobConfig) -> None:
+    """Join the configured or ``RAY_ADDRESS`` cluster, else start an embedded one (which
+    ``ray.shutdown()`` stops again; an external one it only disconnects from)."""
     import ray
     address = config.run.ray_address or os.environ.get("RAY_ADDRESS", "")
     if address:
         ray.init(address=address, log_to_driver=False)
-        return False
+        return
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     if config.run.ray_num_cpus:
         kwargs["num_cpus"] = config.run.ray_num_cpus
     ray.init(**kwargs)
-    return True
 
 
 class _PeakMemory:
