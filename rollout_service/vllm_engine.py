@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from consolerl.errors import ConfigError
+from consolerl.tensors import unshared_tensors
 
 from .agent import Generation, SamplingParams
 
@@ -230,7 +231,9 @@ class VllmEngine:
         t0 = time.perf_counter()
         path = self._weights_dir(state_dict) / f"weights-{os.getpid()}-{version}.safetensors"
         try:
-            save_file(_unshared(state_dict), str(path))
+            # Tied weights are stored once; vLLM ties them again itself.
+            save_file(unshared_tensors(state_dict, "update_weights: 'state_dict'")[0],
+                      str(path))
             self._request("update", int(version), str(path))
         finally:
             path.unlink(missing_ok=True)
@@ -279,18 +282,3 @@ def _kill(proc: subprocess.Popen, folder: Path) -> None:
             except ProcessLookupError:
                 pass
     shutil.rmtree(folder, ignore_errors=True)
-
-
-def _unshared(state_dict: Mapping[str, Any]) -> dict[str, Any]:
-    """Contiguous CPU tensors, each storage once (tied embeddings share one: safetensors refuses
-    shared tensors, and vLLM ties them again itself)."""
-    out: dict[str, Any] = {}
-    seen: set[tuple[int, tuple]] = set()
-    for name, tensor in state_dict.items():
-        t = tensor.detach()
-        key = (t.data_ptr(), tuple(t.shape))
-        if key in seen:
-            continue
-        seen.add(key)
-        out[name] = t.to("cpu").contiguous()
-    return out

@@ -45,6 +45,7 @@ from safetensors.torch import load_file, save_file
 
 from consolerl.config import check_int
 from consolerl.errors import ConfigError, ConsoleRLError
+from consolerl.tensors import unshared_tensors
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +210,7 @@ class CheckpointManager:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"save: 'trainer_state' and 'extra' must be JSON-serialisable "
                               f"dicts: {exc}") from None
-        tensors, aliases = _dedupe(model_state)
+        tensors, aliases = unshared_tensors(model_state, "save: 'model_state'")
 
         self.dir.mkdir(parents=True, exist_ok=True)
         self.cleanup()
@@ -330,39 +331,6 @@ class CheckpointManager:
         if MODEL_FILE not in state["files"]:
             raise CheckpointCorrupt(str(path), f"{STATE_FILE} lists no {MODEL_FILE}")
         return state
-
-
-def _dedupe(model_state: dict[str, torch.Tensor]
-            ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """CPU, contiguous tensors to store, and ``alias -> stored key`` for keys that are the same
-    view of the same storage as an earlier key (tied weights). Tensors that only overlap
-    another's storage are stored as separate copies (safetensors refuses shared storage)."""
-    tensors: dict[str, torch.Tensor] = {}
-    aliases: dict[str, str] = {}
-    seen: dict[tuple, str] = {}
-    storages: set[tuple[str, int]] = set()
-    for key, t in model_state.items():
-        if not isinstance(key, str) or not isinstance(t, torch.Tensor):
-            raise ConfigError(f"save: 'model_state' must map str to tensors; {key!r} holds "
-                              f"{type(t).__name__}")
-        if t.numel() == 0:
-            tensors[key] = t.detach().to("cpu").contiguous().clone()
-            continue
-        view = (t.device.type, t.device.index, t.untyped_storage().data_ptr(),
-                t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
-        if view in seen:
-            aliases[key] = seen[view]
-            continue
-        seen[view] = key
-        cpu = t.detach().to("cpu").contiguous()
-        storage = (cpu.device.type, cpu.untyped_storage().data_ptr())
-        if storage in storages or cpu.numel() != cpu.untyped_storage().nbytes() // max(
-                1, cpu.element_size()):
-            cpu = cpu.clone()       # a view into a storage shared with (or bigger than) it
-            storage = (cpu.device.type, cpu.untyped_storage().data_ptr())
-        storages.add(storage)
-        tensors[key] = cpu
-    return tensors, aliases
 
 
 def _fsync_file(path: Path) -> None:
