@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,7 @@ import ray
 
 from consolerl.config import check_int
 from consolerl.errors import ConfigError
+from infra.local_cloud import free_port
 
 from .algo import AlgoConfig, TrainBatch, compute_loss, response_logprobs
 
@@ -94,12 +94,6 @@ class EngineConfig:
 
 # compute_loss metrics that are a micro-batch's share of the step's value (summed, not averaged)
 _SHARE_METRICS = frozenset({"loss", "pg_loss", "kl"})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class TrainerWorkerBody:
