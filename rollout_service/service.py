@@ -81,14 +81,6 @@ class OrchestratorBody:
     async def stop(self) -> None:
         self.orchestrator.stop()
 
-    async def status(self) -> dict[str, Any]:
-        o = self.orchestrator
-        return {"groups_opened": o.groups_opened, "groups_pushed": o.groups_pushed,
-                "groups_dropped_uniform": o.groups_dropped,
-                "groups_abandoned": o.groups_abandoned, "episodes": len(o.episodes),
-                "env_errors": sum(bool(e.env_error) for e in o.episodes),
-                "leaked_resources": sum(len(e.leaked) for e in o.episodes)}
-
     async def metrics(self) -> bytes:
         return generate_latest(self.orchestrator.registry) + \
             generate_latest(self.reward.registry)
