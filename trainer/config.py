@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from consolerl.config import check_int
+from consolerl.errors import ConfigError
 from rollout_service.config import RolloutConfig
 
 from .algo import AlgoConfig
@@ -19,7 +20,9 @@ class TrainerConfig:
     """``steps``: optimizer steps of the GRPO stage; each takes ``orchestrator.groups_per_step``
     groups from the stream. ``publish_every``: weights reach the PolicyServers every k steps
     (the trainer version the staleness control reads moves with them). ``model``: the starting
-    weights ("" = the SFT output when SFT runs, else ``policy.model``)."""
+    weights ("" = the SFT output when SFT runs, else ``policy.model``). ``time_budget_s``: a
+    wall-clock budget for the whole job (SFT included; 0 = none): no GRPO step starts that the
+    last step's duration says would end past it, and the run ends with its checkpoint."""
 
     steps: int = 2
     publish_every: int = 1
@@ -29,10 +32,14 @@ class TrainerConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
     read_timeout_s: float = 1800.0        # waiting for the stream before giving up a step
+    time_budget_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "publish_every"):
             check_int(f"TrainerConfig.{name}", getattr(self, name), 1)
+        if self.time_budget_s < 0:
+            raise ConfigError(f"TrainerConfig.time_budget_s must be >= 0 (0 = no budget), "
+                              f"got {self.time_budget_s}")
 
 
 @dataclass(frozen=True)

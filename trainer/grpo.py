@@ -210,22 +210,34 @@ class GRPOTrainer:
             self.consumer.ack(self.unacked)        # only after the checkpoint: committed
             self.unacked = []
 
-    def run(self, steps: int, on_step: Callable[[dict[str, Any]], None] | None = None
-            ) -> list[dict[str, Any]]:
+    def run(self, steps: int, on_step: Callable[[dict[str, Any]], None] | None = None,
+            deadline: float | None = None) -> list[dict[str, Any]]:
         """Train until ``steps`` optimizer steps are done in total (a resumed run continues
-        its count); checkpoint at the end."""
+        its count), or until the next step would end past ``deadline`` (``time.monotonic()``;
+        estimated by the last step's duration); the last step is always published and
+        checkpointed."""
+        self.stopped_by = "steps"
+        last_s = 0.0
+        published = commit = True
         while self.step < steps:
+            if deadline is not None and time.monotonic() + last_s > deadline:
+                self.stopped_by = "time_budget"
+                log.info("time budget: stopping after step %d", self.step)
+                break
+            t0 = time.monotonic()
             deliveries = self.collect(time.monotonic() + self.config.read_timeout_s)
             metrics = self.train_step([d.group for d in deliveries])
             self.step += 1
             self.trained.update(d.group.group_id for d in deliveries)
             self.unacked.extend(d.entry_id for d in deliveries)
             metrics["redelivered"] = sum(d.redelivered for d in deliveries)
-            if self.step % self.config.publish_every == 0 or self.step == steps:
+            last = self.step == steps
+            published = self.step % self.config.publish_every == 0 or last
+            if published:
                 self.version += 1
                 metrics["weight_sync_s"] = round(self.publish(self.version), 3)
             metrics["version"] = self.version
-            commit = self.checkpoints.should_save(self.step) or self.step == steps
+            commit = self.checkpoints.should_save(self.step) or last
             if commit:
                 metrics["checkpoint_s"] = round(self.checkpoint(), 3)
             metrics["time"] = time.time()
@@ -235,6 +247,16 @@ class GRPOTrainer:
                 self.ack()
             if on_step is not None:
                 on_step(metrics)
+            last_s = time.monotonic() - t0
+        if self.stopped_by == "time_budget" and self.history:
+            # Stopped between publishes or checkpoints: the final weights still reach the
+            # PolicyServers and a checkpoint.
+            if not published:
+                self.version += 1
+                self.publish(self.version)
+            if not commit:
+                self.checkpoint()
+                self.ack()
         return self.history
 
     def _truncate_jsonl(self, step: int) -> None:

@@ -203,7 +203,12 @@ def run(config: JobConfig) -> dict[str, Any]:
         trainer.start()                 # the trainer version before the orchestrator reads it
         orchestrator = OrchestratorActor.options(num_cpus=0).remote(config, None, servers)
         run_ref = orchestrator.run.remote(None)
-        summary["history"] = trainer.run(config.trainer.steps, _step_printer(config, trainer))
+        budget = config.trainer.time_budget_s
+        summary["history"] = trainer.run(config.trainer.steps, _step_printer(config, trainer),
+                                         deadline=t_start + budget if budget else None)
+        summary["stopped_by"] = trainer.stopped_by
+        summary["final_model"] = _save_final(workers[0], model_path, run_dir / "final")
+        _progress(f"final model: {summary['final_model']}")
         summary["completed"] = True
     finally:
         if orchestrator is not None:
@@ -229,6 +234,24 @@ def stop_actors(actors: list[Any], timeout_s: float = 60) -> None:
         except Exception:  # noqa: BLE001 - killed below either way
             pass
         ray.kill(actor)
+
+
+def _save_final(rank0: Any, model_path: str, folder: Path) -> str:
+    """The trained weights as a model folder (config, weights, tokenizer) that the policy,
+    ``trainer.evaluate`` and Hugging Face load; written beside, then swapped in."""
+    import shutil
+
+    import ray
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    ray.get(rank0.save_pretrained.remote(str(tmp)))
+    for f in Path(model_path).iterdir():
+        if f.is_file() and (f.name.startswith("tokenizer") or f.name in (
+                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")):
+            shutil.copy2(f, tmp / f.name)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return str(folder)
 
 
 def _sft_stage(config: JobConfig, run_dir: Path, start_model: str) -> str:

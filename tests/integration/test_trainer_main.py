@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import psutil
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,6 +42,22 @@ def test_smoke_config_trains_two_steps_and_stops_everything(tmp_path):
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()
                   if p.name.startswith("step-")) == ["step-000001", "step-000002"]
     assert "step 2: reward" in proc.stderr                  # per-step progress
+    # The trained weights as a model folder: the last checkpoint's tensors, with config and
+    # tokenizer, loadable as a policy.
+    from safetensors.torch import load_file
+
+    from rollout_service.models import HFChatTokenizer
+    assert summary["stopped_by"] == "steps"
+    final = Path(summary["final_model"])
+    assert final == run_dir / "final"
+    weights = load_file(str(final / "model.safetensors"))
+    ckpt = load_file(str(run_dir / "checkpoints" / "step-000002" / "model.safetensors"))
+    common = set(weights) & set(ckpt)
+    assert len(common) >= len(ckpt) - 1 and common
+    assert all(torch.equal(weights[k], ckpt[k]) for k in common)
+    text = "click(12) then fill(8, \"user1\")"
+    assert (HFChatTokenizer(str(final)).tokenizer.encode(text) ==
+            HFChatTokenizer(summary["start_model"]).tokenizer.encode(text))
     # Nothing it started is left: no Redis, local cloud, Ray, Chromium or policy process
     # created since the run began is still alive.
     left = []

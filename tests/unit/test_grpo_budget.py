@@ -1,0 +1,100 @@
+"""The GRPO loop's time budget: no step starts that the last step's duration says would end
+past the deadline, and the last trained step is still published and checkpointed (the loop
+with its collect / train / publish / checkpoint / ack replaced by recorders)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from consolerl.errors import ConfigError
+from trainer.checkpoint import CheckpointConfig, CheckpointManager
+from trainer.config import TrainerConfig
+from trainer.grpo import GRPOTrainer
+
+
+class _Clock:
+    """time.monotonic for trainer.grpo: moves only when a step trains."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = _Clock()
+    monkeypatch.setattr("trainer.grpo.time", SimpleNamespace(monotonic=c.monotonic,
+                                                             time=lambda: 0.0))
+    return c
+
+
+def _trainer(clock: _Clock, step_s: float, publish_every: int = 1, every_steps: int = 1,
+             tmp_path=None) -> tuple[GRPOTrainer, list[tuple]]:
+    calls: list[tuple] = []
+    t = GRPOTrainer.__new__(GRPOTrainer)
+    t.config = TrainerConfig(publish_every=publish_every,
+                             checkpoint=CheckpointConfig(every_steps=every_steps))
+    t.checkpoints = CheckpointManager(t.config.checkpoint)
+    t.step = t.version = 0
+    t.trained, t.unacked, t.history = set(), [], []
+    t.run_dir = tmp_path
+    n = iter(range(10**6))
+
+    def collect(deadline):
+        i = next(n)
+        return [SimpleNamespace(group=SimpleNamespace(group_id=f"g{i}"), entry_id=f"e{i}",
+                                redelivered=False)]
+
+    def train_step(groups):
+        clock.now += step_s
+        calls.append(("train", t.step + 1))
+        return {"step": t.step + 1}
+
+    def publish(version):
+        calls.append(("publish", version))
+        return 0.0
+
+    def checkpoint():
+        calls.append(("checkpoint", t.step))
+        return 0.0
+
+    def ack():
+        calls.append(("ack", list(t.unacked)))
+        t.unacked = []
+
+    t.collect, t.train_step, t.publish, t.checkpoint, t.ack = (collect, train_step, publish,
+                                                               checkpoint, ack)
+    return t, calls
+
+
+def test_budget_stops_before_a_step_that_would_overrun(clock, tmp_path):
+    t, calls = _trainer(clock, 200, tmp_path=tmp_path)
+    history = t.run(100, deadline=clock.now + 500)
+    # Step 1 starts at 0 (nothing known), step 2 at 200 (ends at 400 < 500), step 3 would end
+    # at 600.
+    assert len(history) == 2 and t.step == 2 and t.stopped_by == "time_budget"
+    assert ("publish", 2) in calls and ("checkpoint", 2) in calls
+    assert calls[-1] == ("ack", ["e1"])
+
+
+def test_budget_stop_between_publishes_still_publishes_and_checkpoints(clock, tmp_path):
+    t, calls = _trainer(clock, 200, publish_every=5, every_steps=5, tmp_path=tmp_path)
+    t.run(100, deadline=clock.now + 500)
+    assert t.step == 2 and t.version == 1
+    assert calls[-3:] == [("publish", 1), ("checkpoint", 2), ("ack", ["e0", "e1"])]
+    assert all(c[0] != "checkpoint" for c in calls[:-2])   # none before the stop
+
+
+def test_no_deadline_runs_all_steps(clock, tmp_path):
+    t, calls = _trainer(clock, 200, publish_every=2, every_steps=2, tmp_path=tmp_path)
+    t.run(3)
+    assert t.step == 3 and t.stopped_by == "steps" and t.version == 2
+    assert [c for c in calls if c[0] == "checkpoint"] == [("checkpoint", 2), ("checkpoint", 3)]
+
+
+def test_negative_budget_is_a_config_error():
+    with pytest.raises(ConfigError, match="time_budget_s"):
+        TrainerConfig(time_budget_s=-1)
