@@ -58,6 +58,39 @@ def paired_bootstrap_diff(before: dict[str, list[float]], after: dict[str, list[
                             boots[min(n - 1, int((1 + level) / 2 * n))])
 
 
+def stratified_bootstrap_diff(before: dict[str, list[float]], after: dict[str, list[float]],
+                              *, n: int = 10_000, seed: int = 0, level: float = 0.95
+                              ) -> tuple[float, tuple[float, float]]:
+    """Difference ``after - before`` of the success averaged over the tasks both saw, and its
+    interval from resampling each model's episodes within each task (the task set is fixed:
+    the question is whether this model beats that one on these tasks, with few tasks and
+    several episodes each)."""
+    tasks = sorted(t for t in set(before) & set(after) if before[t] and after[t])
+    if not tasks:
+        raise ValueError("stratified_bootstrap_diff: no task evaluated in both")
+    rng = random.Random(seed)
+
+    def resampled_mean(xs: list[float]) -> float:
+        return sum(xs[rng.randrange(len(xs))] for _ in xs) / len(xs)
+
+    point = sum(sum(after[t]) / len(after[t]) - sum(before[t]) / len(before[t])
+                for t in tasks) / len(tasks)
+    boots = sorted(sum(resampled_mean(after[t]) - resampled_mean(before[t]) for t in tasks)
+                   / len(tasks) for _ in range(n))
+    return point, (boots[int((1 - level) / 2 * n)], boots[min(n - 1, int((1 + level) / 2 * n))])
+
+
+def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The difference between two :func:`evaluate` results on the same tasks."""
+    diff, (lo, hi) = stratified_bootstrap_diff(before["per_task"], after["per_task"])
+    by_task, (tlo, thi) = paired_bootstrap_diff(before["per_task"], after["per_task"])
+    return {"success_diff": diff, "success_diff_ci95": [lo, hi],
+            "method": "mean over tasks of the success difference; 95% interval from "
+                      "resampling episodes within each task (10,000 resamples)",
+            "success_diff_ci95_resampling_tasks": [tlo, thi],
+            "tasks": sorted(set(before["per_task"]) & set(after["per_task"]))}
+
+
 def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | None = None,
              tasks: str | None = None, episodes_per_task: int | None = None,
              temperature: float | None = None, label: str = "eval",
@@ -136,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--model", required=True, help="model folder (or default / tiny)")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--baseline", default="",
+                        help="a second model evaluated first on the same tasks and seeds; "
+                             "the output adds the difference model - baseline with its CI")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", default="", help="also write the JSON result to this file")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     try:
@@ -155,13 +192,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         services.start()
         _ray_init(config)
-        result = evaluate(config, resolve_model(args.model), runs=args.runs,
-                          progress=lambda m: print(f"[evaluate] {m}", file=sys.stderr,
-                                                   flush=True))
+        def progress(m: str) -> None:
+            print(f"[evaluate] {m}", file=sys.stderr, flush=True)
+        if args.baseline:
+            before = evaluate(config, resolve_model(args.baseline), runs=args.runs,
+                              label="baseline", progress=progress)
+            after = evaluate(config, resolve_model(args.model), runs=args.runs,
+                             label="model", progress=progress)
+            result = {"baseline": before, "model": after, "difference": compare(before, after)}
+        else:
+            result = evaluate(config, resolve_model(args.model), runs=args.runs,
+                              progress=progress)
     finally:
         if ray.is_initialized():
             ray.shutdown()
         services.stop()
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.evaluate import bootstrap_ci, paired_bootstrap_diff
+from trainer.evaluate import (bootstrap_ci, compare, paired_bootstrap_diff,
+                              stratified_bootstrap_diff)
 
 
 def test_bootstrap_ci_brackets_the_mean_and_narrows_with_more_data():
@@ -31,3 +32,32 @@ def test_paired_difference_resamples_tasks():
     assert same == 0.0 and lo0 == hi0 == 0.0
     with pytest.raises(ValueError):
         paired_bootstrap_diff({"a": [1]}, {"b": [1]})
+
+
+def test_stratified_difference_resamples_episodes_within_tasks():
+    before = {"a": [0.0] * 9, "b": [1.0, 0.0, 0.0] * 3}
+    after = {"a": [1.0, 1.0, 0.0] * 3, "b": [1.0, 1.0, 0.0] * 3, "only-after": [1.0]}
+    diff, (lo, hi) = stratified_bootstrap_diff(before, after)
+    assert diff == pytest.approx((2 / 3 + 1 / 3) / 2)
+    assert 0.0 < lo < diff < hi < 1.0        # 9 episodes a task: clearly above 0, not a point
+    # Uniform outcomes have no spread within a task: the interval is the point.
+    d, (lo1, hi1) = stratified_bootstrap_diff({"a": [0.0] * 4}, {"a": [1.0] * 4})
+    assert d == lo1 == hi1 == 1.0
+    # More episodes, narrower interval.
+    _, (lo3, hi3) = stratified_bootstrap_diff({t: v * 3 for t, v in before.items()},
+                                              {t: v * 3 for t, v in after.items()})
+    assert hi3 - lo3 < hi - lo
+    with pytest.raises(ValueError):
+        stratified_bootstrap_diff({"a": [1.0]}, {"a": []})
+
+
+def test_compare_reports_both_intervals_over_common_tasks():
+    before = {"per_task": {"a": [0.0, 0.0, 1.0], "b": [0.0, 1.0, 1.0]}}
+    after = {"per_task": {"a": [1.0, 1.0, 1.0], "b": [0.0, 1.0, 1.0], "c": [1.0]}}
+    out = compare(before, after)
+    assert out["tasks"] == ["a", "b"]
+    assert out["success_diff"] == pytest.approx((2 / 3 + 0) / 2)
+    lo, hi = out["success_diff_ci95"]
+    assert lo <= out["success_diff"] <= hi
+    tlo, thi = out["success_diff_ci95_resampling_tasks"]
+    assert (tlo, thi) == (0.0, pytest.approx(2 / 3))
