@@ -1,6 +1,7 @@
 # console-rl — set-up, tests, local services.
 #   make setup       system packages (redis-server, chromium) + .venv + the package + vLLM (.venv-vllm)
 #   make demo        SFT then GRPO on the local cloud (runs/demo: metrics, curves, summary)
+#   make learning-check  SFT then GRPO (<= 60 min), then held-out success of both (~1.5 h in all)
 #   make test        the fast suite (unit + integration against real local services)
 #   make test-slow   the slow tests (run before resolving an issue)
 #   make cloud       serve the local cloud on $(CLOUD_PORT)
@@ -17,7 +18,7 @@ STATE_DIR ?= var/console_sim
 APT_PACKAGES := redis-server chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup setup-system setup-python setup-vllm demo test test-slow test-all bench validate cloud clean
+.PHONY: setup setup-system setup-python setup-vllm demo learning-check test test-slow test-all bench validate cloud clean
 
 setup: setup-system setup-python setup-vllm
 
@@ -81,6 +82,13 @@ bench: $(PY)
 # workers and the vLLM CPU policy); the run folder is runs/demo (see configs/demo.yaml).
 demo: $(PY)
 	$(PY) -m trainer.main --config configs/demo.yaml $(ARGS)
+
+# Does GRPO after SFT raise held-out success over the SFT checkpoint? (configs/learning-check.yaml)
+LC_DIR := runs/learning-check
+learning-check: $(PY)
+	$(PY) -m trainer.main --config configs/learning-check.yaml $(ARGS)
+	$(PY) -m trainer.evaluate --config configs/learning-check.yaml --runs 3 \
+	    --model $(LC_DIR)/final --baseline $(LC_DIR)/sft --out $(LC_DIR)/evaluation.json $(ARGS)
 
 validate: $(PY)
 	$(PY) -m reward_service.validate --json
