@@ -4,12 +4,14 @@ Each :class:`TrainerWorkerBody` holds a full replica of the model wrapped in tor
 ``DistributedDataParallel`` (``gloo`` on CPU, ``nccl`` on GPU), optionally with LoRA adapters
 (peft). One optimizer step (:meth:`TrainerWorkerBody.step`) on a rank's shard of the batch:
 
-1. log-probs of the sampled tokens under the current weights, no grad (the "old" policy of
-   the PPO ratio; the rollout log-probs only enter through the staleness importance weights);
-2. micro-batches by a token budget, gradients accumulated locally (``no_sync``) and averaged
-   across ranks on the last one; the loss (:func:`trainer.algo.compute_loss`) is scaled by the
-   global token count so that the accumulated, averaged gradient is the gradient of the global
-   token-mean loss;
+1. micro-batches by a token budget; each one's forward gives the log-probs of the sampled
+   tokens under the current weights, and those, detached, are the "old" policy of the PPO
+   ratio (one update per batch: the weights before the step are the ones in use), while the
+   rollout log-probs enter through the staleness importance weights;
+2. gradients accumulated locally (``no_sync``) and averaged across ranks on the last
+   micro-batch; the loss (:func:`trainer.algo.compute_loss`) is scaled by the global token
+   count so that the accumulated, averaged gradient is the gradient of the global token-mean
+   loss;
 3. gradient clipping, the optimizer step.
 
 :meth:`state_dict` gives the full model in Hugging Face names (LoRA merged in), which is what
@@ -181,10 +183,10 @@ class TrainerWorkerBody:
         if not micro:
             raise ConfigError(f"rank {self.rank}: empty shard; a step needs at least "
                               f"{self.world_size} rows")
-        self.model.eval()                                   # no dropout: the policy as served
-        with torch.no_grad():
-            old = [self._forward(self.model, mb).detach() for mb in micro]
-        self.model.train()
+        # One optimizer step per batch: the weights before the step are the weights of every
+        # micro-batch's forward, so the "old" log-probs of the PPO ratio are that forward's,
+        # detached (verl's on-policy shortcut; a separate no-grad pass would cost a third more).
+        self.model.train()              # (gradient checkpointing only acts in train mode)
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         for i, mb in enumerate(micro):
@@ -194,7 +196,7 @@ class TrainerWorkerBody:
             with sync:
                 new = self._forward(self.ddp, mb)
                 ref = ref_logprobs[i] if ref_logprobs is not None else None
-                loss, metrics = compute_loss(new, old[i].to(new.device), mb, self.algo,
+                loss, metrics = compute_loss(new, new.detach(), mb, self.algo,
                                              batch_num_tokens=global_tokens,
                                              batch_num_seqs=global_seqs,
                                              dp_size=self.world_size, ref_logprobs_BR=ref)
@@ -203,7 +205,6 @@ class TrainerWorkerBody:
             for k, v in metrics.items():
                 share = k in _SHARE_METRICS
                 sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if share else weight)
-            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
         clip = self.engine_config.optim.grad_clip
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip)) if clip \
             else float(torch.norm(torch.stack([p.grad.norm() for p in self.params
@@ -212,7 +213,7 @@ class TrainerWorkerBody:
         self.steps += 1
         tokens = float(shard.num_tokens()) or 1.0
         out = {k: (v if k in _SHARE_METRICS else v / tokens) for k, v in sums.items()}
-        out.update(loss=sums["loss"], grad_norm=grad_norm, tokens=float(shard.num_tokens()),
+        out.update(grad_norm=grad_norm, tokens=float(shard.num_tokens()),
                    rows=float(shard.input_ids_BT.shape[0]), micro_batches=float(len(micro)),
                    step_s=time.perf_counter() - t0)
         return out

@@ -44,6 +44,10 @@ def test_full_step_raises_the_rewarded_response_and_lowers_the_other(tiny):
     metrics = worker.step(batch, int(batch.num_tokens()), int(batch.num_seqs()))
     after = _logprobs(worker, batch)
     assert metrics["tokens"] == 6 and metrics["micro_batches"] == 1 and metrics["grad_norm"] > 0
+    # No KL term: the step's loss is its policy-gradient loss (counted once); one update per
+    # batch, so the ratio is 1: nothing clipped, no drift between old and new.
+    assert metrics["loss"] == pytest.approx(metrics["pg_loss"], abs=1e-9)
+    assert metrics["pg_clipfrac"] == 0.0 and metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-9)
     assert after[0].sum() > before[0].sum()             # advantage +1: more likely
     assert after[1].sum() < before[1].sum()             # advantage -1: less likely
 
