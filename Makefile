@@ -62,11 +62,11 @@ setup-vllm:
 	fi
 
 test: $(PY)
-	$(PY) -m pytest -q
+	$(PY) -X faulthandler -m pytest -q
 
 # pytest exits 5 when no test carries the mark yet; that is not a failure.
 test-slow: $(PY)
-	$(PY) -m pytest -q -m slow || [ $$? -eq 5 ]
+	$(PY) -X faulthandler -m pytest -q -m slow || [ $$? -eq 5 ]
 
 test-all: $(PY)
 	$(PY) -m pytest -q -m "not gpu"
