@@ -13,11 +13,14 @@ Async mode: every worker runs episodes back to back, taking the next episode of 
 open group; a group is pushed (``XADD``) the moment its n-th episode is scored. Admission
 control (AReaL-style capacity, nothing thrown away): a new group is only opened while
 
-    groups_opened < (trainer_version + max_staleness + 1) * groups_per_step
+    groups_admitted < (trainer_version + max_staleness + 1) * groups_per_step
 
 so no group starts more than ``max_staleness`` trainer versions ahead of the version that
-will consume it. Groups whose rewards are all equal are counted and, with
-``drop_uniform_groups``, not pushed (GRPO learns nothing from them).
+will consume it. ``groups_admitted`` counts the groups opened that can still reach the
+trainer: groups dropped or abandoned never will, so they give their slot back (counting them
+would stall the rollouts while the trainer waits for a group that is never opened). Groups
+whose rewards are all equal are counted and, with ``drop_uniform_groups``, not pushed (GRPO
+learns nothing from them).
 
 Sync mode: open ``groups_per_step`` groups, run all their episodes, push them, then wait until
 the trainer's version moves before the next batch (the batch barrier of verl's colocated loop).
@@ -305,6 +308,11 @@ class Orchestrator:
         self.metrics.groups.labels(outcome).inc()
         return outcome
 
+    @property
+    def groups_admitted(self) -> int:
+        """Groups opened that were not dropped or abandoned: pushed, or still running."""
+        return self.groups_opened - self.groups_dropped - self.groups_abandoned
+
     async def _capacity(self, stop: asyncio.Event | None = None) -> None:
         """Wait until staleness capacity allows opening one more group (or ``stop`` is set)."""
         t0 = time.monotonic()
@@ -312,7 +320,7 @@ class Orchestrator:
             version = await asyncio.to_thread(self.stream.trainer_version)
             self.metrics.trainer_version.set(version)
             limit = (version + self.config.max_staleness + 1) * self.config.groups_per_step
-            if self.groups_opened < limit:
+            if self.groups_admitted < limit:
                 break
             await asyncio.sleep(0.2)
         waited = time.monotonic() - t0

@@ -99,6 +99,20 @@ def test_staleness_capacity_holds_new_groups_until_the_trainer_moves():
     assert summary["groups_pushed"] == 2
 
 
+def test_dropped_groups_give_their_capacity_back():
+    # Staleness 0 at version 0 admits one group. The first two groups are uniform (dropped):
+    # the trainer never sees them and never moves, so the third group, the first one it can
+    # train on, must still be opened (counting dropped groups deadlocked the job).
+    stream = FakeStream()
+    orch, stream, calls = orchestrator(
+        OrchestratorConfig(group_size=2, max_staleness=0, groups_per_step=1),
+        lambda n, i: 1.0 if n <= 4 else float(i), stream=stream)
+    summary = run_async(asyncio.wait_for(orch.run(max_groups=3), 10))
+    assert stream.version == 0
+    assert summary["groups_dropped_uniform"] == 2 and summary["groups_pushed"] == 1
+    assert len(stream.pushed) == 1 and calls[0] == 6
+
+
 def test_sync_mode_waits_for_the_trainer_between_batches():
     stream = FakeStream()
     orch, stream, calls = orchestrator(
