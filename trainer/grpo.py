@@ -127,9 +127,15 @@ class GRPOTrainer:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def collect(self, deadline: float) -> list[Delivery]:
+    def collect(self, deadline: float, budget: float | None = None) -> list[Delivery]:
+        """``groups_per_step`` groups from the stream (groups already trained are acknowledged
+        and skipped). Waiting past ``deadline`` is an error; past ``budget`` (the job's time
+        budget) it returns what it has: nothing (the run stops) or fewer groups (one smaller
+        step, so that no group read is left pending)."""
         out: list[Delivery] = []
         while len(out) < self.groups_per_step:
+            if budget is not None and time.monotonic() > budget:
+                return out
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the experience stream gave {len(out)} of "
                                    f"{self.groups_per_step} groups within "
@@ -214,8 +220,8 @@ class GRPOTrainer:
             deadline: float | None = None) -> list[dict[str, Any]]:
         """Train until ``steps`` optimizer steps are done in total (a resumed run continues
         its count), or until the next step would end past ``deadline`` (``time.monotonic()``;
-        estimated by the last step's duration); the last step is always published and
-        checkpointed."""
+        estimated by the last step's duration) or ``deadline`` passes while waiting for
+        experience; the last step is always published and checkpointed."""
         self.stopped_by = "steps"
         last_s = 0.0
         published = commit = True
@@ -225,7 +231,11 @@ class GRPOTrainer:
                 log.info("time budget: stopping after step %d", self.step)
                 break
             t0 = time.monotonic()
-            deliveries = self.collect(time.monotonic() + self.config.read_timeout_s)
+            deliveries = self.collect(time.monotonic() + self.config.read_timeout_s, deadline)
+            if not deliveries:                   # the budget ran out waiting for experience
+                self.stopped_by = "time_budget"
+                log.info("time budget: stopping after step %d (no group arrived)", self.step)
+                break
             metrics = self.train_step([d.group for d in deliveries])
             self.step += 1
             self.trained.update(d.group.group_id for d in deliveries)

@@ -43,7 +43,7 @@ def _trainer(clock: _Clock, step_s: float, publish_every: int = 1, every_steps: 
     t.run_dir = tmp_path
     n = iter(range(10**6))
 
-    def collect(deadline):
+    def collect(deadline, budget=None):
         i = next(n)
         return [SimpleNamespace(group=SimpleNamespace(group_id=f"g{i}"), entry_id=f"e{i}",
                                 redelivered=False)]
@@ -93,6 +93,54 @@ def test_no_deadline_runs_all_steps(clock, tmp_path):
     t.run(3)
     assert t.step == 3 and t.stopped_by == "steps" and t.version == 2
     assert [c for c in calls if c[0] == "checkpoint"] == [("checkpoint", 2), ("checkpoint", 3)]
+
+
+class _Consumer:
+    """The stream as the real ``collect`` sees it: ``reads`` groups, then nothing, each read
+    waiting ``wait_s`` (a blocking XREADGROUP)."""
+
+    def __init__(self, clock: _Clock, reads: int, wait_s: float = 10.0) -> None:
+        self.clock, self.left, self.wait_s, self.n = clock, reads, wait_s, 0
+
+    def read(self, count):
+        self.clock.now += self.wait_s
+        if not self.left:
+            return []
+        self.left -= 1
+        self.n += 1
+        return [SimpleNamespace(group=SimpleNamespace(group_id=f"g{self.n}"),
+                                entry_id=f"e{self.n}", redelivered=False)]
+
+
+def _real_collect(t: GRPOTrainer, consumer: _Consumer, groups_per_step: int) -> None:
+    t.consumer, t.groups_per_step = consumer, groups_per_step
+    t.collect = GRPOTrainer.collect.__get__(t)
+
+
+def test_waiting_past_the_budget_stops_the_run_instead_of_hanging(clock, tmp_path):
+    # Two groups arrive, then none (the rollouts are slower than the budget): the run stops
+    # at the budget with what it trained, not after read_timeout_s with an error.
+    t, calls = _trainer(clock, 100, tmp_path=tmp_path)
+    _real_collect(t, _Consumer(clock, reads=2), groups_per_step=1)
+    start = clock.now
+    history = t.run(100, deadline=start + 1000)
+    assert len(history) == 2 and t.step == 2 and t.stopped_by == "time_budget"
+    assert start + 1000 < clock.now < start + 1000 + 20          # not read_timeout_s (1800)
+    assert calls[-3:] == [("publish", 2), ("checkpoint", 2), ("ack", ["e2"])]
+
+
+def test_budget_passing_with_part_of_a_step_trains_what_was_read(clock, tmp_path):
+    # groups_per_step 2, one group read when the budget passes: it is trained (a smaller
+    # step) and acknowledged, not left pending in the stream.
+    t, calls = _trainer(clock, 100, tmp_path=tmp_path)
+    _real_collect(t, _Consumer(clock, reads=1), groups_per_step=2)
+    trained = []
+    train_step = t.train_step
+    t.train_step = lambda groups: (trained.append([g.group_id for g in groups]),
+                                   train_step(groups))[1]
+    t.run(100, deadline=clock.now + 500)
+    assert trained == [["g1"]] and t.step == 1 and t.stopped_by == "time_budget"
+    assert calls[-1] == ("ack", ["e1"])
 
 
 def test_negative_budget_is_a_config_error():
