@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import urllib.parse
 from dataclasses import replace
@@ -94,16 +95,21 @@ def _answers(url: str) -> bool:
 
 def _ray_init(config: JobConfig) -> None:
     """Join the configured or ``RAY_ADDRESS`` cluster, else start an embedded one (which
-    ``ray.shutdown()`` stops again; an external one it only disconnects from)."""
+    ``ray.shutdown()`` stops again; an external one it only disconnects from). ``ray.init``
+    replaces the SIGTERM handler (and its core worker then aborts on the signal, skipping every
+    ``finally``): ours goes back, so SIGTERM stops everything the way Ctrl-C does."""
     import ray
     address = config.run.ray_address or os.environ.get("RAY_ADDRESS", "")
+    kwargs: dict[str, Any] = {"log_to_driver": False}
     if address:
-        ray.init(address=address, log_to_driver=False)
-        return
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-    if config.run.ray_num_cpus:
-        kwargs["num_cpus"] = config.run.ray_num_cpus
+        kwargs["address"] = address
+    else:
+        kwargs["include_dashboard"] = False
+        if config.run.ray_num_cpus:
+            kwargs["num_cpus"] = config.run.ray_num_cpus
     ray.init(**kwargs)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
 class _PeakMemory:

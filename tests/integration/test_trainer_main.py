@@ -6,12 +6,14 @@ exits 0 and leaves nothing running."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,4 +67,45 @@ def test_smoke_config_trains_two_steps_and_stops_everything(tmp_path):
         cmd = " ".join(p.info["cmdline"] or [])
         if p.info["create_time"] >= started and any(n in cmd for n in _OURS):
             left.append(cmd[:200])
+    assert not left, left
+
+
+@pytest.mark.slow
+def test_sigterm_during_grpo_stops_everything(tmp_path):
+    # What `kill`, a job scheduler or `ray job stop` sends: the job stops its rollouts, actors,
+    # Ray, Redis and the local cloud, and exits 130 with its checkpoints resumable (ray.init
+    # had replaced the handler, and the signal aborted the process leaving them all running).
+    run_dir = tmp_path / "run"
+    log_path = tmp_path / "stderr.log"
+    started = time.time() - 1
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer.main", "--config", "configs/smoke.yaml",
+             "--run-dir", str(run_dir)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            deadline = time.monotonic() + 600
+            while "GRPO:" not in log_path.read_text(errors="replace"):
+                assert proc.poll() is None, log_path.read_text()[-4000:]
+                assert time.monotonic() < deadline, "GRPO never started"
+                time.sleep(1)
+            time.sleep(5)                                # rollouts are in flight
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    err = log_path.read_text(errors="replace")
+    assert rc == 130, err[-4000:]
+    assert "interrupted: stopped everything" in err
+    assert "SIGTERM received" not in err                 # Ray's abort handler did not run
+    deadline = time.monotonic() + 30                     # children exit after the parent
+    while True:
+        left = []
+        for p in psutil.process_iter(["cmdline", "create_time"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if p.info["create_time"] >= started and any(n in cmd for n in _OURS):
+                left.append(cmd[:200])
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert not left, left
