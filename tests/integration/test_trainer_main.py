@@ -23,6 +23,30 @@ _OURS = ("redis-server", "infra.console_sim", "raylet", "gcs_server", "chromium"
          "vllm_server", "ray::")
 
 
+def _left_behind(started: float) -> list[str]:
+    """Redis, local cloud, Ray, Chromium or policy processes created since ``started`` that are
+    still alive, leaving out those that belong to an older such process (another job running on
+    the machine at the same time, e.g. a browser a concurrent evaluation's Ray worker opens)."""
+    left = []
+    for p in psutil.process_iter(["cmdline", "create_time"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if p.info["create_time"] < started or not any(n in cmd for n in _OURS):
+            continue
+        try:
+            owners = p.parents()
+            raylet = p.environ().get("RAY_RAYLET_PID")     # daemons reparented to init
+            if raylet and psutil.pid_exists(int(raylet)):
+                owners.append(psutil.Process(int(raylet)))
+            older = [a for a in owners
+                     if a.create_time() < started and any(n in " ".join(a.cmdline())
+                                                          for n in _OURS)]
+        except psutil.Error:             # it or an owner ended meanwhile
+            continue
+        if not older:
+            left.append(cmd[:200])
+    return left
+
+
 def test_smoke_config_trains_two_steps_and_stops_everything(tmp_path):
     run_dir = tmp_path / "run"
     started = time.time() - 1
@@ -62,11 +86,7 @@ def test_smoke_config_trains_two_steps_and_stops_everything(tmp_path):
             HFChatTokenizer(summary["start_model"]).tokenizer.encode(text))
     # Nothing it started is left: no Redis, local cloud, Ray, Chromium or policy process
     # created since the run began is still alive.
-    left = []
-    for p in psutil.process_iter(["cmdline", "create_time"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["create_time"] >= started and any(n in cmd for n in _OURS):
-            left.append(cmd[:200])
+    left = _left_behind(started)
     assert not left, left
 
 
@@ -100,11 +120,7 @@ def test_sigterm_during_grpo_stops_everything(tmp_path):
     assert "SIGTERM received" not in err                 # Ray's abort handler did not run
     deadline = time.monotonic() + 30                     # children exit after the parent
     while True:
-        left = []
-        for p in psutil.process_iter(["cmdline", "create_time"]):
-            cmd = " ".join(p.info["cmdline"] or [])
-            if p.info["create_time"] >= started and any(n in cmd for n in _OURS):
-                left.append(cmd[:200])
+        left = _left_behind(started)
         if not left or time.monotonic() > deadline:
             break
         time.sleep(1)
