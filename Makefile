@@ -1,7 +1,7 @@
 # console-rl — set-up, tests, local services.
 #   make setup       system packages (redis-server, chromium) + .venv + the package + vLLM (.venv-vllm)
 #   make demo        SFT then GRPO on the local cloud (runs/demo: metrics, curves, summary)
-#   make learning-check  SFT then GRPO (<= 60 min), then held-out success of both (~1.5 h in all)
+#   make learning-check  SFT then GRPO (<= 60 min), then held-out success of both (1.5-2 h in all)
 #   make test        the fast suite (unit + integration against real local services)
 #   make test-slow   the slow tests (run before resolving an issue)
 #   make cloud       serve the local cloud on $(CLOUD_PORT)
