@@ -13,6 +13,7 @@ override) and the dotted field.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,8 @@ import yaml
 from .errors import ConfigError
 
 T = TypeVar("T")
+# A decimal number with an exponent and no dot, which YAML 1.1 leaves as a string.
+_EXPONENT_NUMBER = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
 
 
 def check_int(where: str, value: Any, minimum: int) -> None:
@@ -81,6 +84,10 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: must be an integer, got {value!r}")
         return value
     if tp is float:
+        # YAML 1.1 (PyYAML) reads 3e-4 or 1E5 (no dot) as a string; take them as the numbers
+        # they are, in the file and in overrides alike.
+        if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
+            return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: must be a number, got {value!r}")
         return float(value)

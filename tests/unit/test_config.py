@@ -36,9 +36,21 @@ def test_yaml_then_overrides(tmp_path):
     assert load_config(Root) == Root()
 
 
+def test_exponent_numbers_without_a_dot_are_numbers(tmp_path):
+    # PyYAML (YAML 1.1) reads 3e-4 as the string '3e-4'; a float field takes it as 0.0003.
+    path = tmp_path / "c.yaml"
+    path.write_text("inner: {limit: 1E2}\n")
+    assert load_config(Root, path).inner.limit == 100.0
+    assert load_config(Root, None, ["inner.limit=3e-4"]).inner.limit == pytest.approx(3e-4)
+    assert load_config(Root, None, ["inner.limit=-2e+1"]).inner.limit == -20.0
+
+
 @pytest.mark.parametrize("text,overrides,message", [
     ("agent: {max_stepz: 3}", [], "c.yaml.agent: unknown field(s) max_stepz"),
     ("replicas: two", [], "c.yaml.replicas: must be an integer"),
+    ("replicas: 1e2", [], "c.yaml.replicas: must be an integer"),
+    ("inner: {limit: 3e-4x}", [], "c.yaml.inner.limit: must be a number"),
+    ("inner: {limit: nan}", [], "c.yaml.inner.limit: must be a number"),
     ("debug: 1", [], "c.yaml.debug: must be true or false"),
     ("inner: {sizes: 5}", [], "c.yaml.inner.sizes: must be a list"),
     ("agent: {max_steps: 0}", [], "AgentConfig.max_steps: must be an integer >= 1"),
