@@ -184,6 +184,7 @@ class Orchestrator:
         self.episodes: list[EpisodeResult] = []
         self.busy_s: dict[str, float] = {}
         self._stop = asyncio.Event()
+        self._stop_requested = False
 
     # ---- one episode ---------------------------------------------------------------------------
     def _provisioner(self, account: Account) -> SdkProvisioner:
@@ -331,17 +332,23 @@ class Orchestrator:
                   ) -> dict[str, Any]:
         """Run until ``max_groups`` groups are finished (pushed, dropped or abandoned), or,
         with ``None``, until :meth:`stop`. Episodes in flight at a stop are finished (and
-        cleaned up); groups left incomplete are not pushed."""
+        cleaned up); groups left incomplete are not pushed. A :meth:`stop` that came before
+        this run began (an async actor need not start its calls in order) ends it at once."""
         if max_groups is not None and max_groups < 1:
             raise ConfigError("run: max_groups must be >= 1 (or None: until stopped)")
         limit = float("inf") if max_groups is None else max_groups
         t0 = time.monotonic()
         self.busy_s = {}
-        self._stop = asyncio.Event()
-        if self.config.mode == "async":
-            await self._run_async(limit, deadline_s)
-        else:
-            await self._run_sync(limit, deadline_s)
+        self._stop = asyncio.Event()           # bound to this run's event loop
+        if self._stop_requested:
+            self._stop.set()
+        try:
+            if self.config.mode == "async":
+                await self._run_async(limit, deadline_s)
+            else:
+                await self._run_sync(limit, deadline_s)
+        finally:
+            self._stop_requested = False       # a stop ends one run, not the next
         wall = time.monotonic() - t0
         return self.summary(wall)
 
@@ -376,7 +383,9 @@ class Orchestrator:
         return (self.config.seed * 1_000_003 + int(group.group_id[2:], 16) + index) % 2**31
 
     def stop(self) -> None:
-        """Ask :meth:`run` to end: no new episodes start; those in flight finish."""
+        """Ask :meth:`run` (the one in progress, or else the next) to end: no new episodes
+        start; those in flight finish."""
+        self._stop_requested = True
         self._stop.set()
 
     async def _run_async(self, max_groups: float, deadline_s: float | None) -> None:

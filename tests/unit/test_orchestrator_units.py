@@ -135,3 +135,16 @@ def test_sync_mode_waits_for_the_trainer_between_batches():
 def test_bad_config(kwargs, field):
     with pytest.raises(ConfigError, match=field):
         OrchestratorConfig(**kwargs)
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_stop_before_the_run_starts_ends_that_run_and_only_that_one(mode):
+    # An async Ray actor may start stop() before run() (the job stopping right after it
+    # started the rollouts): run(None) must still end, not wait for a stop that came and went.
+    orch, stream, calls = orchestrator(OrchestratorConfig(group_size=2, mode=mode),
+                                       lambda n, i: float(i))
+    orch.stop()
+    summary = run_async(asyncio.wait_for(orch.run(None), 10))
+    assert summary["episodes"] == 0 and calls[0] == 0 and stream.pushed == []
+    summary = run_async(asyncio.wait_for(orch.run(max_groups=1), 10))
+    assert summary["groups_pushed"] == 1 and calls[0] == 2
