@@ -39,6 +39,10 @@ from .stream import Delivery, ExperienceConsumer
 log = logging.getLogger(__name__)
 
 
+class NoExperienceError(TimeoutError):
+    """The stream gave no trainable group within ``trainer.read_timeout_s``."""
+
+
 class TrainerMetrics:
     def __init__(self, registry: CollectorRegistry):
         r = registry
@@ -137,9 +141,10 @@ class GRPOTrainer:
             if budget is not None and time.monotonic() > budget:
                 return out
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the experience stream gave {len(out)} of "
-                                   f"{self.groups_per_step} groups within "
-                                   f"{self.config.read_timeout_s} s")
+                raise NoExperienceError(f"the experience stream gave {len(out)} of "
+                                        f"{self.groups_per_step} groups within "
+                                        f"{self.config.read_timeout_s:g} s "
+                                        "(trainer.read_timeout_s)")
             for d in self.consumer.read(self.groups_per_step - len(out)):
                 if d.group.group_id in self.trained:
                     self.consumer.ack([d.entry_id])

@@ -154,7 +154,7 @@ def run(config: JobConfig) -> dict[str, Any]:
     from rollout_service.service import OrchestratorActor, start_policy
 
     from .engine import start_workers
-    from .grpo import GRPOTrainer
+    from .grpo import GRPOTrainer, NoExperienceError
 
     if config.orchestrator.mode == "sync" and config.trainer.publish_every != 1:
         raise ConfigError("orchestrator.mode=sync needs trainer.publish_every=1 (its batch "
@@ -216,6 +216,10 @@ def run(config: JobConfig) -> dict[str, Any]:
         summary["final_model"] = _save_final(workers[0], model_path, run_dir / "final")
         _progress(f"final model: {summary['final_model']}")
         summary["completed"] = True
+    except NoExperienceError as exc:
+        # Not a crash: the rollouts gave nothing to train on. Everything is stopped below and
+        # main() explains from the rollout counts why.
+        summary["error"] = str(exc)
     finally:
         if orchestrator is not None:
             summary.update(_stop_rollouts(orchestrator, run_ref))
@@ -364,10 +368,36 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if "error" in summary:
+        print(f"error: {explain_no_experience(summary)}", file=sys.stderr)
     ok = _healthy(summary, config)
     _progress(("done" if ok else "done with problems") + f" in {summary['wall_s']} s; "
               f"summary in {config.run.dir}/summary.json")
     return 0 if ok else 1
+
+
+def explain_no_experience(summary: dict[str, Any]) -> str:
+    """The summary's error, with what the rollouts did meanwhile (why nothing was pushed)."""
+    text = summary["error"]
+    r = summary.get("rollout")
+    if not r:
+        return text
+    finished = r["groups_pushed"] + r["groups_dropped_uniform"] + r["groups_abandoned"]
+    text += (f"; the rollouts ran {r['episodes']} episodes ({r['env_errors']} env errors) and "
+             f"finished {finished} groups: {r['groups_pushed']} pushed, "
+             f"{r['groups_dropped_uniform']} dropped as uniform, {r['groups_abandoned']} "
+             "abandoned")
+    if r["groups_dropped_uniform"] and not r["groups_pushed"]:
+        text += (". Uniform groups (every episode the same reward: the policy solves all of "
+                 "them or none) carry no GRPO signal and orchestrator.drop_uniform_groups drops "
+                 "them; start from a model that succeeds on some episodes of the train tasks, "
+                 "choose other tasks, or use larger groups")
+    elif r["groups_abandoned"] and not r["groups_pushed"]:
+        text += (". Groups are abandoned when env errors exceed orchestrator.max_env_retries: "
+                 "see the env workers' errors")
+    elif not finished:
+        text += ". No group finished in time: raise trainer.read_timeout_s or add env workers"
+    return text
 
 
 def _healthy(summary: dict[str, Any], config: JobConfig) -> bool:

@@ -90,6 +90,35 @@ def test_smoke_config_trains_two_steps_and_stops_everything(tmp_path):
     assert not left, left
 
 
+def test_no_experience_in_time_is_a_clear_error_and_stops_everything(tmp_path):
+    # The trainer gives up on the stream after trainer.read_timeout_s (here 1 s, before any
+    # group can finish): exit 1 with a message that says what the rollouts did, no
+    # traceback, the summary written, and nothing left running. The job stops the rollouts
+    # right after starting them, so this also covers a stop that reaches the orchestrator
+    # actor before its run does (that hung the job for read_timeout + 10 min).
+    run_dir = tmp_path / "run"
+    started = time.time() - 1
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.main", "--config", "configs/smoke.yaml",
+         "--run-dir", str(run_dir), "trainer.read_timeout_s=1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert time.monotonic() - t0 < 300
+    assert "Traceback" not in proc.stderr
+    assert ("error: the experience stream gave 0 of 1 groups within 1 s "
+            "(trainer.read_timeout_s); the rollouts ran") in proc.stderr
+    assert "done with problems" in proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert not summary["completed"] and summary["steps"] == 0
+    assert summary["error"].startswith("the experience stream gave 0 of 1 groups")
+    assert summary["pending_entries"] == 0 and summary["leases_held"] == 0
+    assert "rollout" in summary and "drain_error" not in summary
+    assert not (run_dir / "final").exists()
+    left = _left_behind(started)
+    assert not left, left
+
+
 @pytest.mark.slow
 def test_sigterm_during_grpo_stops_everything(tmp_path):
     # What `kill`, a job scheduler or `ray job stop` sends: the job stops its rollouts, actors,

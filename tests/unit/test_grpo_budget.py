@@ -10,7 +10,8 @@ import pytest
 from consolerl.errors import ConfigError
 from trainer.checkpoint import CheckpointConfig, CheckpointManager
 from trainer.config import TrainerConfig
-from trainer.grpo import GRPOTrainer
+from trainer.grpo import GRPOTrainer, NoExperienceError
+from trainer.main import explain_no_experience
 
 
 class _Clock:
@@ -146,3 +147,33 @@ def test_budget_passing_with_part_of_a_step_trains_what_was_read(clock, tmp_path
 def test_negative_budget_is_a_config_error():
     with pytest.raises(ConfigError, match="time_budget_s"):
         TrainerConfig(time_budget_s=-1)
+
+
+def test_no_group_within_read_timeout_is_a_named_error(clock, tmp_path):
+    # No time budget and nothing arrives: collect gives up after read_timeout_s with an error
+    # naming the setting (main turns it into a message, not a traceback).
+    t, calls = _trainer(clock, 100, tmp_path=tmp_path)
+    _real_collect(t, _Consumer(clock, reads=0, wait_s=10.0), groups_per_step=1)
+    start = clock.now
+    with pytest.raises(NoExperienceError, match=r"0 of 1 groups within 1800 s "
+                                                r"\(trainer.read_timeout_s\)"):
+        t.run(3)
+    assert start + 1800 < clock.now <= start + 1800 + 20 and t.step == 0 and calls == []
+
+
+def _summary(pushed=0, dropped=0, abandoned=0, episodes=0):
+    return {"error": "the experience stream gave 0 of 1 groups within 1800 s "
+                     "(trainer.read_timeout_s)",
+            "rollout": {"episodes": episodes, "env_errors": 0, "groups_pushed": pushed,
+                        "groups_dropped_uniform": dropped, "groups_abandoned": abandoned}}
+
+
+def test_the_explanation_says_why_nothing_was_pushed():
+    uniform = explain_no_experience(_summary(dropped=12, episodes=51))
+    assert uniform.startswith("the experience stream gave 0 of 1 groups")
+    assert "51 episodes" in uniform and "12 dropped as uniform" in uniform
+    assert "drop_uniform_groups" in uniform
+    assert "max_env_retries" in explain_no_experience(_summary(abandoned=3, episodes=20))
+    assert "read_timeout_s or add env workers" in explain_no_experience(_summary(episodes=2))
+    bare = {"error": "x"}                   # the job failed before the rollouts reported
+    assert explain_no_experience(bare) == "x"
