@@ -183,8 +183,7 @@ class Orchestrator:
         self.groups_abandoned = 0
         self.episodes: list[EpisodeResult] = []
         self.busy_s: dict[str, float] = {}
-        self._stop = asyncio.Event()
-        self._stop_requested = False
+        self._stop = asyncio.Event()           # only polled (is_set), never awaited
 
     # ---- one episode ---------------------------------------------------------------------------
     def _provisioner(self, account: Account) -> SdkProvisioner:
@@ -339,16 +338,13 @@ class Orchestrator:
         limit = float("inf") if max_groups is None else max_groups
         t0 = time.monotonic()
         self.busy_s = {}
-        self._stop = asyncio.Event()           # bound to this run's event loop
-        if self._stop_requested:
-            self._stop.set()
         try:
             if self.config.mode == "async":
                 await self._run_async(limit, deadline_s)
             else:
                 await self._run_sync(limit, deadline_s)
         finally:
-            self._stop_requested = False       # a stop ends one run, not the next
+            self._stop.clear()                 # a stop ends one run, not the next
         wall = time.monotonic() - t0
         return self.summary(wall)
 
@@ -385,7 +381,6 @@ class Orchestrator:
     def stop(self) -> None:
         """Ask :meth:`run` (the one in progress, or else the next) to end: no new episodes
         start; those in flight finish."""
-        self._stop_requested = True
         self._stop.set()
 
     async def _run_async(self, max_groups: float, deadline_s: float | None) -> None:
