@@ -72,26 +72,26 @@ test-all: $(PY)
 	$(PY) -m pytest -q -m "not gpu"
 
 bench: $(PY)
-	$(PY) -m infra.console_sim.bench --json
-	$(PY) -m infra.console_sim.bench --console --json
-	$(PY) -m env_workers.bench --json
-	$(PY) -m reward_service.bench --json
-	$(PY) -m rollout_service.bench --json
+	$(PY) -m benchmarks.cloud_api --json
+	$(PY) -m benchmarks.cloud_api --console --json
+	$(PY) -m benchmarks.env_workers --json
+	$(PY) -m benchmarks.reward --json
+	$(PY) -m benchmarks.rollout --json
 
 # The two-stage run on this machine (SFT on oracle trajectories, then GRPO with 2 browser
 # workers and the vLLM CPU policy); the run folder is runs/demo (see configs/demo.yaml).
 demo: $(PY)
-	$(PY) -m trainer.main --config configs/demo.yaml $(ARGS)
+	$(PY) -m cluster.job --config configs/demo.yaml $(ARGS)
 
 # Does GRPO after SFT raise held-out success over the SFT checkpoint? (configs/learning-check.yaml)
 LC_DIR := runs/learning-check
 learning-check: $(PY)
-	$(PY) -m trainer.main --config configs/learning-check.yaml $(ARGS)
-	$(PY) -m trainer.evaluate --config configs/learning-check.yaml --runs 3 \
+	$(PY) -m cluster.job --config configs/learning-check.yaml $(ARGS)
+	$(PY) -m cluster.evaluate --config configs/learning-check.yaml --runs 3 \
 	    --model $(LC_DIR)/final --baseline $(LC_DIR)/sft --out $(LC_DIR)/evaluation.json $(ARGS)
 
 validate: $(PY)
-	$(PY) -m reward_service.validate --json
+	$(PY) -m benchmarks.reward_validate --json
 
 cloud: $(PY)
 	$(PY) -m infra.console_sim --port $(CLOUD_PORT) --state-dir $(STATE_DIR)

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from consolerl.errors import ConfigError
-from infra.console_sim.accounts import Account, load_accounts, parse_accounts
+from consolerl.accounts import Account, load_accounts, parse_accounts
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 
 ACCOUNTS_FILE_ENV = "CONSOLERL_ACCOUNTS_FILE"

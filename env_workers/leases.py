@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from consolerl.errors import ConfigError, ConsoleRLError
 from env_workers.accounts import PoolConfig, load_pool_accounts
-from infra.console_sim.accounts import Account
+from consolerl.accounts import Account
 
 
 class PoolError(ConsoleRLError):

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from consolerl.chromium import chromium_path
 from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
-from infra.console_sim.accounts import Account
+from consolerl.accounts import Account
 
 from .actions import (Action, ActionError, Click, Fill, GoBack, Goto, Press, ReportInfeasible,
                       Scroll, Select, Stop, host_allowed, parse_action)

@@ -22,13 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from consolerl.errors import ConfigError
+from consolerl.rewards import JudgeVerdict, RewardResult, RuleOutcome
 from consolerl.types import EnvError
 
-from .judges import JudgeVerdict
 from .rules import RuleVerdict
 
 EXPECTED = ("success", "infeasible")
-OUTCOMES = ("success", "failure", "undetermined")
 DECIDERS = ("rule", "judges", "none", "env_error")
 
 
@@ -62,30 +61,6 @@ class RewardConfig:
             raise ConfigError("RewardConfig.undetermined_trainable: must be true or false")
 
 
-@dataclass(frozen=True)
-class RuleOutcome:
-    """The rule channel's result: ``verdict`` success | failure | undetermined, the audit
-    event ids that decided it (evidence), why it failed, how many forbidden events happened,
-    and whether an undetermined verdict is ``pending`` (events still in delivery)."""
-
-    verdict: str
-    evidence: tuple[str, ...] = ()
-    reasons: tuple[str, ...] = ()
-    forbidden_hits: int = 0
-    pending: bool = False          # undetermined because the audit log had not caught up
-
-    def __post_init__(self) -> None:
-        if self.verdict not in OUTCOMES:
-            raise ConfigError(f"RuleOutcome.verdict: must be one of {', '.join(OUTCOMES)}, "
-                              f"got {self.verdict!r}")
-        if isinstance(self.forbidden_hits, bool) or not isinstance(self.forbidden_hits, int) \
-                or self.forbidden_hits < 0:
-            raise ConfigError(f"RuleOutcome.forbidden_hits: must be an integer >= 0, "
-                              f"got {self.forbidden_hits!r}")
-        object.__setattr__(self, "evidence", tuple(self.evidence))
-        object.__setattr__(self, "reasons", tuple(self.reasons))
-
-
 def rule_outcome_from(rule_verdict: RuleVerdict, *, decisive: bool,
                       forbidden_hits: int = 0) -> RuleOutcome:
     """Adapt :func:`reward_service.rules.evaluate`'s verdict. ``decisive=False`` (e.g. the
@@ -94,24 +69,6 @@ def rule_outcome_from(rule_verdict: RuleVerdict, *, decisive: bool,
     verdict = ("success" if rule_verdict.passed else "failure") if decisive else "undetermined"
     return RuleOutcome(verdict, tuple(rule_verdict.matched), tuple(rule_verdict.reasons),
                        forbidden_hits)
-
-
-@dataclass(frozen=True)
-class RewardResult:
-    """The reward of one episode. ``verdict``: success | failure | undetermined (``failure``
-    also for env errors, with ``trainable=False``); ``decided_by``: rule | judges | none |
-    env_error; ``rule_verdict`` / ``judge_verdict``: both channels as they came (``None`` when
-    a channel did not run); ``evidence``: audit event ids; ``reasons``: why, in order."""
-
-    reward: float
-    trainable: bool
-    verdict: str
-    decided_by: str
-    rule_verdict: RuleOutcome | None = None
-    judge_verdict: JudgeVerdict | None = None
-    evidence: tuple[str, ...] = ()
-    reasons: tuple[str, ...] = ()
-    env_error: EnvError | None = None
 
 
 def fuse(task_expected: str, rule: RuleOutcome | None, judges: JudgeVerdict | None,

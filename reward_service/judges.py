@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from consolerl.errors import ConfigError
+from consolerl.rewards import JudgeVerdict, JudgeVote
 from infra.provisioning.resource_coder import ChatClient, ChatError, OpenAIChatClient
 
 log = logging.getLogger(__name__)
@@ -114,29 +115,6 @@ class JudgeConfig:
     @property
     def quorum(self) -> int:
         return self.min_valid if self.min_valid is not None else self.k // 2 + 1
-
-
-@dataclass(frozen=True)
-class JudgeVote:
-    """One judge's vote: ``verdict`` is success | failure | invalid (an abstention: bad reply,
-    endpoint error, deadline); ``reason`` the judge's reason or why the vote is invalid."""
-
-    judge: str
-    verdict: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class JudgeVerdict:
-    """The channel's verdict (success | failure | undetermined), every vote, and why."""
-
-    verdict: str
-    votes: tuple[JudgeVote, ...]
-    reason: str
-
-    @property
-    def valid_votes(self) -> int:
-        return sum(v.verdict != "invalid" for v in self.votes)
 
 
 # ---- rendering ---------------------------------------------------------------------------------

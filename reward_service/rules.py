@@ -1,5 +1,5 @@
 """Rule-based verdicts from the audit log and the end state (the first part of the reward
-service): a task's :class:`~infra.provisioning.tasks.SuccessRule` against the ActionTrail events
+service): a task's :class:`~consolerl.tasks.SuccessRule` against the ActionTrail events
 of an episode's account and time window, and Describe calls after the episode."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import oss2
 
 from consolerl.errors import CloudAPIError
 from infra.cloud import CloudClient
-from infra.provisioning.meta import fill
-from infra.provisioning.tasks import EventRule, Predicate, StateCheck, SuccessRule
+from consolerl.resources import fill
+from consolerl.tasks import EventRule, Predicate, StateCheck, SuccessRule
 
 
 @dataclass

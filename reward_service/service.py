@@ -33,12 +33,14 @@ from pydantic import BaseModel, Field, model_validator
 from consolerl.errors import CloudAPIError, ConfigError
 from consolerl.types import EnvError
 from infra.cloud import CloudClient, CloudConfig, Credentials
-from infra.console_sim.accounts import Account
-from infra.provisioning.tasks import Task
+from consolerl.accounts import Account
+from consolerl.tasks import Task
 
 from .actiontrail import TrailClient, TrailConfig, TrailMetrics
-from .fusion import RewardConfig, RewardResult, fuse
-from .judges import JudgeChannel, JudgeVerdict
+from .fusion import RewardConfig, fuse
+from consolerl.rewards import RewardResult
+from .judges import JudgeChannel
+from consolerl.rewards import JudgeVerdict
 from .verifier import EpisodeRecord, RuleVerifier
 
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.cloud import CloudClient
-from infra.provisioning.tasks import Task
+from consolerl.tasks import Task
 
 from .actiontrail import TrailClient, TrailResult, event_epoch, episode_events
-from .fusion import RuleOutcome
+from consolerl.rewards import RuleOutcome
 from .rules import RuleVerdict, assign, evaluate, forbidden
 
 

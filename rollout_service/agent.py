@@ -27,7 +27,8 @@ from typing import Protocol
 
 from consolerl.config import check_int
 from consolerl.errors import ConfigError
-from consolerl.types import EnvError, Observation, StepResult
+from consolerl.experience import Trajectory, Turn
+from consolerl.types import Observation, StepResult
 from env_workers.actions import ACTION_HELP
 
 END_REASONS = ("stop", "report_infeasible", "max_steps", "token_limit", "env_limit",
@@ -106,40 +107,6 @@ class ChatTokenizer(Protocol):
                             add_generation_prompt: bool = True) -> list[int]: ...
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
-
-
-@dataclass(frozen=True)
-class Turn:
-    prompt_ids: tuple[int, ...]
-    response_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    loss_mask: tuple[int, ...]
-    version: int
-    response_text: str                # the decoded output (for logs and judges; not trained on)
-    action_text: str                  # the canonical action the env ran ("" if it did not parse)
-    action_error: str = ""
-
-
-@dataclass(frozen=True)
-class Trajectory:
-    trajectory_id: str
-    task_id: str
-    turns: tuple[Turn, ...]
-    end_reason: str
-    answer: str | None = None
-    infeasible: str | None = None
-    env_error: EnvError | None = None
-    final_observation: str = ""
-    started_at: float = 0.0
-    ended_at: float = 0.0
-
-    @property
-    def versions(self) -> tuple[int, ...]:
-        return tuple(sorted({t.version for t in self.turns}))
-
-    @property
-    def actions(self) -> list[str]:
-        return [t.action_text or f"(invalid: {t.action_error})" for t in self.turns]
 
 
 @dataclass

@@ -42,18 +42,20 @@ from consolerl.config import check_int
 from consolerl.errors import CloudAPIError, ConfigError
 from consolerl.types import EpisodeSpec
 from infra.cloud import CloudClient, CloudConfig, Credentials
-from infra.console_sim.accounts import Account
-from infra.provisioning.lifecycle import agent_created
-from infra.provisioning.meta import fill
+from consolerl.accounts import Account
+from rollout_service.episode import agent_created
+from consolerl.resources import fill
 from infra.provisioning.sdk import ProvisionError, SdkProvisioner
-from infra.provisioning.tasks import Task
+from consolerl.tasks import Task
 from reward_service.actiontrail import TrailClient
-from reward_service.fusion import RewardResult
+from consolerl.rewards import RewardResult
 from reward_service.service import ScoreRequest
 from reward_service.verifier import from_console
 
-from .agent import AgentLoop, Trajectory
-from .experience import ExperienceStream, Group, sample_of
+from .agent import AgentLoop
+from consolerl.experience import Trajectory
+from .experience import ExperienceStream
+from consolerl.experience import Group, sample_of
 from .policy import call
 
 log = logging.getLogger("rollout_service.orchestrator")

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from infra.cloud import CloudClient, CloudConfig, Credentials
-from infra.console_sim.accounts import Account, load_accounts
+from consolerl.accounts import Account, load_accounts
 from infra.local_cloud import free_port, stop_process
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 

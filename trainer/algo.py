@@ -33,7 +33,7 @@ from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
 from consolerl.errors import ConfigError
-from rollout_service.experience import Group
+from consolerl.experience import Group
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k3+",

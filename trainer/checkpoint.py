@@ -71,7 +71,7 @@ class CheckpointCorrupt(ConsoleRLError, RuntimeError):
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """``dir``: where checkpoints go (``trainer.main`` puts a relative one inside ``run.dir``);
+    """``dir``: where checkpoints go (``cluster.job`` puts a relative one inside ``run.dir``);
     ``every_steps``: :meth:`CheckpointManager.should_save`
     is true every k optimizer steps; ``keep``: committed checkpoints kept (the newest)."""
 

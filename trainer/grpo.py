@@ -29,7 +29,8 @@ import ray
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from consolerl.errors import ConfigError
-from rollout_service.experience import ExperienceStream, Group, StreamConfig
+from rollout_service.experience import ExperienceStream, StreamConfig
+from consolerl.experience import Group
 
 from .algo import build_batch
 from .checkpoint import CheckpointManager

@@ -4,7 +4,7 @@
 [--lr 5e-5] [--max-tokens-per-batch 8192] [--micro-batch-tokens 4096] [--seed 0]
 [--max-seq-len 4096] [--device auto|cpu|cuda] [--gradient-checkpointing] [--overwrite]``
 
-Data: JSON lines as :mod:`trainer.export` writes them, one trajectory each with ``turns``. A
+Data: JSON lines as :mod:`cluster.export` writes them, one trajectory each with ``turns``. A
 turn is trained as ``input = prompt + response``, ``labels = -100`` on every prompt token and
 the ids on the response tokens, where
 
@@ -51,7 +51,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -474,44 +474,6 @@ def _stop_on(model, eot: int) -> None:
         [] if current is None else [current])
     if eot not in ids:
         model.generation_config.eos_token_id = ids + [eot] if ids else eot
-
-
-def sft_stage(config, run_dir: Path, start_model: str,
-              progress: Callable[[str], None] = _progress) -> str:
-    """The training job's SFT stage (:mod:`trainer.main`, a composition root: ``config`` is its
-    ``JobConfig``): export oracle trajectories of train-split ``sft.tasks`` into
-    ``<run_dir>/sft-data.jsonl`` unless ``sft.data`` names a file (the job's own cloud, Redis,
-    lease prefix, env workers and agent prompt settings), train ``start_model`` on them into
-    ``<run_dir>/sft``, append the steps to ``<run_dir>/metrics.jsonl`` as ``"stage": "sft"``.
-    Returns the trained folder; a run folder that already has one (resume) reuses it."""
-    sft = config.sft
-    out = Path(run_dir) / "sft"
-    if (out / "sft_summary.json").exists():
-        progress(f"SFT: reusing {out}")
-        return str(out)
-    data = sft.data
-    if not data:
-        import asyncio
-
-        from trainer.export import ExportConfig, run_export
-        data = str(Path(run_dir) / "sft-data.jsonl")
-        exported = asyncio.run(run_export(ExportConfig(
-            out=data, split="train", tasks=sft.tasks, episodes_per_task=sft.episodes_per_task,
-            workers=config.env.workers, agent=config.agent, model=start_model,
-            cloud_endpoint=config.cloud.endpoint, console_url=config.env.worker.console_url,
-            redis_url=config.stream.url, accounts_file=config.cloud.accounts_file,
-            lease_prefix=config.env.lease_prefix)))
-        progress(f"SFT: exported {exported['written']} oracle trajectories "
-                 f"({exported['turns']} turns) in {exported['wall_s']} s")
-    summary = train_sft(SftConfig(data=data, out=str(out), model=start_model,
-                                  epochs=sft.epochs, lr=sft.lr,
-                                  max_tokens_per_batch=sft.max_tokens_per_batch))
-    with (Path(run_dir) / "metrics.jsonl").open("a", encoding="utf-8") as f:
-        for line in (out / "metrics.jsonl").read_text().splitlines():
-            f.write(json.dumps({"stage": "sft", **json.loads(line)}) + "\n")
-    progress(f"SFT: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> "
-             f"{summary['last_loss']:.4f}, {summary['wall_s']} s")
-    return str(out)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> SftConfig:

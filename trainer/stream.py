@@ -36,7 +36,8 @@ from redis.retry import Retry
 
 from consolerl.config import check_int
 from consolerl.errors import ConfigError, ConsoleRLError
-from rollout_service.experience import Group, StreamConfig, decode_group
+from rollout_service.experience import StreamConfig
+from consolerl.experience import Group, decode_group
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from consolerl.errors import ConfigError
 
-from .accounts import load_accounts
+from consolerl.accounts import load_accounts
 from .config import DEFAULT_ACCOUNTS_FILE, SimConfig
 
 

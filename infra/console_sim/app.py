@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from . import ids
-from .accounts import Account, load_accounts
+from consolerl.accounts import Account, load_accounts
 from .auth import Authenticator
 from .config import SimConfig
 from .console.shell import build_console

@@ -9,7 +9,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
-from .accounts import Account
+from consolerl.accounts import Account
 from .errors import CloudError, missing
 from .signing import (ACS3, acs3_signature, acs3_string_to_sign, parse_acs3_authorization,
                       rpc_v1_signature)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import ids
-from .accounts import Account
+from consolerl.accounts import Account
 from .config import SimConfig
 from .errors import CloudError
 from .params import Params

@@ -8,7 +8,7 @@ schema and answers with one JSON object::
     {"resources": [{"id": "net", "type": "vpc", "properties": {"name": "net-{episode}"}}, ...]}
 
 The answer is never executed. It is parsed as JSON, checked against the schema
-(:func:`~infra.provisioning.meta.parse_resources`), a budget and a deny-list, then dry-run
+(:func:`~consolerl.resources.parse_resources`), a budget and a deny-list, then dry-run
 without touching the cloud: placeholders and references resolved, creation levels computed,
 every value checked against the cloud's catalogue (zones of the region, instance types, images,
 RAM system policies), its name rules and CIDR sanity. The allow-list of cloud actions is thus
@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from consolerl.errors import ConfigError, ConsoleRLError
 from infra.console_sim import catalog as local_catalog
 
-from .meta import NAMED_BY_EPISODE, SCHEMA, ResourceSpec, creation_levels, fill, parse_resources
+from consolerl.resources import NAMED_BY_EPISODE, SCHEMA, ResourceSpec, creation_levels, fill, parse_resources
 from .sdk import ProvisionResult, SdkProvisioner, check_episode_id
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ import oss2
 from consolerl.errors import CloudAPIError, ConfigError, ConsoleRLError
 from infra.cloud import CloudClient
 
-from .meta import ResourceSpec, creation_levels, fill
+from consolerl.resources import ResourceSpec, creation_levels, fill
 
 EPISODE_TAG = "consolerl-episode"
 _EPISODE_ID = re.compile(r"[a-z0-9]{6,16}")

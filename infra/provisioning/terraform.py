@@ -29,7 +29,7 @@ from typing import Any
 
 from consolerl.errors import ConfigError
 
-from .meta import ResourceSpec, fill
+from consolerl.resources import ResourceSpec, fill
 from .sdk import (EPISODE_TAG, DestroyReport, Provisioned, ProvisionError, ProvisionResult,
                   check_episode_id)
 

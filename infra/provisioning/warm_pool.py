@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from consolerl.errors import ConfigError, ConsoleRLError
 
-from .meta import ResourceSpec
+from consolerl.resources import ResourceSpec
 from .sdk import ProvisionError, ProvisionResult, SdkProvisioner
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from alibabacloud_actiontrail20200706 import models as at
 from playwright.sync_api import Locator, Page, expect
 
 from infra.cloud import CloudClient
-from infra.console_sim.accounts import Account
+from consolerl.accounts import Account
 
 
 @dataclass

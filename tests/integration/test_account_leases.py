@@ -24,7 +24,7 @@ from consolerl.errors import ConfigError, ConsoleRLError
 from env_workers.accounts import PoolConfig, environment_accounts, secrets_file_accounts
 from env_workers.leases import (AccountPool, Heartbeat, Lease, LeaseLost, NoAccountAvailable,
                                 PoolStatus, UnknownAccount, _Wait)
-from infra.console_sim.accounts import Account
+from consolerl.accounts import Account
 from tests.conftest import ROOT, run_async, wait_for
 from tests.integration.redis_server import RedisServer
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from consolerl.errors import ConfigError
-from rollout_service.agent import Turn
-from rollout_service.experience import (ExperienceStream, Group, Sample, StreamConfig,
-                                        decode_group)
+from consolerl.experience import Turn
+from rollout_service.experience import ExperienceStream, StreamConfig
+from consolerl.experience import Group, Sample, decode_group
 
 
 def group(i: int) -> Group:

@@ -9,8 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 
-from rollout_service.agent import Turn  # noqa: E402
-from rollout_service.experience import ExperienceStream, Group, Sample, StreamConfig  # noqa: E402
+from consolerl.experience import Turn
+from rollout_service.experience import ExperienceStream, StreamConfig
+from consolerl.experience import Group, Sample
 from rollout_service.models import cached_tiny_model  # noqa: E402
 from rollout_service.policy import PolicyConfig, PolicyServer  # noqa: E402
 from trainer.algo import AlgoConfig  # noqa: E402

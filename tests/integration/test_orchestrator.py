@@ -16,10 +16,11 @@ torch = pytest.importorskip("torch")
 from consolerl.config import load_config  # noqa: E402
 from env_workers.accounts import PoolConfig  # noqa: E402
 from env_workers.leases import AccountPool  # noqa: E402
-from trainer.config import JobConfig  # noqa: E402
-from rollout_service.experience import ExperienceStream, decode_group  # noqa: E402
+from cluster.config import JobConfig
+from rollout_service.experience import ExperienceStream
+from consolerl.experience import decode_group
 from rollout_service.models import tiny_model  # noqa: E402
-from rollout_service.service import OrchestratorActor  # noqa: E402
+from cluster.builders import RolloutActor, rollout_parts  # noqa: E402
 from tests.conftest import CloudServer, _server  # noqa: E402
 
 
@@ -49,7 +50,7 @@ def test_groups_flow_to_the_stream_with_rewards_and_nothing_leaks(orch_cloud, re
         "trail.qps=20", "trail.settle_s=20", "trail.poll_s=0.25", "trail.clock_skew_s=5"])
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        actor = OrchestratorActor.remote(config)
+        actor = RolloutActor.remote(rollout_parts(config))
         summary = ray.get(actor.run.remote(2), timeout=600)
         metrics = ray.get(actor.metrics.remote()).decode()
         ray.get(actor.drain.remote(), timeout=120)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from infra.cloud import CloudClient, CloudConfig, Credentials
-from infra.provisioning.meta import parse_resources
+from consolerl.resources import parse_resources
 from infra.provisioning.sdk import EPISODE_TAG, ProvisionError, SdkProvisioner
 from tests.conftest import CloudServer, _server
 
@@ -127,8 +127,8 @@ def test_episode_ids_are_checked(provisioner):
 
 def test_a_failed_provisioning_makes_the_episode_an_env_error(provisioner, accounts):
     from env_workers.worker import EnvWorker, WorkerConfig
-    from infra.provisioning.lifecycle import run_episode
-    from infra.provisioning.tasks import parse_task
+    from rollout_service.episode import run_episode
+    from consolerl.tasks import parse_task
     from tests.conftest import run_async
 
     task = parse_task({

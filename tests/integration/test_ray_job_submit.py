@@ -1,6 +1,6 @@
 """The training job under ``ray job submit`` on an existing cluster (``ray start --head``), as
 an ML engineer launches it: the working directory is uploaded with the runtime-env file from
-``infra/deploy``, the driver joins the cluster through ``RAY_ADDRESS``, and the smoke config
+``cluster/deploy``, the driver joins the cluster through ``RAY_ADDRESS``, and the smoke config
 completes its 2 GRPO steps. Slow (a cluster start plus the smoke run): ``make test-slow``."""
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ def test_trainer_main_runs_under_ray_job_submit(head, tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [RAY, "job", "submit", "--address", head, "--working-dir", ".",
-         "--runtime-env", "infra/deploy/runtime-env.yaml", "--",
-         sys.executable, "-m", "trainer.main", "--config", "configs/smoke.yaml",
+         "--runtime-env", "cluster/deploy/runtime-env.yaml", "--",
+         sys.executable, "-m", "cluster.job", "--config", "configs/smoke.yaml",
          "--run-dir", str(run_dir)],
         cwd=ROOT, capture_output=True, text=True, timeout=1200,
         env={**os.environ, "RAY_ADDRESS": "", **AUTH})

@@ -1,4 +1,4 @@
-"""``python -m reward_service.bench`` end to end with small numbers: a local cloud, seeded
+"""``python -m benchmarks.reward`` end to end with small numbers: a local cloud, seeded
 events, console episodes (every second one fails), scores in process, at once and over HTTP,
 one JSON object."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from reward_service import bench
+from benchmarks import reward as bench
 
 
 def test_the_bench_prints_its_figures_and_checks_every_verdict(capsys):

@@ -13,11 +13,11 @@ import pytest
 from consolerl.types import Observation, StepResult
 from env_workers.driver import ScriptedDriver, StepFn, find_bid
 from env_workers.worker import EnvWorker, WorkerConfig
-from infra.provisioning.lifecycle import run_episode
+from rollout_service.episode import run_episode
 from infra.provisioning.sdk import SdkProvisioner
-from infra.provisioning.tasks import TASKS_DIR, Task, load_task
+from consolerl.tasks import TASKS_DIR, Task, load_task
 from reward_service.fusion import fuse
-from reward_service.judges import JudgeVerdict, JudgeVote
+from consolerl.rewards import JudgeVerdict, JudgeVote
 from tests.conftest import _server, run_async
 
 TASK = load_task(TASKS_DIR / "ram" / "ram-create-user-0.yaml")

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from infra.local_cloud import free_port
-from infra.provisioning.tasks import parse_task
+from consolerl.tasks import parse_task
 from reward_service.actiontrail import TrailConfig
 from reward_service.service import RewardService, build_app
 from tests.conftest import CloudServer, _server

@@ -1,19 +1,19 @@
 """The validation report on its CI sample: one real episode per scripted behaviour (oracle,
 stop early, half done, undone, wrong region, forbidden deletion, infeasible reports right and
 wrong) in Chromium against the local cloud, scored by the rule channel and the scripted
-judges. The whole set runs as ``python -m reward_service.validate --json``."""
+judges. The whole set runs as ``python -m benchmarks.reward_validate --json``."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 
-from reward_service.validate import BEHAVIOURS
+from benchmarks.reward_validate import BEHAVIOURS
 
 
 def test_the_sample_report_has_a_perfect_rule_channel_where_it_decides(tmp_path):
     out = tmp_path / "cases.jsonl"
-    run = subprocess.run([sys.executable, "-m", "reward_service.validate", "--json", "--sample",
+    run = subprocess.run([sys.executable, "-m", "benchmarks.reward_validate", "--json", "--sample",
                           "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout)

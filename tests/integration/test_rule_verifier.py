@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from infra.provisioning.tasks import parse_task
+from consolerl.tasks import parse_task
 from reward_service.actiontrail import TrailClient, TrailConfig
 from reward_service.verifier import RuleVerifier, record
 from tests.conftest import CloudServer, _server

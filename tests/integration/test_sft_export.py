@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 
 from env_workers.actions import parse_action
-from infra.console_sim.accounts import load_accounts
+from consolerl.accounts import load_accounts
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
-from infra.provisioning.meta import fill
-from infra.provisioning.tasks import TASKS_DIR, load_suite
+from consolerl.resources import fill
+from consolerl.tasks import TASKS_DIR, load_suite
 from rollout_service.agent import AgentConfig, AgentLoop, _Step
 from rollout_service.models import HFChatTokenizer, default_model, tiny_model
 from tests.conftest import run_async
-from trainer.export import ExportConfig, run_export
+from cluster.export import ExportConfig, run_export
 from trainer.sft import SftConfig, end_of_turn_id, train_sft
 
 TASKS = ("ram-create-user-0", "ram-create-accesskey-wrongdoc")     # solved / infeasible, train

@@ -1,13 +1,13 @@
 """A representative sample of the task suite, end to end in real Chromium against the local
 cloud: provision, the oracle acts through the action space, the success rule is checked in
 the audit log and the end state, and everything of the episode is destroyed. (The whole suite:
-``python -m infra.provisioning.suite --policy oracle --json``.)"""
+``python -m benchmarks.suite --policy oracle --json``.)"""
 from __future__ import annotations
 
 from collections import Counter
 
-from infra.provisioning.suite import run_tasks, summarize
-from infra.provisioning.tasks import TASKS_DIR, load_suite
+from benchmarks.suite import run_tasks, summarize
+from consolerl.tasks import TASKS_DIR, load_suite
 from tests.conftest import _server, run_async
 
 SAMPLE = [

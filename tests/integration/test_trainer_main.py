@@ -1,4 +1,4 @@
-"""End to end: ``python -m trainer.main --config configs/smoke.yaml`` as a user runs it, in its
+"""End to end: ``python -m cluster.job --config configs/smoke.yaml`` as a user runs it, in its
 own process: embedded Ray, Redis and local cloud, 2 env workers (Chromium), a tiny model, 2
 GRPO steps on 2 data-parallel trainer workers. The policy version reaches 2 on every replica,
 the stream has no pending entries, every account is released, nothing leaks, the process
@@ -51,7 +51,7 @@ def test_smoke_config_trains_two_steps_and_stops_everything(tmp_path):
     run_dir = tmp_path / "run"
     started = time.time() - 1
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer.main", "--config", "configs/smoke.yaml",
+        [sys.executable, "-m", "cluster.job", "--config", "configs/smoke.yaml",
          "--run-dir", str(run_dir)],
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -100,7 +100,7 @@ def test_no_experience_in_time_is_a_clear_error_and_stops_everything(tmp_path):
     started = time.time() - 1
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer.main", "--config", "configs/smoke.yaml",
+        [sys.executable, "-m", "cluster.job", "--config", "configs/smoke.yaml",
          "--run-dir", str(run_dir), "trainer.read_timeout_s=1"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stderr[-4000:]
@@ -129,7 +129,7 @@ def test_sigterm_during_grpo_stops_everything(tmp_path):
     started = time.time() - 1
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trainer.main", "--config", "configs/smoke.yaml",
+            [sys.executable, "-m", "cluster.job", "--config", "configs/smoke.yaml",
              "--run-dir", str(run_dir)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
         try:
             deadline = time.monotonic() + 600

@@ -13,8 +13,9 @@ import redis
 
 from consolerl.errors import ConfigError, ConsoleRLError
 from infra.local_cloud import free_port
-from rollout_service.agent import Turn
-from rollout_service.experience import ExperienceStream, Group, Sample, StreamConfig
+from consolerl.experience import Turn
+from rollout_service.experience import ExperienceStream, StreamConfig
+from consolerl.experience import Group, Sample
 from tests.integration.redis_server import RedisServer
 from trainer.stream import ConsumerConfig, ExperienceConsumer, StreamUnavailable, redact_url
 

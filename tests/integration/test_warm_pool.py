@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from consolerl.errors import ConfigError
 from infra.cloud import CloudClient, CloudConfig, Credentials
-from infra.provisioning.meta import parse_resources
+from consolerl.resources import parse_resources
 from infra.provisioning.sdk import ProvisionError, SdkProvisioner
 from infra.provisioning.warm_pool import WarmPool, WarmPoolClosed
 from tests.conftest import CloudServer, _server, wait_for

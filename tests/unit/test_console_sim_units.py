@@ -9,7 +9,7 @@ from alibabacloud_tea_openapi.utils import Utils as SdkUtils
 
 from consolerl.errors import CloudAPIError, ConfigError
 from infra.cloud import CloudConfig, Credentials
-from infra.console_sim.accounts import load_accounts, parse_accounts
+from consolerl.accounts import load_accounts, parse_accounts
 from infra.console_sim.auth import parse_params
 from infra.console_sim.errors import CloudError
 from infra.console_sim.params import Params

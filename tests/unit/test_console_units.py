@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from consolerl.errors import ConfigError
-from infra.console_sim.console import drift
+from consolerl import drift
 from infra.console_sim.console.core import _safe_next, field_for
 from infra.console_sim.console.ui import Field
 from infra.console_sim.errors import CloudError, invalid, missing

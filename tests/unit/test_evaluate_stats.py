@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.evaluate import (bootstrap_ci, compare, paired_bootstrap_diff,
+from cluster.evaluate import (bootstrap_ci, compare, paired_bootstrap_diff,
                               stratified_bootstrap_diff)
 
 

@@ -11,7 +11,7 @@ from consolerl.errors import ConfigError
 from trainer.checkpoint import CheckpointConfig, CheckpointManager
 from trainer.config import TrainerConfig
 from trainer.grpo import GRPOTrainer, NoExperienceError
-from trainer.main import explain_no_experience
+from cluster.job import explain_no_experience
 
 
 class _Clock:

@@ -13,10 +13,11 @@ import pytest
 from consolerl.errors import ConfigError
 from consolerl.types import EnvError
 from infra.provisioning.resource_coder import ChatError
-from reward_service.fusion import (RewardConfig, RewardResult, RuleOutcome, fuse,
-                                   rule_outcome_from)
-from reward_service.judges import (JudgeChannel, JudgeConfig, JudgeVerdict, JudgeVote,
-                                   consensus, parse_vote, render_trajectory)
+from reward_service.fusion import RewardConfig, fuse, rule_outcome_from
+from consolerl.rewards import RewardResult, RuleOutcome
+from reward_service.judges import (JudgeChannel, JudgeConfig, consensus, parse_vote,
+    render_trajectory)
+from consolerl.rewards import JudgeVerdict, JudgeVote
 from reward_service.rules import RuleVerdict
 
 S = '{"verdict": "success", "reason": "user created"}'

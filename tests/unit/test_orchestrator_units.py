@@ -7,9 +7,10 @@ import asyncio
 import pytest
 
 from consolerl.errors import ConfigError
-from infra.provisioning.tasks import TASKS_DIR, load_suite
-from reward_service.fusion import RewardResult
-from rollout_service.agent import AgentConfig, AgentLoop, Trajectory, Turn
+from consolerl.tasks import TASKS_DIR, load_suite
+from consolerl.rewards import RewardResult
+from rollout_service.agent import AgentConfig, AgentLoop
+from consolerl.experience import Trajectory, Turn
 from rollout_service.orchestrator import EpisodeResult, Orchestrator, OrchestratorConfig
 from tests.conftest import run_async
 

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from consolerl.errors import ConfigError
-from infra.provisioning.meta import SCHEMA
+from consolerl.resources import SCHEMA
 from infra.provisioning.resource_coder import (ChatError, CoderConfig, OpenAIChatClient, Plan,
                                                PlanRejected, ResourceCoder)
 

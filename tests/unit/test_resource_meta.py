@@ -6,7 +6,7 @@ import pickle
 import pytest
 
 from consolerl.errors import ConfigError
-from infra.provisioning.meta import creation_levels, fill, parse_resources
+from consolerl.resources import creation_levels, fill, parse_resources
 
 CHAIN = [
     {"id": "net", "type": "vpc", "properties": {"name": "net-{episode}"}},

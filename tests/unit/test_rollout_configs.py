@@ -1,6 +1,5 @@
-"""The shipped configs load into the job's typed config (the rollout sections plus trainer,
-SFT, evaluation and run), and overrides apply; the rollout side alone refuses the job's
-sections by name."""
+"""The shipped configs load into the job's typed root config (one section per component), and
+overrides apply; an unknown section is refused by name."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,8 +8,7 @@ import pytest
 
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
-from rollout_service.config import RolloutConfig
-from trainer.config import JobConfig
+from cluster.config import JobConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -38,5 +36,5 @@ def test_overrides_and_errors():
         load_config(JobConfig, CONFIGS / "cpu.yaml", ["policy.gpu=1"])
     with pytest.raises(ConfigError, match="adv_estimator"):
         load_config(JobConfig, CONFIGS / "cpu.yaml", ["trainer.algo.adv_estimator=magic"])
-    with pytest.raises(ConfigError, match="unknown field.*trainer"):
-        load_config(RolloutConfig, CONFIGS / "cpu.yaml")
+    with pytest.raises(ConfigError, match="unknown field.*trainers"):
+        load_config(JobConfig, CONFIGS / "cpu.yaml", ["trainers.steps=1"])

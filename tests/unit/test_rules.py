@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from consolerl.errors import CloudAPIError, ConfigError
-from infra.provisioning.tasks import parse_task
+from consolerl.tasks import parse_task
 from reward_service.actiontrail import TrailResult
 from reward_service.rules import assign, evaluate, matches
 from reward_service.verifier import RuleVerifier, record

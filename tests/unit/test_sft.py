@@ -13,12 +13,12 @@ import torch
 from consolerl.errors import ConfigError
 from consolerl.types import Observation, StepResult
 from env_workers.actions import parse_action
-from infra.console_sim.accounts import Account
-from infra.provisioning.tasks import TASKS_DIR, load_suite
+from consolerl.accounts import Account
+from consolerl.tasks import TASKS_DIR, load_suite
 from rollout_service.agent import AgentConfig, AgentLoop, _Step
 from rollout_service.models import HFChatTokenizer, default_model, tiny_model
 from tests.conftest import run_async
-from trainer.export import (Recording, SecretLeak, account_secrets, build_record,
+from cluster.export import (Recording, SecretLeak, account_secrets, build_record,
                             check_no_secrets, parse_args, recording_policy)
 from trainer.sft import (IGNORE, DataError, Example, SftConfig, build_sft_example,
                          end_of_turn_id, load_examples, micro_batch_loss, plan_steps, train_sft)
@@ -317,8 +317,8 @@ def test_export_cli_takes_the_prompt_settings_from_the_rollout_config(tmp_path):
 def test_the_jobs_sft_stage_trains_into_the_run_folder_and_logs_its_steps(tmp_path, tiny,
                                                                           tokenizer):
     from consolerl.config import load_config
-    from trainer.config import JobConfig
-    from trainer.sft import sft_stage
+    from cluster.config import JobConfig
+    from cluster.job import sft_stage
     data = tmp_path / "data.jsonl"
     _synthetic(data, tokenizer)
     config = load_config(JobConfig, "configs/smoke.yaml",

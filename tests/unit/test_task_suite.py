@@ -5,8 +5,8 @@ import pytest
 import yaml
 
 from consolerl.errors import ConfigError
-from infra.provisioning.oracle import FAMILIES
-from infra.provisioning.tasks import TASKS_DIR, load_suite, parse_task
+from rollout_service.oracle import FAMILIES
+from consolerl.tasks import TASKS_DIR, load_suite, parse_task
 
 
 def test_the_suite_validates_and_has_its_shape():

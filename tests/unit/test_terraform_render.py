@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from consolerl.errors import ConfigError
-from infra.provisioning.meta import ResourceSpec, parse_resources
+from consolerl.resources import ResourceSpec, parse_resources
 from infra.provisioning.sdk import EPISODE_TAG, ProvisionError
 from infra.provisioning.terraform import (ENDPOINT_PRODUCTS, META_ARGUMENTS, PROVIDER_ARGUMENTS,
                                           RESOURCE_ARGUMENTS, TerraformProvisioner, dumps,

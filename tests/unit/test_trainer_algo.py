@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from consolerl.errors import ConfigError
-from rollout_service.agent import Turn
-from rollout_service.experience import Group, Sample
+from consolerl.experience import Turn
+from consolerl.experience import Group, Sample
 from trainer.algo import (AlgoConfig, TrainBatch, build_batch, compute_loss,
                           response_entropy, response_logprobs, supported_adv_estimators,
                           trajectory_advantages)

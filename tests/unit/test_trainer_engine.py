@@ -7,8 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rollout_service.agent import SamplingParams, Turn  # noqa: E402
-from rollout_service.experience import Group, Sample  # noqa: E402
+from rollout_service.agent import SamplingParams
+from consolerl.experience import Turn
+from consolerl.experience import Group, Sample
 from rollout_service.models import cached_tiny_model  # noqa: E402
 from rollout_service.policy import TransformersEngine  # noqa: E402
 from trainer.algo import AlgoConfig, build_batch, response_logprobs  # noqa: E402

@@ -5,9 +5,9 @@ from collections import Counter
 
 import pytest
 
-from infra.provisioning.tasks import TASKS_DIR, load_suite
+from consolerl.tasks import TASKS_DIR, load_suite
 from reward_service.judges import JudgeChannel, JudgeConfig, render_trajectory
-from reward_service.validate import (BEHAVIOURS, Scored, ScriptedJudge, build_cases, report,
+from benchmarks.reward_validate import (BEHAVIOURS, Scored, ScriptedJudge, build_cases, report,
                                      scripted_channel)
 
 TASKS = load_suite(TASKS_DIR)

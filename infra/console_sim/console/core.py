@@ -26,10 +26,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from ..accounts import Account
+from consolerl.accounts import Account
 from ..errors import CloudError
 from ..service import Caller, CloudService
-from .drift import Drift
+from consolerl.drift import Drift
 from .metrics import ConsoleMetrics
 from .sessions import COOKIE, Session, SessionStore
 from .ui import STATUS_TONE, TRANSITIONAL, Button, Column, Field, FormSpec

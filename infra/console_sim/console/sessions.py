@@ -10,7 +10,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..store import Store
-from .drift import Drift
+from consolerl.drift import Drift
 
 COOKIE = "consolerl_console_session"
 _MAX_FLASH_SESSIONS = 10_000

@@ -14,13 +14,13 @@ from starlette.staticfiles import StaticFiles
 
 from consolerl.errors import ConfigError
 
-from ..accounts import Account
+from consolerl.accounts import Account
 from ..catalog import DEFAULT_REGION, REGIONS
 from ..service import CloudService
 from . import drift as drift_mod
 from . import ecs, network, oss, ram
 from .core import HERE, BadRequest, ConsoleApp, Page, _safe_next
-from .drift import Drift
+from consolerl.drift import Drift
 from .sessions import COOKIE
 
 _METHODS = ["GET", "POST", "PUT", "DELETE", "HEAD"]

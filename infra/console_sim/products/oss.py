@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import ids
-from ..accounts import Account
+from consolerl.accounts import Account
 from ..catalog import RT_BUCKET
 from ..config import SimConfig
 from ..errors import CloudError

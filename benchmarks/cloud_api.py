@@ -1,4 +1,4 @@
-"""Benchmark of the local cloud: ``python -m infra.console_sim.bench --json``.
+"""Benchmark of the local cloud: ``python -m benchmarks.cloud_api --json``.
 
 Starts a server process on a free port with a fresh state dir, then measures
 
@@ -52,10 +52,10 @@ from urllib.parse import quote
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.local_cloud import LocalCloud, free_port
 
-from .accounts import load_accounts
-from .config import DEFAULT_ACCOUNTS_FILE
-from .products import rpc_products
-from .signing import ACS3, EMPTY_SHA256, acs3_signature, acs3_string_to_sign
+from consolerl.accounts import load_accounts
+from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
+from infra.console_sim.products import rpc_products
+from infra.console_sim.signing import ACS3, EMPTY_SHA256, acs3_signature, acs3_string_to_sign
 
 VERSIONS = {p.name: p.version for p in rpc_products().values()}
 
@@ -368,7 +368,7 @@ def run_console(samples: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.console_sim.bench",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cloud_api",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--events", type=int, default=10_000)

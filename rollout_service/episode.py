@@ -26,16 +26,16 @@ from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
 from env_workers.driver import DriverError, StepFn
 from env_workers.worker import EnvWorker
 from infra.cloud import CloudClient
-from infra.console_sim.accounts import Account
+from consolerl.accounts import Account
 from reward_service.actiontrail import TrailClient
-from reward_service.fusion import RuleOutcome
+from consolerl.rewards import RuleOutcome
 from reward_service.rules import dotted
 from reward_service.verifier import RuleVerifier, record
 
-from .meta import fill
-from .oracle import run_oracle
-from .sdk import Provisioned, ProvisionError, ProvisionResult, SdkProvisioner
-from .tasks import Task
+from consolerl.resources import fill
+from rollout_service.oracle import run_oracle
+from infra.provisioning.sdk import Provisioned, ProvisionError, ProvisionResult, SdkProvisioner
+from consolerl.tasks import Task
 
 # Audit events that create something the agent owns -> (type, where its id is)
 _CREATES = {

@@ -1,5 +1,5 @@
 """Benchmark of the rollout side, async against sync on the same workload:
-``python -m rollout_service.bench --json``.
+``python -m benchmarks.rollout --json``.
 
 Starts a local cloud, a Redis server, ``--workers`` env workers (Chromium, leased accounts), the
 CPU policy (``--backend``: vLLM on CPU where ``.venv-vllm`` exists, else transformers; the
@@ -40,21 +40,21 @@ from typing import Any
 from env_workers.accounts import PoolConfig
 from env_workers.pool import EnvWorkerBody
 from env_workers.worker import WorkerConfig
-from infra.console_sim.accounts import load_accounts
+from consolerl.accounts import load_accounts
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from infra.local_cloud import LocalCloud
-from infra.provisioning.tasks import TASKS_DIR, load_suite
+from consolerl.tasks import TASKS_DIR, load_suite
 from infra.redis_local import RedisServer
 from reward_service.actiontrail import TrailConfig
 from reward_service.service import RewardService
 
 from consolerl.errors import ConfigError
 
-from .agent import AgentConfig, AgentLoop, SamplingParams
-from .experience import ExperienceStream, StreamConfig
-from .models import HFChatTokenizer, resolve_model
-from .orchestrator import Orchestrator, OrchestratorConfig
-from .policy import Engine, PolicyConfig, PolicyRouter, PolicyServerBody, make_engine
+from rollout_service.agent import AgentConfig, AgentLoop, SamplingParams
+from rollout_service.experience import ExperienceStream, StreamConfig
+from rollout_service.models import HFChatTokenizer, resolve_model
+from rollout_service.orchestrator import Orchestrator, OrchestratorConfig
+from rollout_service.policy import Engine, PolicyConfig, PolicyRouter, PolicyServerBody, make_engine
 
 
 def _progress(msg: str) -> None:
@@ -133,7 +133,7 @@ async def run_mode(mode: str, args: argparse.Namespace, cloud: LocalCloud, redis
 def _backend(choice: str) -> str:
     if choice != "auto":
         return choice
-    from .vllm_engine import vllm_python
+    from rollout_service.vllm_engine import vllm_python
     try:
         vllm_python()
     except ConfigError:
@@ -168,7 +168,7 @@ def _combine(runs: list[dict[str, Any]], workers: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rollout_service.bench")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.rollout")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--model", default="", help="model folder (default: SmolLM2-135M)")
     parser.add_argument("--backend", choices=("auto", "vllm", "transformers"), default="auto",

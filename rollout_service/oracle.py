@@ -13,11 +13,11 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from consolerl.types import Observation, StepResult
 from env_workers.driver import DriverError, ScriptedDriver, StepFn, find_bid, find_in_row
-from infra.console_sim.console.drift import Drift
-from infra.console_sim.console.drift import parse as parse_drift
+from consolerl.drift import Drift
+from consolerl.drift import parse as parse_drift
 
-from .meta import fill
-from .tasks import Task
+from consolerl.resources import fill
+from consolerl.tasks import Task
 
 
 class OracleDriver(ScriptedDriver):

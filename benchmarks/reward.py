@@ -1,4 +1,4 @@
-"""Benchmark of the reward service: ``python -m reward_service.bench --json``.
+"""Benchmark of the reward service: ``python -m benchmarks.reward --json``.
 
 Starts a local cloud (fresh state dir, a generated accounts file of ``--episodes`` + 1
 accounts, the real LookupEvents limit of 2 queries per second per account, no delivery delay)
@@ -64,15 +64,15 @@ import yaml
 
 from consolerl.errors import ConfigError
 from consolerl.stats import percentile
-from infra.console_sim.accounts import Account, load_accounts
-from infra.console_sim.bench import LightClient
+from consolerl.accounts import Account, load_accounts
+from benchmarks.cloud_api import LightClient
 from infra.local_cloud import LocalCloud, free_port
-from infra.provisioning.meta import fill
-from infra.provisioning.tasks import TASKS_DIR, Task, load_suite
+from consolerl.resources import fill
+from consolerl.tasks import TASKS_DIR, Task, load_suite
 
-from .actiontrail import TrailConfig
-from .fusion import RewardResult
-from .service import RewardService, ScoreRequest, build_app
+from reward_service.actiontrail import TrailConfig
+from consolerl.rewards import RewardResult
+from reward_service.service import RewardService, ScoreRequest, build_app
 
 LOOKUP_QPS = 2.0             # the cloud's LookupEvents limit per account (the real one)
 PRE_EPISODE_CALLS = 8        # provisioning's API calls inside the episode's query window
@@ -93,7 +93,7 @@ def write_accounts(path: Path, n: int) -> list[Account]:
                      "password": secrets.token_urlsafe(18),
                      "access_key_id": "LTAI5tBench" + secrets.token_hex(6),
                      "access_key_secret": secrets.token_urlsafe(24)})
-    path.write_text("# reward_service.bench: generated, local only\n"
+    path.write_text("# benchmarks.reward: generated, local only\n"
                     + yaml.safe_dump(rows, sort_keys=False))
     return load_accounts(path)
 
@@ -407,7 +407,7 @@ def run(events: int = 100_000, episodes: int = 64, rounds: int = 3, failure_ever
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reward_service.bench",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.reward",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--events", type=int, default=100_000,

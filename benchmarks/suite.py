@@ -1,4 +1,4 @@
-"""Run the task suite: ``python -m infra.provisioning.suite --policy oracle --json``.
+"""Run the task suite: ``python -m benchmarks.suite --policy oracle --json``.
 
 Starts a local cloud (free port, temporary state), then for each task runs the full episode
 lifecycle (:mod:`.lifecycle`) with the oracle in the system Chromium, one account, one worker.
@@ -26,14 +26,14 @@ from consolerl.stats import percentile
 
 from env_workers.worker import EnvWorker, WorkerConfig
 from infra.cloud import CloudClient, CloudConfig, Credentials
-from infra.console_sim.accounts import load_accounts
+from consolerl.accounts import load_accounts
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from infra.local_cloud import LocalCloud
 
-from .lifecycle import EpisodeOutcome, run_episode
-from .sdk import SdkProvisioner
-from .tasks import TASKS_DIR, Task, load_suite
-from .warm_pool import WarmPool
+from rollout_service.episode import EpisodeOutcome, run_episode
+from infra.provisioning.sdk import SdkProvisioner
+from consolerl.tasks import TASKS_DIR, Task, load_suite
+from infra.provisioning.warm_pool import WarmPool
 
 
 def _progress(msg: str) -> None:
@@ -123,7 +123,7 @@ def summarize(tasks: list[Task], outcomes: list[EpisodeOutcome]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.provisioning.suite",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.suite",
                                      description="Run the task suite with a policy.")
     parser.add_argument("--policy", choices=("oracle",), default="oracle")
     parser.add_argument("--json", action="store_true")

@@ -54,9 +54,9 @@ from typing import Any
 import yaml
 
 from consolerl.errors import ConfigError
-from infra.console_sim.console.drift import parse as parse_drift
+from consolerl.drift import parse as parse_drift
 
-from .meta import parse_resources
+from consolerl.resources import parse_resources
 
 SCHEMA_VERSION = 1
 PRODUCTS = ("ecs", "vpc", "ram", "oss")
@@ -122,7 +122,7 @@ class Task:
     success: SuccessRule
     drift: str = ""
     parameters: tuple[tuple[str, str], ...] = ()
-    prerequisites: tuple[Any, ...] = ()          # ResourceSpec (infra.provisioning.meta)
+    prerequisites: tuple[Any, ...] = ()          # ResourceSpec (consolerl.resources)
     expected: str = "success"
     infeasible_reason: str = ""
     cleanup: str = "destroy"
@@ -371,4 +371,4 @@ def load_suite(root: Path | str) -> list[Task]:
     return sorted(tasks, key=lambda t: t.id)
 
 
-TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
+TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"

@@ -1,4 +1,4 @@
-"""Benchmark of the env workers: ``python -m env_workers.bench --json``.
+"""Benchmark of the env workers: ``python -m benchmarks.env_workers --json``.
 
 Starts a local cloud and a redis-server (free ports, temporary state), then measures with the
 system Chromium:
@@ -33,16 +33,16 @@ from pathlib import Path
 import psutil
 
 from consolerl.types import EpisodeSpec
-from infra.console_sim.accounts import load_accounts
+from consolerl.accounts import load_accounts
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from consolerl.stats import percentile
 from infra.local_cloud import LocalCloud
 from infra.redis_local import RedisServer
 
-from .accounts import PoolConfig
-from .driver import ScriptedDriver, expect_observation
-from .pool import EnvWorkerBody
-from .worker import EnvWorker, WorkerConfig
+from env_workers.accounts import PoolConfig
+from env_workers.driver import ScriptedDriver, expect_observation
+from env_workers.pool import EnvWorkerBody
+from env_workers.worker import EnvWorker, WorkerConfig
 
 
 WARMUP_STEPS = 15   # a multiple of 3, so the timed steps keep the fill/click/click mix
@@ -172,7 +172,7 @@ def run(samples: int, per_worker: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m env_workers.bench",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.env_workers",
                                      description="Benchmark the browser env workers.")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--samples", type=int, default=60, help="steps per latency run")

@@ -1,5 +1,5 @@
 """The reward channels against a labelled validation set:
-``python -m reward_service.validate --json [--sample] [--tasks REGEX] [--workers N]``.
+``python -m benchmarks.reward_validate --json [--sample] [--tasks REGEX] [--workers N]``.
 
 The set is built from the task suite and scripted agents whose true outcome is known by
 construction (the label never comes from a scorer). For every solvable task the oracle
@@ -63,18 +63,20 @@ from consolerl.types import Observation, StepResult
 from env_workers.driver import DriverError, StepFn, find_bid
 from env_workers.worker import EnvWorker, WorkerConfig
 from infra.cloud import CloudClient, CloudConfig, Credentials
-from infra.console_sim.accounts import load_accounts
+from consolerl.accounts import load_accounts
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
-from infra.console_sim.console.drift import Drift, parse as parse_drift
+from consolerl.drift import Drift, parse as parse_drift
 from infra.local_cloud import LocalCloud
-from infra.provisioning.lifecycle import EpisodeOutcome, run_episode
-from infra.provisioning.meta import fill
-from infra.provisioning.oracle import FAMILIES, OracleDriver
+from rollout_service.episode import EpisodeOutcome, run_episode
+from consolerl.resources import fill
+from rollout_service.oracle import FAMILIES, OracleDriver
 from infra.provisioning.sdk import SdkProvisioner
-from infra.provisioning.tasks import TASKS_DIR, Task, load_suite
+from consolerl.tasks import TASKS_DIR, Task, load_suite
 
-from .fusion import RewardResult, fuse
-from .judges import JudgeChannel, JudgeConfig, JudgeVerdict, judge_clients
+from reward_service.fusion import fuse
+from consolerl.rewards import RewardResult
+from reward_service.judges import JudgeChannel, JudgeConfig, judge_clients
+from consolerl.rewards import JudgeVerdict
 
 # ---- scripted agents ---------------------------------------------------------------------------
 Script = Callable[["Agent"], Awaitable[None]]
@@ -566,7 +568,7 @@ async def run_cases(cases: Sequence[Case], url: str, endpoint: str, channel: Jud
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reward_service.validate",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.reward_validate",
                                      description="Validate the reward channels on labelled "
                                                  "scripted trajectories.")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -1,7 +1,7 @@
 """Teacher trajectories for SFT: the oracle solves tasks in real episodes, every action becomes
 one training turn whose prompt is exactly what the policy would see there.
 
-``python -m trainer.export --out PATH.jsonl [--split train|test|all] [--tasks REGEX]
+``python -m cluster.export --out PATH.jsonl [--split train|test|all] [--tasks REGEX]
 [--episodes-per-task 1] [--workers 2] [--config configs/cpu.yaml] [--history-turns 4
 --max-prompt-tokens 3072 --max-observation-chars 6000] [--model default|FOLDER]
 [--cloud-endpoint HOST:PORT] [--redis-url URL] [--accounts-file FILE] [--max-steps 40]``
@@ -15,7 +15,7 @@ SmolLM2's).
 Starts the local cloud and a Redis for the account leases (unless ``--cloud-endpoint`` /
 ``--redis-url`` name running ones: the leases are then shared with a running orchestrator's
 workers, same key prefix), and runs each selected task ``--episodes-per-task`` times through
-:func:`infra.provisioning.lifecycle.run_episode` with the oracle, ``--workers`` Chromiums in
+:func:`rollout_service.episode.run_episode` with the oracle, ``--workers`` Chromiums in
 parallel, one leased account per episode. A wrapper around the oracle's ``step`` records, per
 action, the observation it was chosen on, the actions before it (as the agent loop keeps its
 history: canonical action, error only when the text did not parse) and the action's error.
@@ -61,25 +61,24 @@ from typing import Any
 
 import yaml
 
+from consolerl.accounts import Account
 from consolerl.config import build
 from consolerl.errors import ConfigError, ConsoleRLError
+from consolerl.resources import fill
+from consolerl.tasks import TASKS_DIR, Task, load_suite
 from consolerl.types import Observation, StepResult
 from env_workers.accounts import PoolConfig, load_pool_accounts
 from env_workers.driver import StepFn
 from env_workers.leases import AccountPool, Heartbeat
 from env_workers.worker import EnvWorker, WorkerConfig
 from infra.cloud import CloudClient, CloudConfig, Credentials
-from infra.console_sim.accounts import Account
 from infra.local_cloud import LocalCloud
-from infra.provisioning.lifecycle import run_episode
-from infra.provisioning.meta import fill
-from infra.provisioning.oracle import run_oracle
 from infra.provisioning.sdk import SdkProvisioner
-from infra.provisioning.tasks import TASKS_DIR, Task, load_suite
 from infra.redis_local import RedisServer
-from rollout_service.agent import (AgentConfig, AgentLoop, _Step, history_entry,
-                                   recent_history)
+from rollout_service.agent import AgentConfig, AgentLoop, _Step, history_entry, recent_history
+from rollout_service.episode import run_episode
 from rollout_service.models import HFChatTokenizer, resolve_model
+from rollout_service.oracle import run_oracle
 from trainer.sft import end_of_turn_id
 
 KEPT = ("solved", "infeasible_reported")
@@ -443,7 +442,7 @@ def agent_settings(config_path: str | None, overrides: Mapping[str, int | None])
 
 
 def parse_args(argv: Sequence[str] | None = None) -> ExportConfig:
-    parser = argparse.ArgumentParser(prog="python -m trainer.export",
+    parser = argparse.ArgumentParser(prog="python -m cluster.export",
                                      description="Export oracle trajectories as SFT JSONL.")
     parser.add_argument("--out", required=True, help="the JSONL file to write")
     parser.add_argument("--split", default="train", choices=sorted(SPLITS),

@@ -1,0 +1,97 @@
+"""The job's root configuration: one YAML file (``configs/*.yaml``) with ``section.key=value``
+overrides (:func:`consolerl.config.load_config`), one typed section per component. This is the
+only place that sees the whole tree; :mod:`cluster.builders` hands each component its own
+section."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from env_workers.worker import WorkerConfig
+from reward_service.actiontrail import TrailConfig
+from reward_service.fusion import RewardConfig
+from rollout_service.agent import AgentConfig
+from rollout_service.experience import StreamConfig
+from rollout_service.orchestrator import OrchestratorConfig
+from rollout_service.policy import PolicyConfig
+from trainer.config import TrainerConfig
+
+
+@dataclass(frozen=True)
+class CloudSection:
+    """``endpoint``: the OpenAPI endpoint (host:port); ``local``: start the embedded local
+    cloud on that port."""
+
+    endpoint: str = "127.0.0.1:18080"
+    local: bool = True
+    accounts_file: str = ""                 # "" = the local cloud's default accounts
+
+
+@dataclass(frozen=True)
+class EnvSection:
+    """The env workers; their account leases live in the stream's Redis under
+    ``lease_prefix``."""
+
+    workers: int = 2
+    num_cpus_per_worker: float = 0.5
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    lease_ttl_s: float = 60.0
+    lease_prefix: str = "consolerl:pool"
+
+
+@dataclass(frozen=True)
+class SftSection:
+    """The SFT stage before GRPO: oracle trajectories exported from ``tasks`` (a regular
+    expression over train-split task ids; "" = all), ``epochs`` over them."""
+
+    enabled: bool = False
+    data: str = ""                         # a JSONL file; "" = export oracle runs first
+    tasks: str = ""
+    episodes_per_task: int = 1
+    epochs: int = 2
+    lr: float = 5e-5
+    max_tokens_per_batch: int = 8192
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    """Success on held-out tasks (``split``), greedy, before and after training."""
+
+    enabled: bool = False
+    split: str = "heldout"
+    tasks: str = ""
+    episodes_per_task: int = 1
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """``dir``: where the run's files go (checkpoints, metrics.jsonl, curves); ``resume``:
+    continue from the latest checkpoint in ``dir``; ``redis``: start an embedded Redis on the
+    stream URL's port when nothing answers there; ``ray_address``: "" = the cluster of
+    ``RAY_ADDRESS`` (under ``ray job submit``) or an embedded local one."""
+
+    dir: str = "runs/default"
+    resume: bool = False
+    redis: bool = True
+    ray_address: str = ""
+    ray_num_cpus: int = 0                   # embedded cluster only; 0 = the machine's
+    metrics_port: int = 0                   # the trainer's /metrics (Prometheus); 0 = off
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """The root config: one section per component. Only :mod:`cluster` reads it whole; every
+    component is built from its own section."""
+
+    cloud: CloudSection = field(default_factory=CloudSection)
+    env: EnvSection = field(default_factory=EnvSection)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    trail: TrailConfig = field(default_factory=TrailConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    sft: SftSection = field(default_factory=SftSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    run: RunSection = field(default_factory=RunSection)

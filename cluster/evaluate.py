@@ -1,0 +1,209 @@
+"""Success of a model on a task split, episodes in real browsers scored by the reward service:
+``python -m cluster.evaluate --config configs/cpu.yaml --model FOLDER [--runs 3] [key=value]``.
+
+The same machinery as training (env worker actors, PolicyServers, the orchestrator, the reward
+service), with groups of one episode, nothing trained: each run does every selected task
+``episodes_per_task`` times. A success is a reward of at least 1 (the rule or the judges said
+the documented procedure was carried out, or correctly reported infeasible).
+
+Figures: the success rate per run, pooled over runs with a bootstrap 95% confidence interval
+(resampling episodes), and, for two models evaluated on the same tasks, the difference with a
+paired bootstrap interval (resampling tasks).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from cluster.builders import RolloutActor, rollout_parts, start_policy
+from cluster.config import JobConfig
+from cluster.runtime import LocalServices, ray_init, stop_actors
+from consolerl.config import load_config
+from consolerl.errors import ConfigError
+from consolerl.tasks import TASKS_DIR, load_suite
+from rollout_service.models import resolve_model
+
+
+def bootstrap_ci(values: list[float], *, n: int = 10_000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean."""
+    if not values:
+        raise ValueError("bootstrap_ci: no values")
+    rng = random.Random(seed)
+    k = len(values)
+    means = sorted(sum(values[rng.randrange(k)] for _ in range(k)) / k for _ in range(n))
+    lo = means[int((1 - level) / 2 * n)]
+    hi = means[min(n - 1, int((1 + level) / 2 * n))]
+    return lo, hi
+
+
+def paired_bootstrap_diff(before: dict[str, list[float]], after: dict[str, list[float]], *,
+                          n: int = 10_000, seed: int = 0, level: float = 0.95
+                          ) -> tuple[float, tuple[float, float]]:
+    """Mean success difference ``after - before`` over the tasks both saw, and its interval
+    from resampling tasks (each task's episodes stay together: tasks differ in difficulty)."""
+    tasks = sorted(set(before) & set(after))
+    if not tasks:
+        raise ValueError("paired_bootstrap_diff: no task evaluated in both")
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs)
+
+    diffs = [mean(after[t]) - mean(before[t]) for t in tasks]
+    rng = random.Random(seed)
+    k = len(diffs)
+    boots = sorted(sum(diffs[rng.randrange(k)] for _ in range(k)) / k for _ in range(n))
+    return sum(diffs) / k, (boots[int((1 - level) / 2 * n)],
+                            boots[min(n - 1, int((1 + level) / 2 * n))])
+
+
+def stratified_bootstrap_diff(before: dict[str, list[float]], after: dict[str, list[float]],
+                              *, n: int = 10_000, seed: int = 0, level: float = 0.95
+                              ) -> tuple[float, tuple[float, float]]:
+    """Difference ``after - before`` of the success averaged over the tasks both saw, and its
+    interval from resampling each model's episodes within each task (the task set is fixed:
+    the question is whether this model beats that one on these tasks, with few tasks and
+    several episodes each)."""
+    tasks = sorted(t for t in set(before) & set(after) if before[t] and after[t])
+    if not tasks:
+        raise ValueError("stratified_bootstrap_diff: no task evaluated in both")
+    rng = random.Random(seed)
+
+    def resampled_mean(xs: list[float]) -> float:
+        return sum(xs[rng.randrange(len(xs))] for _ in xs) / len(xs)
+
+    point = sum(sum(after[t]) / len(after[t]) - sum(before[t]) / len(before[t])
+                for t in tasks) / len(tasks)
+    boots = sorted(sum(resampled_mean(after[t]) - resampled_mean(before[t]) for t in tasks)
+                   / len(tasks) for _ in range(n))
+    return point, (boots[int((1 - level) / 2 * n)], boots[min(n - 1, int((1 + level) / 2 * n))])
+
+
+def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The difference between two :func:`evaluate` results on the same tasks."""
+    diff, (lo, hi) = stratified_bootstrap_diff(before["per_task"], after["per_task"])
+    by_task, (tlo, thi) = paired_bootstrap_diff(before["per_task"], after["per_task"])
+    return {"success_diff": diff, "success_diff_ci95": [lo, hi],
+            "method": "mean over tasks of the success difference; 95% interval from "
+                      "resampling episodes within each task (10,000 resamples)",
+            "success_diff_ci95_resampling_tasks": [tlo, thi],
+            "tasks": sorted(set(before["per_task"]) & set(after["per_task"]))}
+
+
+def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | None = None,
+             tasks: str | None = None, episodes_per_task: int | None = None,
+             temperature: float | None = None, label: str = "eval",
+             progress: Any = None) -> dict[str, Any]:
+    """Evaluate ``model_path`` (Ray initialised, Redis and the cloud up). Returns per-run and
+    pooled success, per-task outcomes, env errors and leaks."""
+    ev = config.eval
+    split = split or ev.split
+    tasks = ev.tasks if tasks is None else tasks
+    per_task = episodes_per_task or ev.episodes_per_task
+    temp = ev.temperature if temperature is None else temperature
+    if runs < 1:
+        raise ConfigError("evaluate: runs must be >= 1")
+    pattern = re.compile(tasks) if tasks else None
+    selected = [t.id for t in load_suite(TASKS_DIR)
+                if (split == "all" or t.split == split) and (pattern is None or
+                                                              pattern.search(t.id))]
+    if not selected:
+        raise ConfigError(f"evaluate: no {split} task matches {tasks!r}")
+    servers, _ = start_policy(replace(config.policy, model=model_path))
+    by_task: dict[str, list[float]] = {t: [] for t in selected}
+    per_run: list[float] = []
+    env_errors = leaked = 0
+    try:
+        for run in range(runs):
+            cfg = replace(
+                config,
+                agent=replace(config.agent, temperature=temp),
+                orchestrator=replace(config.orchestrator, group_size=1, groups_per_step=1,
+                                     max_staleness=10**6, mode="async",
+                                     drop_uniform_groups=False, split=split,
+                                     task_filter=tasks or "", seed=run + 1),
+                stream=replace(config.stream, stream=f"{config.stream.stream}:{label}"))
+            actor = RolloutActor.options(num_cpus=0).remote(rollout_parts(cfg), servers)
+            try:
+                summary = ray.get(actor.run.remote(len(selected) * per_task))
+                results = ray.get(actor.results.remote())
+            finally:
+                ray.get(actor.drain.remote(), timeout=120)
+                ray.kill(actor)
+            env_errors += summary["env_errors"]
+            leaked += summary["leaked_resources"]
+            ok = [r for r in results if not r["env_error"] and r["reward"] is not None]
+            wins = [1.0 if r["reward"] >= 1.0 else 0.0 for r in ok]
+            for r, w in zip(ok, wins):
+                by_task.setdefault(r["task_id"], []).append(w)
+            per_run.append(sum(wins) / len(wins) if wins else 0.0)
+            if progress is not None:
+                progress(f"{label} run {run + 1}/{runs}: success {per_run[-1]:.2f} "
+                         f"({len(wins)} episodes, {summary['env_errors']} env errors)")
+    finally:
+        stop_actors(servers)
+    pooled = [w for ws in by_task.values() for w in ws]
+    lo, hi = bootstrap_ci(pooled) if pooled else (0.0, 0.0)
+    return {"model": model_path, "split": split, "tasks": len(selected), "runs": runs,
+            "temperature": temp, "episodes": len(pooled),
+            "success": sum(pooled) / len(pooled) if pooled else 0.0,
+            "success_ci95": [lo, hi], "success_per_run": per_run,
+            "per_task": {t: ws for t, ws in by_task.items() if ws},
+            "env_errors": env_errors, "leaked_resources": leaked}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cluster.evaluate")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--model", required=True, help="model folder (or default / tiny)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--baseline", default="",
+                        help="a second model evaluated first on the same tasks and seeds; "
+                             "the output adds the difference model - baseline with its CI")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", default="", help="also write the JSON result to this file")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(JobConfig, args.config, args.overrides)
+    except (ConfigError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = Path(config.run.dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    services = LocalServices(config.cloud, config.stream.url, config.run.redis, run_dir)
+    try:
+        services.start()
+        ray_init(config.run)
+        def progress(m: str) -> None:
+            print(f"[evaluate] {m}", file=sys.stderr, flush=True)
+        if args.baseline:
+            before = evaluate(config, resolve_model(args.baseline), runs=args.runs,
+                              label="baseline", progress=progress)
+            after = evaluate(config, resolve_model(args.model), runs=args.runs,
+                             label="model", progress=progress)
+            result = {"baseline": before, "model": after, "difference": compare(before, after)}
+        else:
+            result = evaluate(config, resolve_model(args.model), runs=args.runs,
+                              progress=progress)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        services.stop()
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,334 @@
+"""The training job: ``python -m cluster.job --config configs/<name>.yaml [key=value ...]``
+(``python -m trainer.main`` forwards here, so existing ``ray job submit`` commands still work).
+
+On one machine it starts what is missing (an embedded Ray cluster, Redis on the stream URL's
+port, the local cloud on the configured endpoint); under ``ray job submit --address
+http://HEAD:8265 --working-dir . -- python -m cluster.job --config ...`` it joins the cluster
+(``RAY_ADDRESS``) and uses whatever external Redis and cloud the config names.
+
+Stages: (1) SFT on oracle trajectories when ``sft.enabled`` (exported first unless
+``sft.data`` names a JSONL file); (2) GRPO: PolicyServers and trainer workers start from the
+SFT output (or ``trainer.model`` / ``policy.model``), the orchestrator fills the experience
+stream asynchronously and the trainer consumes it (:class:`trainer.grpo.GRPOTrainer`) for
+``trainer.steps`` steps. At the end, or on Ctrl-C / SIGTERM, everything is stopped: the
+orchestrator finishes its episodes and cleans up their resources, accounts are released,
+actors and embedded services are stopped.
+
+The run folder (``run.dir``) gets ``config.json``, ``metrics.jsonl`` (one line per SFT or
+GRPO step), ``checkpoints/``, ``summary.json`` and ``curves.png``. ``--resume`` continues from
+the latest checkpoint there.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import multiprocessing
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import ray
+from prometheus_client import start_http_server
+from tqdm import tqdm
+
+from cluster.builders import RolloutActor, rollout_parts, start_policy
+from cluster.config import JobConfig
+from cluster.export import ExportConfig, run_export
+from cluster.runtime import (
+    LocalServices,
+    PeakMemory,
+    progress,
+    raise_interrupt,
+    ray_init,
+    stop_actors,
+)
+from consolerl.config import load_config, to_dict
+from consolerl.errors import ConfigError
+from rollout_service.experience import ExperienceStream
+from rollout_service.models import HFChatTokenizer, resolve_model
+from trainer.curves import plot_curves
+from trainer.engine import start_workers
+from trainer.grpo import GRPOTrainer, NoExperienceError
+from trainer.sft import SftConfig, train_sft
+
+log = logging.getLogger("cluster.job")
+
+
+def run(config: JobConfig) -> dict[str, Any]:
+    """The whole job; returns the summary (also written to ``summary.json``)."""
+    if config.orchestrator.mode == "sync" and config.trainer.publish_every != 1:
+        raise ConfigError("orchestrator.mode=sync needs trainer.publish_every=1 (its batch "
+                          "barrier waits for each step's version)")
+    run_dir = Path(config.run.dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not Path(config.trainer.checkpoint.dir).is_absolute():
+        config = replace(config, trainer=replace(config.trainer, checkpoint=replace(
+            config.trainer.checkpoint, dir=str(run_dir / config.trainer.checkpoint.dir))))
+    (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
+    if not config.run.resume:
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    t_start = time.monotonic()
+    memory = PeakMemory()
+    services = LocalServices(config.cloud, config.stream.url, config.run.redis, run_dir)
+    orchestrator = run_ref = None
+    servers: list[Any] = []
+    workers: list[Any] = []
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "completed": False}
+    trainer: GRPOTrainer | None = None
+    try:
+        services.start()
+        ray_init(config.run)
+        stream = ExperienceStream(config.stream)
+        if not config.run.resume:
+            # A fresh run starts from an empty stream: groups of an earlier run were sampled
+            # by other weights.
+            stream.redis.delete(config.stream.stream, stream.version_key,
+                                config.stream.stream + config.trainer.consumer.dead_letter_suffix)
+        start_model = config.trainer.model or config.policy.model
+        if config.sft.enabled:
+            start_model = _sft_stage(config, run_dir, start_model)
+        model_path = resolve_model(start_model)
+        summary["start_model"] = model_path
+        progress(f"GRPO: {config.trainer.steps} steps of {config.orchestrator.groups_per_step} "
+                  f"groups x {config.orchestrator.group_size}; {config.env.workers} env workers; "
+                  f"policy {config.policy.backend} x{config.policy.replicas}; "
+                  f"{config.trainer.engine.workers} trainer worker(s)")
+        servers, _router = start_policy(replace(config.policy, model=model_path))
+        workers = start_workers(model_path, config.trainer.engine, config.trainer.algo)
+        pad = HFChatTokenizer(model_path).tokenizer.pad_token_id
+        trainer = GRPOTrainer(config.trainer, config.stream, config.orchestrator.groups_per_step,
+                              workers, lambda v, ref: ray.get(
+                                  [s.update_weights.remote(v, ref) for s in servers]),
+                              pad if pad is not None else 0, run_dir)
+        if config.run.metrics_port:
+            start_http_server(config.run.metrics_port, registry=trainer.registry)
+            progress(f"trainer metrics on :{config.run.metrics_port}/metrics")
+        if config.run.resume and trainer.restore():
+            progress(f"resumed at step {trainer.step} (version {trainer.version})")
+        trainer.start()                 # the trainer version before the orchestrator reads it
+        orchestrator = RolloutActor.options(num_cpus=0).remote(rollout_parts(config), servers)
+        run_ref = orchestrator.run.remote(None)
+        budget = config.trainer.time_budget_s
+        summary["history"] = trainer.run(config.trainer.steps, _step_printer(config, trainer),
+                                         deadline=t_start + budget if budget else None)
+        summary["stopped_by"] = trainer.stopped_by
+        summary["final_model"] = _save_final(workers[0], model_path, run_dir / "final")
+        progress(f"final model: {summary['final_model']}")
+        summary["completed"] = True
+    except NoExperienceError as exc:
+        # Not a crash: the rollouts gave nothing to train on. Everything is stopped below and
+        # main() explains from the rollout counts why.
+        summary["error"] = str(exc)
+    finally:
+        if orchestrator is not None:
+            summary.update(_stop_rollouts(orchestrator, run_ref))
+        if trainer is not None:
+            summary.update(_final_checks(trainer, servers, config.env.lease_prefix))
+        stop_actors(workers + servers)
+        if ray.is_initialized():
+            ray.shutdown()       # stops an embedded cluster; disconnects from an external one
+        services.stop()
+        summary["wall_s"] = round(time.monotonic() - t_start, 1)
+        summary["peak_memory_gib"] = memory.stop()
+        _write_summary(run_dir, summary)
+    return summary
+
+
+def _save_final(rank0: Any, model_path: str, folder: Path) -> str:
+    """The trained weights as a model folder (config, weights, tokenizer) that the policy,
+    ``cluster.evaluate`` and Hugging Face load; written beside, then swapped in."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    ray.get(rank0.save_pretrained.remote(str(tmp)))
+    for f in Path(model_path).iterdir():
+        if f.is_file() and (f.name.startswith("tokenizer") or f.name in (
+                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")):
+            shutil.copy2(f, tmp / f.name)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return str(folder)
+
+
+def _sft_stage(config: JobConfig, run_dir: Path, start_model: str) -> str:
+    """SFT in a child process: its model, optimizer and allocator arenas (several GB on CPU)
+    are returned to the system before GRPO starts its own."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_sft_child, config, str(run_dir), start_model).result()
+
+
+def _sft_child(config: JobConfig, run_dir: str, start_model: str) -> str:
+    return sft_stage(config, Path(run_dir), start_model, progress=progress)
+
+
+def sft_stage(config: JobConfig, run_dir: Path, start_model: str,
+              progress: Callable[[str], None] = progress) -> str:
+    """The training job's SFT stage: export oracle trajectories of train-split ``sft.tasks`` into
+    ``<run_dir>/sft-data.jsonl`` unless ``sft.data`` names a file (the job's own cloud, Redis,
+    lease prefix, env workers and agent prompt settings), train ``start_model`` on them into
+    ``<run_dir>/sft``, append the steps to ``<run_dir>/metrics.jsonl`` as ``"stage": "sft"``.
+    Returns the trained folder; a run folder that already has one (resume) reuses it."""
+    sft = config.sft
+    out = Path(run_dir) / "sft"
+    if (out / "sft_summary.json").exists():
+        progress(f"SFT: reusing {out}")
+        return str(out)
+    data = sft.data
+    if not data:
+        data = str(Path(run_dir) / "sft-data.jsonl")
+        exported = asyncio.run(run_export(ExportConfig(
+            out=data, split="train", tasks=sft.tasks, episodes_per_task=sft.episodes_per_task,
+            workers=config.env.workers, agent=config.agent, model=start_model,
+            cloud_endpoint=config.cloud.endpoint, console_url=config.env.worker.console_url,
+            redis_url=config.stream.url, accounts_file=config.cloud.accounts_file,
+            lease_prefix=config.env.lease_prefix)))
+        progress(f"SFT: exported {exported['written']} oracle trajectories "
+                 f"({exported['turns']} turns) in {exported['wall_s']} s")
+    summary = train_sft(SftConfig(data=data, out=str(out), model=start_model,
+                                  epochs=sft.epochs, lr=sft.lr,
+                                  max_tokens_per_batch=sft.max_tokens_per_batch))
+    with (Path(run_dir) / "metrics.jsonl").open("a", encoding="utf-8") as f:
+        for line in (out / "metrics.jsonl").read_text().splitlines():
+            f.write(json.dumps({"stage": "sft", **json.loads(line)}) + "\n")
+    progress(f"SFT: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> "
+             f"{summary['last_loss']:.4f}, {summary['wall_s']} s")
+    return str(out)
+
+
+def _step_printer(config: JobConfig, trainer: Any):
+    bar = tqdm(total=config.trainer.steps, initial=trainer.step, desc="GRPO", unit="step",
+               file=sys.stderr, dynamic_ncols=True)
+
+    def on_step(m: dict[str, Any]) -> None:
+        bar.update(1)
+        bar.set_postfix(reward=f"{m['reward_mean']:.2f}", success=f"{m['success_rate']:.2f}",
+                        v=m["version"])
+        bar.write(f"step {m['step']}: reward {m['reward_mean']:.3f} success "
+                  f"{m['success_rate']:.2f} loss {m['loss']:.4f} step {m['step_s']:.1f}s "
+                  f"sync {m.get('weight_sync_s', 0):.2f}s staleness {m['max_staleness']}",
+                  file=sys.stderr)
+        if m["step"] >= config.trainer.steps:
+            bar.close()
+    return on_step
+
+
+def _stop_rollouts(orchestrator: Any, run_ref: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    try:
+        ray.get(orchestrator.stop.remote(), timeout=30)
+        out["rollout"] = ray.get(run_ref, timeout=600)
+    except Exception as exc:  # noqa: BLE001 - still drain below
+        out["rollout_error"] = f"{type(exc).__name__}: {exc}"[:500]
+    try:
+        ray.get(orchestrator.drain.remote(), timeout=120)
+    except Exception as exc:  # noqa: BLE001
+        out["drain_error"] = f"{type(exc).__name__}: {exc}"[:500]
+    ray.kill(orchestrator)
+    return out
+
+
+def _final_checks(trainer: Any, servers: list[Any], lease_prefix: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"steps": trainer.step, "version": trainer.version,
+                           "weight_sync_s": trainer.sync_times}
+    try:
+        out["replica_versions"] = ray.get([s.version.remote() for s in servers], timeout=60)
+    except Exception as exc:  # noqa: BLE001
+        out["replica_versions_error"] = str(exc)[:300]
+    try:
+        out["pending_entries"] = trainer.consumer.pending()
+        out["leases_held"] = sum(1 for _ in trainer.stream.redis.scan_iter(
+            f"{lease_prefix}:lease:*"))
+    except Exception as exc:  # noqa: BLE001
+        out["pending_error"] = str(exc)[:300]
+    return out
+
+
+def _write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    try:
+        plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
+    except Exception as exc:  # noqa: BLE001 - a missing plot never fails the run
+        log.warning("no curves: %s", exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cluster.job", description=__doc__.split(
+        "\n\n")[0])
+    parser.add_argument("--config", required=True, help="YAML file (configs/*.yaml)")
+    parser.add_argument("--resume", action="store_true", help="continue from run.dir's "
+                        "latest checkpoint")
+    parser.add_argument("--run-dir", default="", help="run.dir")
+    parser.add_argument("overrides", nargs="*", help="section.key=value")
+    args = parser.parse_args(argv)
+    overrides = list(args.overrides)
+    if args.resume:
+        overrides.append("run.resume=true")
+    if args.run_dir:
+        overrides.append(f"run.dir={args.run_dir}")
+    try:
+        config = load_config(JobConfig, args.config, overrides)
+    except (ConfigError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        summary = run(config)
+    except KeyboardInterrupt:
+        progress("interrupted: stopped everything; the latest checkpoint is in "
+                  f"{config.run.dir} (--resume continues)")
+        return 130
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if "error" in summary:
+        print(f"error: {explain_no_experience(summary)}", file=sys.stderr)
+    ok = _healthy(summary, config)
+    progress(("done" if ok else "done with problems") + f" in {summary['wall_s']} s; "
+              f"summary in {config.run.dir}/summary.json")
+    return 0 if ok else 1
+
+
+def explain_no_experience(summary: dict[str, Any]) -> str:
+    """The summary's error, with what the rollouts did meanwhile (why nothing was pushed)."""
+    text = summary["error"]
+    r = summary.get("rollout")
+    if not r:
+        return text
+    finished = r["groups_pushed"] + r["groups_dropped_uniform"] + r["groups_abandoned"]
+    text += (f"; the rollouts ran {r['episodes']} episodes ({r['env_errors']} env errors) and "
+             f"finished {finished} groups: {r['groups_pushed']} pushed, "
+             f"{r['groups_dropped_uniform']} dropped as uniform, {r['groups_abandoned']} "
+             "abandoned")
+    if r["groups_dropped_uniform"] and not r["groups_pushed"]:
+        text += (". Uniform groups (every episode the same reward: the policy solves all of "
+                 "them or none) carry no GRPO signal and orchestrator.drop_uniform_groups drops "
+                 "them; start from a model that succeeds on some episodes of the train tasks, "
+                 "choose other tasks, or use larger groups")
+    elif r["groups_abandoned"] and not r["groups_pushed"]:
+        text += (". Groups are abandoned when env errors exceed orchestrator.max_env_retries: "
+                 "see the env workers' errors")
+    elif not finished:
+        text += ". No group finished in time: raise trainer.read_timeout_s or add env workers"
+    return text
+
+
+def _healthy(summary: dict[str, Any], config: JobConfig) -> bool:
+    rollout = summary.get("rollout", {})
+    return (summary.get("completed", False)
+            and summary.get("pending_entries", 1) == 0
+            and summary.get("leases_held", 1) == 0
+            and set(summary.get("replica_versions", [])) == {summary.get("version")}
+            and rollout.get("leaked_resources", 1) == 0
+            and "drain_error" not in summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The runtime every entry point shares: Ray bootstrap (embedded, or the cluster of
+``RAY_ADDRESS``), the local services launcher (Redis, the local cloud), peak-memory sampling,
+signal handling and stopping actors."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+import ray
+import redis as redis_lib
+
+from cluster.config import CloudSection, RunSection
+from consolerl.errors import ConfigError
+from infra.local_cloud import LocalCloud
+from infra.redis_local import RedisServer
+
+
+def progress(msg: str) -> None:
+    print(f"[console-rl] {msg}", file=sys.stderr, flush=True)
+
+
+class LocalServices:
+    """Redis (on the stream URL's port) and the local cloud (on ``cloud.endpoint``), started
+    here when nothing answers at the configured addresses and they are loopback ones."""
+
+    def __init__(self, cloud: CloudSection, stream_url: str, start_redis: bool, run_dir: Path):
+        self.cloud_section, self.stream_url, self.start_redis = cloud, stream_url, start_redis
+        self.run_dir = run_dir
+        self.redis: Any = None
+        self.cloud: Any = None
+
+    def start(self) -> None:
+        url = urllib.parse.urlparse(self.stream_url)
+        try:
+            redis_lib.Redis.from_url(self.stream_url, socket_timeout=2).ping()
+        except redis_lib.ConnectionError:
+            if not self.start_redis or url.hostname not in ("127.0.0.1", "localhost"):
+                raise ConfigError(f"stream.url: no Redis answers at {self.stream_url} "
+                                  "(run.redis=true starts one on a loopback URL)") from None
+            self.redis = RedisServer(self.run_dir / "redis", port=url.port or 6390).start()
+            progress(f"started Redis on {self.redis.url}")
+        if self.cloud_section.local:
+            host, _, port = self.cloud_section.endpoint.rpartition(":")
+            if not answers(f"http://{self.cloud_section.endpoint}/healthz"):
+                if host not in ("127.0.0.1", "localhost"):
+                    raise ConfigError(f"cloud.endpoint: {self.cloud_section.endpoint} does not "
+                                      "answer and is not a loopback address")
+                self.cloud = LocalCloud(self.run_dir / "cloud", port=int(port)).start()
+                progress(f"started the local cloud on {self.cloud.endpoint}")
+
+    def stop(self) -> None:
+        if self.cloud is not None:
+            self.cloud.stop()
+        if self.redis is not None:
+            self.redis.stop()
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def ray_init(run: RunSection) -> None:
+    """Join the configured or ``RAY_ADDRESS`` cluster, else start an embedded one (which
+    ``ray.shutdown()`` stops again; an external one it only disconnects from). ``ray.init``
+    replaces the SIGTERM handler (and its core worker then aborts on the signal, skipping every
+    ``finally``): ours goes back, so SIGTERM stops everything the way Ctrl-C does."""
+    address = run.ray_address or os.environ.get("RAY_ADDRESS", "")
+    kwargs: dict[str, Any] = {"log_to_driver": False}
+    if address:
+        kwargs["address"] = address
+    else:
+        kwargs["include_dashboard"] = False
+        if run.ray_num_cpus:
+            kwargs["num_cpus"] = run.ray_num_cpus
+    ray.init(**kwargs)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, raise_interrupt)
+
+
+class PeakMemory:
+    """Peak memory of this process and everything it started (an embedded Ray cluster's
+    actors, vLLM, Chromium, Redis, the local cloud), sampled every 2 s as the sum of
+    proportional set sizes (PSS: shared pages such as the object store counted once)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="peak-memory")
+        self._thread.start()
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self._stop.wait(2.0):
+            total = 0
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    total += p.memory_full_info().pss
+                except (psutil.Error, AttributeError):
+                    pass
+            self.peak = max(self.peak, total)
+
+    def stop(self) -> float:
+        self._stop.set()
+        return round(self.peak / 2**30, 2)
+
+
+def raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def stop_actors(actors: list[Any], timeout_s: float = 60) -> None:
+    """Ask each actor to ``shutdown()`` (its child processes, process groups), then kill it."""
+    for actor in actors:
+        try:
+            ray.get(actor.shutdown.remote(), timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - killed below either way
+            pass
+        ray.kill(actor)

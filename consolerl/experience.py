@@ -1,0 +1,118 @@
+"""Episodes as the trainer sees them: token-faithful turns, trajectories, and GRPO groups with
+their encoding as one Redis stream entry (small plain fields for people and tools, the group
+itself as zlib-compressed JSON in ``data``). Written by the orchestrator, read by the trainer.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from consolerl.errors import ConfigError
+from consolerl.types import EnvError
+
+
+@dataclass(frozen=True)
+class Turn:
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    loss_mask: tuple[int, ...]
+    version: int
+    response_text: str                # the decoded output (for logs and judges; not trained on)
+    action_text: str                  # the canonical action the env ran ("" if it did not parse)
+    action_error: str = ""
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    trajectory_id: str
+    task_id: str
+    turns: tuple[Turn, ...]
+    end_reason: str
+    answer: str | None = None
+    infeasible: str | None = None
+    env_error: EnvError | None = None
+    final_observation: str = ""
+    started_at: float = 0.0
+    ended_at: float = 0.0
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        return tuple(sorted({t.version for t in self.turns}))
+
+    @property
+    def actions(self) -> list[str]:
+        return [t.action_text or f"(invalid: {t.action_error})" for t in self.turns]
+
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One episode of a group as the trainer needs it."""
+
+    trajectory_id: str
+    turns: tuple[Turn, ...]
+    reward: float
+    verdict: str = ""
+    end_reason: str = ""
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        return tuple(sorted({t.version for t in self.turns}))
+
+
+@dataclass(frozen=True)
+class Group:
+    group_id: str
+    task_id: str
+    samples: tuple[Sample, ...]
+    created_at: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        return tuple(sorted({v for s in self.samples for v in s.versions}))
+
+    @property
+    def rewards(self) -> tuple[float, ...]:
+        return tuple(s.reward for s in self.samples)
+
+
+def sample_of(trajectory: Trajectory, reward: float, verdict: str = "") -> Sample:
+    return Sample(trajectory.trajectory_id, trajectory.turns, float(reward), verdict,
+                  trajectory.end_reason)
+
+
+def encode_group(group: Group) -> dict[str, str | bytes]:
+    body = {"format": FORMAT_VERSION, **asdict(group)}
+    versions = group.versions or (-1,)
+    return {"group_id": group.group_id, "task_id": group.task_id, "n": str(len(group.samples)),
+            "min_version": str(versions[0]), "max_version": str(versions[-1]),
+            "data": zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 3)}
+
+
+def decode_group(fields: dict[bytes | str, bytes | str]) -> Group:
+    """A stream entry's fields back to a :class:`Group`; :class:`ConfigError` if malformed."""
+    raw = fields.get(b"data", fields.get("data"))
+    if raw is None:
+        raise ConfigError("experience entry has no 'data' field")
+    try:
+        body = json.loads(zlib.decompress(raw if isinstance(raw, bytes) else raw.encode()))
+        if body.pop("format") != FORMAT_VERSION:
+            raise ConfigError(f"experience entry format is not {FORMAT_VERSION}")
+        samples = tuple(
+            Sample(s["trajectory_id"],
+                   tuple(Turn(tuple(t["prompt_ids"]), tuple(t["response_ids"]),
+                              tuple(t["logprobs"]), tuple(t["loss_mask"]), t["version"],
+                              t["response_text"], t["action_text"], t.get("action_error", ""))
+                         for t in s["turns"]),
+                   float(s["reward"]), s.get("verdict", ""), s.get("end_reason", ""))
+            for s in body["samples"])
+        return Group(body["group_id"], body["task_id"], samples, body.get("created_at", 0.0),
+                     body.get("meta", {}))
+    except (zlib.error, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"experience entry is malformed: {type(exc).__name__}: {exc}") from None
