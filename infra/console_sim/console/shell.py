@@ -12,15 +12,15 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from consolerl import drift as drift_mod
+from consolerl.accounts import Account
+from consolerl.drift import Drift
 from consolerl.errors import ConfigError
 
-from consolerl.accounts import Account
 from ..catalog import DEFAULT_REGION, REGIONS
 from ..service import CloudService
-from . import drift as drift_mod
 from . import ecs, network, oss, ram
 from .core import HERE, BadRequest, ConsoleApp, Page, _safe_next
-from consolerl.drift import Drift
 from .sessions import COOKIE
 
 _METHODS = ["GET", "POST", "PUT", "DELETE", "HEAD"]
