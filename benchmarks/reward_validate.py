@@ -59,24 +59,27 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from consolerl.types import Observation, StepResult
-from env_workers.driver import DriverError, StepFn, find_bid
-from env_workers.worker import EnvWorker, WorkerConfig
-from infra.cloud import CloudClient, CloudConfig, Credentials
-from consolerl.accounts import load_accounts
-from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
-from consolerl.drift import Drift, parse as parse_drift
-from infra.local_cloud import LocalCloud
-from rollout_service.episode import EpisodeOutcome, run_episode
+from consolerl.drift import Drift
+from consolerl.drift import parse as parse_drift
+from consolerl.errors import ConsoleRLError
 from consolerl.resources import fill
-from rollout_service.oracle import FAMILIES, OracleDriver
-from infra.provisioning.sdk import SdkProvisioner
+from consolerl.rewards import JudgeVerdict, RewardResult
 from consolerl.tasks import TASKS_DIR, Task, load_suite
-
+from consolerl.types import Observation, StepResult
+from env_workers.accounts import PoolConfig, load_pool_accounts
+from env_workers.driver import DriverError, StepFn, find_bid
+from env_workers.pool import EnvWorkerBody
+from env_workers.worker import WorkerConfig
+from infra.local_cloud import LocalCloud
+from infra.redis_local import RedisServer
 from reward_service.fusion import fuse
-from consolerl.rewards import RewardResult
 from reward_service.judges import JudgeChannel, JudgeConfig, judge_clients
-from consolerl.rewards import JudgeVerdict
+from reward_service.service import RewardService
+from rollout_service.episode import EpisodeOutcome, EpisodeRunner, scripted_policy
+from rollout_service.episode import Script as EpisodeScript
+from rollout_service.oracle import FAMILIES, OracleDriver
+
+MAX_STEPS = 40
 
 # ---- scripted agents ---------------------------------------------------------------------------
 Script = Callable[["Agent"], Awaitable[None]]
@@ -105,8 +108,8 @@ class Agent:
 class _HalfDriver(OracleDriver):
     """Does everything but the final commit: submit and confirm only stop there."""
 
-    class Stop(Exception):
-        pass
+    class Stop(ConsoleRLError):
+        """Ends the script where the final commit would be (not an error of the run)."""
 
     async def submit(self, name: str) -> StepResult:
         raise self.Stop
@@ -334,7 +337,7 @@ def build_cases(tasks: Sequence[Task], sample: bool = False) -> list[Case]:
     return cases
 
 
-def as_policy(behaviour: Behaviour):
+def as_policy(behaviour: Behaviour) -> EpisodeScript:
     async def policy(task: Task, values: Mapping[str, str], step_fn: StepFn,
                      observation: Observation) -> StepResult:
         driver = OracleDriver(step_fn, observation, Drift(parse_drift(task.drift)))
@@ -449,26 +452,30 @@ class Scored:
 
 def score_case(case: Case, outcome: EpisodeOutcome, channel: JudgeChannel) -> Scored:
     env_error = outcome.status == "env_error"
+    traj = outcome.trajectory
+    answer = traj.answer if traj is not None else None
+    infeasible = traj.infeasible if traj is not None else None
+    rule = outcome.reward.rule_verdict if outcome.reward is not None else None
     # A behaviour that did not reach its own end (stop or report) is not the case it claims
     # to be: kept out of the metrics and reported.
-    script_error = "" if env_error or outcome.answer is not None or \
-        outcome.infeasible is not None else "; ".join(outcome.reasons)[:300] or "no answer"
+    script_error = "" if env_error or answer is not None or \
+        infeasible is not None else "; ".join(outcome.reasons)[:300] or "no answer"
     verdict: JudgeVerdict | None = None
     result: RewardResult | None = None
-    if not env_error:
-        verdict = channel.judge(case.task.title, case.task.procedure, outcome.actions,
-                                outcome.final_text, outcome.answer, outcome.infeasible,
+    if not env_error and traj is not None:
+        verdict = channel.judge(case.task.title, case.task.procedure, traj.actions,
+                                traj.final_observation, answer, infeasible,
                                 expected=case.task.expected,
                                 reference_reason=case.task.infeasible_reason)
-        result = fuse(case.task.expected, outcome.rule, verdict, None)
+        result = fuse(case.task.expected, rule, verdict, None)
     return Scored(case.task.id, case.behaviour, case.label, env_error,
-                  outcome.rule.verdict if outcome.rule else "undetermined",
+                  rule.verdict if rule else "undetermined",
                   verdict.verdict if verdict else "undetermined",
                   result.verdict if result else "undetermined",
                   result.decided_by if result else "env_error",
                   result.reward if result else 0.0,
-                  list(result.reasons if result else outcome.reasons)[:4], outcome.steps,
-                  len(outcome.leaked), script_error)
+                  list(result.reasons if result else outcome.reasons)[:4],
+                  len(traj.turns) if traj is not None else 0, len(outcome.leaked), script_error)
 
 
 def _rule_decisive(s: Scored, expected: str) -> bool:
@@ -531,9 +538,13 @@ def _progress(msg: str) -> None:
     print(f"[validate] {msg}", file=sys.stderr, flush=True)
 
 
-async def run_cases(cases: Sequence[Case], url: str, endpoint: str, channel: JudgeChannel,
-                    workers: int = 2) -> list[Scored]:
-    accounts = load_accounts(DEFAULT_ACCOUNTS_FILE)[:workers]
+async def run_cases(cases: Sequence[Case], url: str, endpoint: str, redis_url: str,
+                    channel: JudgeChannel, workers: int = 2) -> list[Scored]:
+    pool = PoolConfig(redis_url=redis_url, key_prefix="validate:pool")
+    accounts = load_pool_accounts(pool)
+    tasks = list({c.task.id: c.task for c in cases}.values())
+    runner = EpisodeRunner(accounts, endpoint, RewardService(tasks, accounts, endpoint).score,
+                           ready_timeout_s=60)
     queue: asyncio.Queue[tuple[int, Case]] = asyncio.Queue()
     for item in enumerate(cases):
         queue.put_nowait(item)
@@ -541,18 +552,14 @@ async def run_cases(cases: Sequence[Case], url: str, endpoint: str, channel: Jud
     done = [0]
     t0 = time.monotonic()
 
-    async def work(account) -> None:
-        def client() -> CloudClient:
-            return CloudClient(CloudConfig(endpoint=endpoint),
-                               Credentials(account.access_key_id, account.access_key_secret))
-        provisioner = SdkProvisioner(client, ready_timeout_s=60, poll_s=0.05)
-        worker = EnvWorker(WorkerConfig(console_url=url))
+    async def work(index: int) -> None:
+        env = EnvWorkerBody(WorkerConfig(console_url=url), pool, f"validate-{index}")
         try:
             while not queue.empty():
                 i, case = queue.get_nowait()
-                outcome = await run_episode(case.task, worker, account, provisioner.client,
-                                            provisioner, policy=as_policy(
-                                                BEHAVIOURS[case.behaviour]))
+                outcome = await runner.run(env, case.task,
+                                           scripted_policy(as_policy(BEHAVIOURS[case.behaviour])),
+                                           max_steps=MAX_STEPS)
                 scored = await asyncio.to_thread(score_case, case, outcome, channel)
                 results[i] = scored
                 done[0] += 1
@@ -561,9 +568,9 @@ async def run_cases(cases: Sequence[Case], url: str, endpoint: str, channel: Jud
                           f"{case.label}, rule {scored.rule}, judges {scored.judges}, fused "
                           f"{scored.fused} [{mark}] ({time.monotonic() - t0:.0f} s)")
         finally:
-            await worker.shutdown()
+            await env.drain()
 
-    await asyncio.gather(*(work(a) for a in accounts))
+    await asyncio.gather(*(work(i) for i in range(workers)))
     return [r for r in results if r is not None]
 
 
@@ -599,14 +606,18 @@ def main(argv: list[str] | None = None) -> int:
                       [(0.0, 0.5, 1.0)[i % 3] for i in range(args.judges)]),
         JudgeConfig(k=args.judges, consensus=args.consensus))
     state = Path(tempfile.mkdtemp(prefix="validate-"))
-    cloud = LocalCloud(state, ("--transition", "1", "--network-ready", "0.3"))
+    cloud = LocalCloud(state / "cloud", ("--transition", "1", "--network-ready", "0.3"))
+    redis_server = RedisServer(state / "redis")
     started = time.monotonic()
     try:
         cloud.start()
+        redis_server.start()
         _progress(f"{len(cases)} cases over {len({c.task.id for c in cases})} tasks against "
                   f"{cloud.url}, {args.workers} browsers")
-        scored = asyncio.run(run_cases(cases, cloud.url, cloud.endpoint, channel, args.workers))
+        scored = asyncio.run(run_cases(cases, cloud.url, cloud.endpoint, redis_server.url,
+                                       channel, args.workers))
     finally:
+        redis_server.stop()
         cloud.stop()
         shutil.rmtree(state, ignore_errors=True)
     summary = report(scored, {t.id: t for t in tasks})

@@ -1,7 +1,8 @@
 """Run the task suite: ``python -m benchmarks.suite --policy oracle --json``.
 
-Starts a local cloud (free port, temporary state), then for each task runs the full episode
-lifecycle (:mod:`.lifecycle`) with the oracle in the system Chromium, one account, one worker.
+Starts a local cloud (free port, temporary state) and a Redis for the account leases, then for
+each task runs one episode through the episode runner (:mod:`rollout_service.episode`: lease,
+provision, act, score, destroy, verify) with the oracle in the system Chromium, one env worker.
 Prints one JSON object: ``total``, ``solved`` (solvable tasks whose success rule passed),
 ``infeasible_reported`` (wrong-documentation tasks the oracle reported), ``per_product``
 success rates, ``provision_p50_s`` / ``provision_p95_s`` (cold provisioning of the tasks that
@@ -22,18 +23,23 @@ import tempfile
 import time
 from pathlib import Path
 
-from consolerl.stats import percentile
-
-from env_workers.worker import EnvWorker, WorkerConfig
-from infra.cloud import CloudClient, CloudConfig, Credentials
 from consolerl.accounts import load_accounts
+from consolerl.stats import percentile
+from consolerl.tasks import TASKS_DIR, Task, load_suite
+from env_workers.accounts import PoolConfig, load_pool_accounts
+from env_workers.pool import EnvWorkerBody
+from env_workers.worker import WorkerConfig
+from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from infra.local_cloud import LocalCloud
-
-from rollout_service.episode import EpisodeOutcome, run_episode
 from infra.provisioning.sdk import SdkProvisioner
-from consolerl.tasks import TASKS_DIR, Task, load_suite
 from infra.provisioning.warm_pool import WarmPool
+from infra.redis_local import RedisServer
+from reward_service.service import RewardService
+from rollout_service.episode import EpisodeOutcome, EpisodeRunner, scripted_policy
+from rollout_service.oracle import run_oracle
+
+MAX_STEPS = 40
 
 
 def _progress(msg: str) -> None:
@@ -44,24 +50,23 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(percentile(values, q), 4) if values else None
 
 
-async def run_tasks(tasks: list[Task], url: str, endpoint: str, account_index: int = 0
+async def run_tasks(tasks: list[Task], url: str, endpoint: str, redis_url: str
                     ) -> list[EpisodeOutcome]:
-    account = load_accounts(DEFAULT_ACCOUNTS_FILE)[account_index]
-
-    def client() -> CloudClient:
-        return CloudClient(CloudConfig(endpoint=endpoint),
-                           Credentials(account.access_key_id, account.access_key_secret))
-    provisioner = SdkProvisioner(client, ready_timeout_s=60, poll_s=0.05)
-    worker = EnvWorker(WorkerConfig(console_url=url))
+    pool = PoolConfig(redis_url=redis_url, key_prefix="suite:pool")
+    accounts = load_pool_accounts(pool)
+    runner = EpisodeRunner(accounts, endpoint, RewardService(tasks, accounts, endpoint).score,
+                           ready_timeout_s=60)
+    env = EnvWorkerBody(WorkerConfig(console_url=url), pool, "suite-0")
+    policy = scripted_policy(run_oracle)
     outcomes = []
     try:
         for i, task in enumerate(tasks, 1):
-            outcome = await run_episode(task, worker, account, provisioner.client, provisioner)
+            outcome = await runner.run(env, task, policy, max_steps=MAX_STEPS)
             outcomes.append(outcome)
             _progress(f"{i}/{len(tasks)} {task.id}: {outcome.status}"
                       + (f" ({'; '.join(outcome.reasons)[:200]})" if outcome.reasons else ""))
     finally:
-        await worker.shutdown()
+        await env.drain()
     return outcomes
 
 
@@ -137,15 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     if not tasks:
         parser.error(f"no task id matches {args.tasks!r}")
     state = Path(tempfile.mkdtemp(prefix="suite-"))
-    cloud = LocalCloud(state, ("--lookup-qps", "0", "--transition", "1",
-                               "--network-ready", "0.3"))
+    cloud = LocalCloud(state / "cloud", ("--lookup-qps", "0", "--transition", "1",
+                                         "--network-ready", "0.3"))
+    redis_server = RedisServer(state / "redis")
     try:
         cloud.start()
+        redis_server.start()
         _progress(f"{len(tasks)} tasks against {cloud.url}")
-        outcomes = asyncio.run(run_tasks(tasks, cloud.url, cloud.endpoint))
+        outcomes = asyncio.run(run_tasks(tasks, cloud.url, cloud.endpoint, redis_server.url))
         warm, warm_leaked = ([], 0) if args.warm_pool == 0 else measure_warm(
             tasks, cloud.endpoint, k=args.warm_pool)
     finally:
+        redis_server.stop()
         cloud.stop()
         shutil.rmtree(state, ignore_errors=True)
     summary = summarize(tasks, outcomes)

@@ -15,10 +15,12 @@ SmolLM2's).
 Starts the local cloud and a Redis for the account leases (unless ``--cloud-endpoint`` /
 ``--redis-url`` name running ones: the leases are then shared with a running orchestrator's
 workers, same key prefix), and runs each selected task ``--episodes-per-task`` times through
-:func:`rollout_service.episode.run_episode` with the oracle, ``--workers`` Chromiums in
-parallel, one leased account per episode. A wrapper around the oracle's ``step`` records, per
-action, the observation it was chosen on, the actions before it (as the agent loop keeps its
-history: canonical action, error only when the text did not parse) and the action's error.
+:class:`rollout_service.episode.EpisodeRunner` (the runner RL rollouts go through) with the
+oracle as the policy, on ``--workers`` env workers in parallel (each its own Chromium and
+account lease, as the Ray env worker actors hold them). A wrapper around the oracle's ``step``
+records, per action, the observation it was chosen on, the actions before it (as the agent loop
+keeps its history: canonical action, error only when the text did not parse) and the action's
+error.
 
 Kept: episodes whose rule outcome is ``solved`` and, for tasks whose documentation is wrong,
 ``infeasible_reported``; not kept: failures, env errors, episodes that broke a prerequisite, and
@@ -68,15 +70,13 @@ from consolerl.resources import fill
 from consolerl.tasks import TASKS_DIR, Task, load_suite
 from consolerl.types import Observation, StepResult
 from env_workers.accounts import PoolConfig, load_pool_accounts
-from env_workers.driver import StepFn
-from env_workers.leases import AccountPool, Heartbeat
-from env_workers.worker import EnvWorker, WorkerConfig
-from infra.cloud import CloudClient, CloudConfig, Credentials
+from env_workers.pool import EnvWorkerBody
+from env_workers.worker import WorkerConfig
 from infra.local_cloud import LocalCloud
-from infra.provisioning.sdk import SdkProvisioner
 from infra.redis_local import RedisServer
+from reward_service.service import RewardService
 from rollout_service.agent import AgentConfig, AgentLoop, _Step, history_entry, recent_history
-from rollout_service.episode import run_episode
+from rollout_service.episode import EpisodeRunner, Script, StepFn, scripted_policy
 from rollout_service.models import HFChatTokenizer, resolve_model
 from rollout_service.oracle import run_oracle
 from trainer.sft import end_of_turn_id
@@ -154,8 +154,8 @@ class Recording:
 
 
 def recording_policy(config: AgentConfig, recording: Recording,
-                     teacher: Callable[..., Any] = run_oracle):
-    """A :data:`lifecycle.Policy` that runs ``teacher`` and records each of its actions in
+                     teacher: Script = run_oracle) -> Script:
+    """A scripted agent that runs ``teacher`` and records each of its actions in
     ``recording``; the history follows :meth:`AgentLoop.run` (same entries, same window)."""
     async def policy(task: Task, values: Mapping[str, str], step: StepFn,
                      observation: Observation) -> StepResult:
@@ -260,61 +260,47 @@ class _Tally:
 
 
 class _Exporter:
-    """The shared state of the export's workers: the lease pool, one provisioner per account,
-    the open output file and the tally."""
+    """The shared state of the export's workers: the episode runner, the open output file and
+    the tally."""
 
-    def __init__(self, config: ExportConfig, endpoint: str, pool: AccountPool,
-                 tokenizer: HFChatTokenizer, sink, tally: _Tally,
+    def __init__(self, config: ExportConfig, endpoint: str, pool_config: PoolConfig,
+                 accounts: list[Account], tasks: list[Task], tokenizer: HFChatTokenizer, sink,
+                 tally: _Tally,
                  on_record: Callable[[dict[str, Any], Recording], None] | None):
-        self.config, self.endpoint, self.pool = config, endpoint, pool
+        self.config, self.endpoint, self.pool_config = config, endpoint, pool_config
         self.tokenizer, self.sink, self.tally, self.on_record = tokenizer, sink, tally, on_record
-        self.secrets = account_secrets([pool.account(a) for a in pool.account_ids])
-        self.provisioners: dict[str, SdkProvisioner] = {}
+        self.secrets = account_secrets(accounts)
+        scorer = RewardService(tasks, accounts, endpoint).score
+        self.runner = EpisodeRunner(accounts, endpoint, scorer, ready_timeout_s=60,
+                                    acquire_timeout_s=None)
         # One fast tokenizer shared by worker threads: HF tokenizers may refuse concurrent use.
         self.tokenize_lock = threading.Lock()
         self.started = time.monotonic()
-
-    def provisioner(self, account: Account) -> SdkProvisioner:
-        if account.account_id not in self.provisioners:
-            endpoint = self.endpoint
-            self.provisioners[account.account_id] = SdkProvisioner(
-                lambda: CloudClient(CloudConfig(endpoint=endpoint), Credentials(
-                    account.access_key_id, account.access_key_secret)),
-                ready_timeout_s=60, poll_s=0.05)
-        return self.provisioners[account.account_id]
 
     def _record(self, task: Task, status: str, recording: Recording) -> dict[str, Any] | None:
         with self.tokenize_lock:
             return build_record(task, status, recording, self.tokenizer, self.config.agent)
 
     async def work(self, index: int, jobs: asyncio.Queue[Task]) -> None:
-        worker = EnvWorker(WorkerConfig(
-            console_url=self.config.console_url or f"http://{self.endpoint}"))
-        holder = f"export-{os.getpid()}-{index}"
+        env = EnvWorkerBody(WorkerConfig(
+            console_url=self.config.console_url or f"http://{self.endpoint}"),
+            self.pool_config, f"export-{os.getpid()}-{index}")
         try:
             while not jobs.empty():
-                await self.episode(worker, holder, jobs.get_nowait())
+                await self.episode(env, jobs.get_nowait())
         finally:
-            await worker.shutdown()
+            await env.drain()
 
-    async def episode(self, worker: EnvWorker, holder: str, task: Task) -> None:
+    async def episode(self, env: EnvWorkerBody, task: Task) -> None:
         recording = Recording()
-        lease = await self.pool.acquire_async(holder)
-        account = self.pool.account(lease.account_id)
-        provisioner = self.provisioner(account)
+        policy = scripted_policy(recording_policy(self.config.agent, recording))
         try:
-            with Heartbeat(self.pool, lease) as beat:
-                outcome = await run_episode(
-                    task, worker, account, provisioner.client, provisioner,
-                    max_steps=self.config.max_steps,
-                    policy=recording_policy(self.config.agent, recording))
-            status = "env_error" if beat.lost else outcome.status
+            outcome = await self.runner.run(env, task, policy, max_steps=self.config.max_steps)
+            status = outcome.status
         except Exception as exc:      # noqa: BLE001  one broken episode must not end the export
             status = f"error: {type(exc).__name__}"
             _progress(f"{task.id}: {type(exc).__name__}: {str(exc)[:300]}")
             outcome = None
-        finally:
-            await asyncio.to_thread(self.pool.release, lease)
         tally = self.tally
         tally.episodes += 1
         tally.statuses[status] = tally.statuses.get(status, 0) + 1
@@ -358,7 +344,7 @@ async def run_export(config: ExportConfig, *, on_record: Callable[[dict[str, Any
     out = Path(config.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="export-"))
-    cloud = redis_server = pool = None
+    cloud = redis_server = None
     fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     sink = os.fdopen(fd, "w", encoding="utf-8")
     started = time.monotonic()
@@ -383,10 +369,11 @@ async def run_export(config: ExportConfig, *, on_record: Callable[[dict[str, Any
         pool_config = PoolConfig(redis_url=redis_url, key_prefix=config.lease_prefix,
                                  accounts_source="file" if config.accounts_file else "local",
                                  accounts_file=config.accounts_file or None)
-        pool = AccountPool(load_pool_accounts(pool_config), pool_config)
+        accounts = load_pool_accounts(pool_config)
         _progress(f"{tally.total} episodes of {len(tasks)} tasks against http://{endpoint}, "
                   f"{config.workers} browsers")
-        exporter = _Exporter(config, endpoint, pool, tokenizer, sink, tally, on_record)
+        exporter = _Exporter(config, endpoint, pool_config, accounts, tasks, tokenizer, sink,
+                             tally, on_record)
         workers = [asyncio.create_task(exporter.work(i, jobs)) for i in range(config.workers)]
         try:
             await asyncio.gather(*workers)
@@ -407,8 +394,6 @@ async def run_export(config: ExportConfig, *, on_record: Callable[[dict[str, Any
         Path(tmp_name).unlink(missing_ok=True)
         raise
     finally:
-        if pool is not None:
-            pool.close()
         if redis_server is not None:
             redis_server.stop()
         if cloud is not None:

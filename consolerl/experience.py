@@ -37,6 +37,7 @@ class Trajectory:
     final_observation: str = ""
     started_at: float = 0.0
     ended_at: float = 0.0
+    end_detail: str = ""              # why it ended, where end_reason alone does not say
 
     @property
     def versions(self) -> tuple[int, ...]:

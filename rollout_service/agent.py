@@ -31,8 +31,9 @@ from consolerl.experience import Trajectory, Turn
 from consolerl.types import Observation, StepResult
 from env_workers.actions import ACTION_HELP
 
+# "stuck": a scripted policy found no way on (see rollout_service.episode.scripted_policy).
 END_REASONS = ("stop", "report_infeasible", "max_steps", "token_limit", "env_limit",
-               "env_error")
+               "env_error", "stuck")
 
 SYSTEM_PROMPT = (
     "You operate a cloud console in a web browser to carry out a documented procedure. Each "

@@ -1,41 +1,151 @@
-"""One episode's lifecycle: provision → execute → recover → score → destroy → verify.
+"""The one episode runner: every episode of console-rl runs here, whoever acts in it (the model
+through the agent loop, the oracle, a scripted test agent) and whoever asked for it (the
+orchestrator for RL and evaluation, the SFT export, the reward validation, the task suite).
 
-- provision: the task's prerequisites under a fresh episode id (a failure makes the episode an
-  ``env_error``: it never counts as the agent's failure);
-- execute: sign in on the task's start page and let the policy act (here: the oracle);
-- recover: before scoring, find prerequisites the agent broke without being asked to (a
-  declared resource that is gone although no required event names it), and record them;
-- score: the reward service's rule channel (:class:`reward_service.verifier.RuleVerifier`):
-  the task's success rule over the episode's console audit events and the end state;
-- destroy: everything tagged with or named after the episode, plus what the agent created
-  (found in the audit log), then verify through Describe calls that nothing is left.
+    lease an account (the env worker's lease pool) → provision the task's prerequisites in it →
+    open the start page signed in → the policy acts → close the browser → score (the reward
+    service, before anything is destroyed: its end-state checks read the cloud) → recover
+    (prerequisites the agent broke without being asked to) → destroy everything of the episode
+    (tagged, named, and what the agent created, from the audit log) → verify nothing is left →
+    release the lease
+
+and returns one :class:`EpisodeOutcome`. A failure of the environment (no account, a
+provisioning error, a browser that died, a lease lost, the cloud failing the scorer) is an
+:class:`~consolerl.types.EnvError` value on the outcome, never the agent's failure.
+
+The env side is anything with the env worker's episode methods (``acquire``, ``reset``,
+``step``, ``close_browser``, ``end_episode``): :class:`env_workers.pool.EnvWorkerBody` in
+process, or its Ray actor handle. A policy is any :data:`EpisodePolicy`; :func:`model_policy`
+adapts an :class:`~rollout_service.agent.AgentLoop`, :func:`scripted_policy` a scripted agent
+such as :func:`rollout_service.oracle.run_oracle`.
 """
 from __future__ import annotations
 
 import asyncio
 import secrets
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import oss2
 
-from consolerl.errors import CloudAPIError
-from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
-from env_workers.driver import DriverError, StepFn
-from env_workers.worker import EnvWorker
-from infra.cloud import CloudClient
 from consolerl.accounts import Account
-from reward_service.actiontrail import TrailClient
-from consolerl.rewards import RuleOutcome
-from reward_service.rules import dotted
-from reward_service.verifier import RuleVerifier, record
-
+from consolerl.errors import CloudAPIError
+from consolerl.experience import Trajectory, Turn
 from consolerl.resources import fill
-from rollout_service.oracle import run_oracle
-from infra.provisioning.sdk import Provisioned, ProvisionError, ProvisionResult, SdkProvisioner
+from consolerl.rewards import RewardResult
 from consolerl.tasks import Task
+from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
+from env_workers.driver import DriverError
+from infra.cloud import CloudClient, CloudConfig, Credentials
+from infra.provisioning.sdk import Provisioned, ProvisionError, SdkProvisioner
+from reward_service.actiontrail import TrailClient
+from reward_service.rules import dotted
+from reward_service.service import ScoreRequest
+from reward_service.verifier import from_console
+
+from .agent import AgentLoop
+from .policy import call
+
+StepFn = Callable[[str], Awaitable[StepResult]]
+# A scripted agent: acts through ``step`` and returns the last step's result.
+Script = Callable[[Task, Mapping[str, str], StepFn, Observation], Awaitable[StepResult]]
+
+
+class EpisodePolicy(Protocol):
+    """Acts in one episode: from the first observation, through ``step``, until it stops or a
+    limit is hit; returns the trajectory (token-faithful when a model acted)."""
+
+    async def __call__(self, task: Task, values: Mapping[str, str], observation: Observation,
+                       step: StepFn, *, trajectory_id: str, seed: int) -> Trajectory: ...
+
+
+def model_policy(agent: AgentLoop) -> EpisodePolicy:
+    """The model acting through the agent loop (prompt, generate, parse, act)."""
+    async def policy(task: Task, values: Mapping[str, str], observation: Observation,
+                     step: StepFn, *, trajectory_id: str, seed: int) -> Trajectory:
+        return await agent.run(task.id, task.title, fill(task.procedure, values), observation,
+                               step, seed=seed, trajectory_id=trajectory_id)
+    return policy
+
+
+def scripted_policy(script: Script) -> EpisodePolicy:
+    """A scripted agent (the oracle, a test's hacker) as a policy. Its turns carry the action
+    texts and no tokens; a script that raises :class:`DriverError` got stuck: the episode ends
+    without an answer (``end_reason`` ``stuck``, the error in ``end_detail``)."""
+    async def policy(task: Task, values: Mapping[str, str], observation: Observation,
+                     step: StepFn, *, trajectory_id: str, seed: int) -> Trajectory:
+        started = time.time()
+        turns: list[Turn] = []
+        last = [observation]
+
+        async def recorded(text: str) -> StepResult:
+            result = await step(text)
+            turns.append(Turn((), (), (), (), -1, text, result.action_text,
+                              result.observation.last_action_error))
+            last[0] = result.observation
+            return result
+        try:
+            final = await script(task, values, recorded, observation)
+        except DriverError as exc:
+            return Trajectory(trajectory_id, task.id, tuple(turns), "stuck",
+                              final_observation=last[0].text, started_at=started,
+                              ended_at=time.time(), end_detail=str(exc)[:300])
+        if final.env_error is not None:
+            end = "env_error"
+        elif final.infeasible is not None:
+            end = "report_infeasible"
+        elif final.answer is not None:
+            end = "stop"
+        else:
+            end = final.truncated or "env_limit"
+        return Trajectory(trajectory_id, task.id, tuple(turns), end, final.answer,
+                          final.infeasible, final.env_error, last[0].text, started,
+                          time.time())
+    return policy
+
+
+@dataclass
+class EpisodeOutcome:
+    """One episode, start to clean-up. ``env_error`` set: the environment failed (the
+    trajectory, if any, is not the agent's doing and never trains). ``reward``: the reward
+    service's result (its ``rule_verdict`` is the rule channel's). ``broken_prerequisites``:
+    prerequisites the agent removed without being asked to; ``leaked``: what destroy left
+    behind (must stay empty); ``reasons``: provisioning, scoring and clean-up problems."""
+
+    task_id: str
+    expected: str                           # the task's: success | infeasible
+    episode_id: str
+    trajectory: Trajectory | None = None
+    reward: RewardResult | None = None
+    env_error: EnvError | None = None
+    worker: str = ""
+    account_id: str = ""
+    fencing: int = 0
+    provision_s: float = 0.0
+    broken_prerequisites: list[str] = field(default_factory=list)
+    leaked: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        """solved | failed | infeasible_reported | env_error, by the rule channel: a solvable
+        task is solved when the agent said it was done and the rule succeeded; a
+        wrong-documentation task when the agent reported it infeasible and the rule saw no
+        forbidden or required-to-fail event."""
+        if self.env_error is not None:
+            return "env_error"
+        traj = self.trajectory
+        rule = self.reward.rule_verdict if self.reward is not None else None
+        verdict = rule.verdict if rule is not None else "undetermined"
+        if self.expected == "infeasible":
+            reported = traj is not None and traj.infeasible is not None
+            return "infeasible_reported" if reported and verdict != "failure" else "failed"
+        said_done = traj is not None and traj.answer is not None
+        return "solved" if said_done and verdict == "success" else "failed"
+
 
 # Audit events that create something the agent owns -> (type, where its id is)
 _CREATES = {
@@ -46,30 +156,6 @@ _CREATES = {
     "CreateUser": ("ram_user", "requestParameters.UserName"),
     "PutBucket": ("oss_bucket", "requestParameters.BucketName"),
 }
-
-
-@dataclass
-class EpisodeOutcome:
-    task_id: str
-    episode_id: str
-    status: str                      # solved | failed | infeasible_reported | env_error
-    provision_s: float = 0.0
-    steps: int = 0
-    reasons: list[str] = field(default_factory=list)
-    broken_prerequisites: list[str] = field(default_factory=list)
-    leaked: list[str] = field(default_factory=list)
-    fencing: int = 0
-    # The trajectory (what a judge reads) and the rule channel's outcome:
-    actions: list[str] = field(default_factory=list)     # canonical action texts, in order
-    final_text: str = ""                                  # the last observation's text
-    answer: str | None = None
-    infeasible: str | None = None
-    rule: RuleOutcome | None = None
-    started_at: float = 0.0
-    ended_at: float = 0.0
-
-
-Policy = Callable[[Task, Mapping[str, str], StepFn, Observation], Awaitable[StepResult]]
 
 
 def agent_created(events: list[dict[str, Any]]) -> list[Provisioned]:
@@ -86,7 +172,8 @@ def agent_created(events: list[dict[str, Any]]) -> list[Provisioned]:
     return made
 
 
-def _exists(client: CloudClient, r: Provisioned) -> bool:
+def exists(client: CloudClient, r: Provisioned) -> bool:
+    """Whether ``r`` is still in the cloud (Describe calls; rules live with their group)."""
     try:
         if r.type == "vpc":
             return bool(client.rpc("Vpc", "DescribeVpcs", {"RegionId": r.region,
@@ -109,80 +196,124 @@ def _exists(client: CloudClient, r: Provisioned) -> bool:
             return True
     except (CloudAPIError, oss2.exceptions.OssError):
         return False
-    return True             # rules live with their group
+    return True
 
 
-async def run_episode(task: Task, worker: EnvWorker, account: Account, client: CloudClient,
-                      provisioner: SdkProvisioner, *, max_steps: int = 40,
-                      ready: ProvisionResult | None = None,
-                      policy: Policy = run_oracle) -> EpisodeOutcome:
-    """Run ``task`` once with ``policy`` (default: the oracle); ``ready``: prerequisites a
-    warm pool provisioned. A policy that raises :class:`DriverError` ends the episode
-    without an answer (the agent got stuck)."""
-    started = time.time()
-    episode_id = ready.episode_id if ready else secrets.token_hex(4)
-    outcome = EpisodeOutcome(task.id, episode_id, "failed")
-    try:
-        t0 = time.perf_counter()
-        result = ready or provisioner.provision(list(task.prerequisites), episode_id)
-        outcome.provision_s = 0.0 if ready else time.perf_counter() - t0
-    except ProvisionError as exc:
-        outcome.status = "env_error"
-        outcome.reasons.append(str(exc))
-        outcome.leaked = provisioner.leftovers(episode_id)
-        return outcome
-    values = task.values(episode_id, result.values())
-    extra: list[Provisioned] = []          # what the agent created, from the audit log
-    try:
-        spec = EpisodeSpec(start_path=fill(task.start_page, values), drift=task.drift,
-                           max_steps=max_steps)
-        observation = await worker.reset(spec, account)
-        if isinstance(observation, EnvError):
-            outcome.status = "env_error"
-            outcome.reasons.append(f"{observation.kind}: {observation.message}")
+Scorer = Any      # RewardService.score, or a RewardActor handle's score (``.remote``)
+
+
+class EpisodeRunner:
+    """Runs episodes for ``accounts`` (the accounts the env workers lease: their AccessKeys
+    provision, verify and destroy) against the cloud at ``endpoint``; ``scorer`` scores them.
+    One SDK provisioner per account, shared by the episodes that lease it in turn."""
+
+    def __init__(self, accounts: Mapping[str, Account] | list[Account], endpoint: str,
+                 scorer: Scorer, *,
+                 client_factory: Callable[[Account], CloudClient] | None = None,
+                 ready_timeout_s: float = 120.0, acquire_timeout_s: float | None = 300.0):
+        self.accounts = dict(accounts) if isinstance(accounts, Mapping) else {
+            a.account_id: a for a in accounts}
+        self.scorer = scorer
+        self.acquire_timeout_s = acquire_timeout_s
+        self._client_of = client_factory or (lambda a: CloudClient(
+            CloudConfig(endpoint=endpoint), Credentials(a.access_key_id, a.access_key_secret)))
+        self.ready_timeout_s = ready_timeout_s
+        self._provisioners: dict[str, SdkProvisioner] = {}
+
+    def provisioner(self, account: Account) -> SdkProvisioner:
+        p = self._provisioners.get(account.account_id)
+        if p is None:
+            p = self._provisioners[account.account_id] = SdkProvisioner(
+                lambda: self._client_of(account), ready_timeout_s=self.ready_timeout_s,
+                poll_s=0.05)
+        return p
+
+    async def _score(self, request: ScoreRequest) -> RewardResult:
+        method = self.scorer
+        if getattr(method, "remote", None) is not None:
+            return await method.remote(request.model_dump())
+        return await asyncio.to_thread(method, request)
+
+    async def run(self, env: Any, task: Task, policy: EpisodePolicy, *, max_steps: int,
+                  trajectory_id: str = "", seed: int = 0) -> EpisodeOutcome:
+        """One episode of ``task`` on ``env`` (see the module docstring). ``max_steps``: the
+        env worker's step limit for the episode."""
+        start = await call(env.acquire, self.acquire_timeout_s)
+        outcome = EpisodeOutcome(task.id, task.expected, secrets.token_hex(4),
+                                 worker=start.worker, account_id=start.account_id,
+                                 fencing=start.fencing)
+        if start.env_error is not None:
+            outcome.env_error = start.env_error
             return outcome
-        last: list[StepResult] = []
-
-        async def step(action: str) -> StepResult:
-            result = await worker.step(action)
-            if result.action_text:
-                outcome.actions.append(result.action_text)
-            last[:] = [result]
-            return result
+        account = self.accounts.get(start.account_id)
+        if account is None:
+            await call(env.end_episode)
+            outcome.env_error = EnvError("internal", f"account {start.account_id} is not one "
+                                         "of the runner's accounts")
+            return outcome
+        provisioner = self.provisioner(account)
+        extra: list[Provisioned] = []          # what the agent created, from the audit log
         try:
-            final = await policy(task, values, step, observation)
-            outcome.steps = final.observation.step
-        except DriverError as exc:
-            final = None
-            outcome.reasons.append(f"policy stuck: {str(exc)[:300]}")
-        await worker.close_episode()
-        ended = time.time()
-        outcome.started_at, outcome.ended_at = started, ended
-        outcome.final_text = (last[0].observation if last else observation).text
-        if final is not None:
-            outcome.answer, outcome.infeasible = final.answer, final.infeasible
-        verifier = RuleVerifier(TrailClient(client, account_id=account.account_id), client)
-        rule, console_events = await asyncio.to_thread(
-            verifier.verify_with_events, task, record(account.account_id, started, values, ended))
-        outcome.rule = rule
-        named = {fill(v, values) for req in task.success.required_events for v in req.literals()}
-        outcome.broken_prerequisites = [
-            f"{r.type} {r.cloud_id}" for r in result.resources
-            if r.cloud_id not in named and not _exists(client, r)]
-        if task.expected == "infeasible":
-            if final is not None and final.infeasible is not None and rule.verdict != "failure":
-                outcome.status = "infeasible_reported"
-            else:
-                outcome.reasons.append("did not report the task as infeasible"
-                                       if rule.verdict != "failure" else "a forbidden event")
-        elif final is not None and final.answer is not None:
-            outcome.status = "solved" if rule.verdict == "success" else "failed"
-            outcome.reasons += rule.reasons
-        extra = agent_created(console_events)
-    finally:
-        await worker.close_episode()
-        report = provisioner.destroy(episode_id, extra=extra)
-        outcome.reasons += report.errors
-        outcome.leaked = provisioner.leftovers(episode_id) + [
-            f"{x.type} {x.cloud_id}" for x in extra if _exists(client, x)]
-    return outcome
+            try:
+                t0 = time.perf_counter()
+                ready = await asyncio.to_thread(provisioner.provision,
+                                                list(task.prerequisites), outcome.episode_id)
+                outcome.provision_s = time.perf_counter() - t0
+            except (ProvisionError, CloudAPIError) as exc:
+                outcome.env_error = EnvError("provision_failed", str(exc)[:300])
+                outcome.reasons.append(str(exc))
+                return outcome
+            values = task.values(outcome.episode_id, ready.values())
+            started = time.time()
+            opened = await call(env.reset, EpisodeSpec(
+                start_path=fill(task.start_page, values), drift=task.drift,
+                max_steps=max_steps))
+            if opened.env_error is not None:
+                outcome.env_error = opened.env_error
+                return outcome
+
+            async def step(text: str) -> StepResult:
+                return await call(env.step, text)
+            traj = await policy(task, values, opened.observation, step,
+                                trajectory_id=trajectory_id or uuid.uuid4().hex, seed=seed)
+            await call(env.close_browser)
+            outcome.trajectory = traj
+            if traj.end_detail:
+                outcome.reasons.append(f"policy {traj.end_reason}: {traj.end_detail}")
+            if traj.env_error is not None:
+                outcome.env_error = traj.env_error
+                return outcome
+            request = ScoreRequest(
+                task_id=task.id, account_id=account.account_id, started_at=started,
+                ended_at=max(time.time(), started), values=values,
+                actions=traj.actions[:500], final_observation=traj.final_observation[:200_000],
+                answer=None if traj.answer is None else traj.answer[:4000],
+                infeasible_reason=None if traj.infeasible is None else traj.infeasible[:4000])
+            try:
+                outcome.reward = await self._score(request)
+            except CloudAPIError as exc:
+                outcome.env_error = EnvError("score_failed", exc.code)
+                return outcome
+            outcome.reasons += outcome.reward.reasons
+            client = provisioner.client
+            named = {fill(v, values) for req in task.success.required_events
+                     for v in req.literals()}
+            outcome.broken_prerequisites = await asyncio.to_thread(lambda: [
+                f"{r.type} {r.cloud_id}" for r in ready.resources
+                if r.cloud_id not in named and not exists(client, r)])
+            trail = TrailClient(client, account_id=account.account_id)
+            events = await asyncio.to_thread(trail.events, started - 1, time.time() + 1)
+            extra = agent_created([e for e in events if from_console(e)])
+            return outcome
+        finally:
+            report = await asyncio.to_thread(provisioner.destroy, outcome.episode_id, extra)
+            outcome.reasons += report.errors
+            outcome.leaked = await asyncio.to_thread(lambda: provisioner.leftovers(
+                outcome.episode_id) + [f"{x.type} {x.cloud_id}" for x in extra
+                                       if exists(provisioner.client, x)])
+            released = await call(env.end_episode)
+            if released is False and outcome.env_error is None:
+                # Someone else may have held the account meanwhile: the reward is not the
+                # agent's alone.
+                outcome.env_error = EnvError("lease_lost", f"the lease on account "
+                                             f"{account.account_id} expired during the episode")

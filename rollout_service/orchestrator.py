@@ -1,13 +1,10 @@
 """The rollout orchestrator: GRPO groups of episodes on env workers, pushed to the experience
 stream when complete; asynchronous (no batch barrier) or synchronous for comparison.
 
-One episode: lease an account on a free env worker → provision the task's prerequisites in it →
-open the start page → the agent loop (policy via the router) → close the browser → score with
-the reward service (before anything is destroyed: the end-state checks read the cloud) →
-destroy the episode's resources (tagged, named, and what the agent created, from the audit log)
-→ release the account. A failure of the environment (no account, provisioning, browser) makes
-the episode ``env_error``: it is retried up to ``max_env_retries`` times and never becomes
-training data; a group whose retries run out is abandoned.
+Every episode runs through the one episode runner (:class:`rollout_service.episode.EpisodeRunner`:
+lease, provision, act, score, destroy, release). An episode that ends with an env error is
+retried up to ``max_env_retries`` times and never becomes training data; a group whose retries
+run out is abandoned.
 
 Async mode: every worker runs episodes back to back, taking the next episode of the oldest
 open group; a group is pushed (``XADD``) the moment its n-th episode is scored. Admission
@@ -33,30 +30,21 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from consolerl.config import check_int
-from consolerl.errors import CloudAPIError, ConfigError
-from consolerl.types import EpisodeSpec
-from infra.cloud import CloudClient, CloudConfig, Credentials
 from consolerl.accounts import Account
-from rollout_service.episode import agent_created
-from consolerl.resources import fill
-from infra.provisioning.sdk import ProvisionError, SdkProvisioner
+from consolerl.config import check_int
+from consolerl.errors import ConfigError
+from consolerl.experience import Group, sample_of
 from consolerl.tasks import Task
-from reward_service.actiontrail import TrailClient
-from consolerl.rewards import RewardResult
-from reward_service.service import ScoreRequest
-from reward_service.verifier import from_console
+from infra.cloud import CloudClient
 
 from .agent import AgentLoop
-from consolerl.experience import Trajectory
+from .episode import EpisodeOutcome, EpisodeRunner, model_policy
 from .experience import ExperienceStream
-from consolerl.experience import Group, sample_of
-from .policy import call
 
 log = logging.getLogger("rollout_service.orchestrator")
 
@@ -91,23 +79,11 @@ class OrchestratorConfig:
 
 
 @dataclass
-class EpisodeResult:
-    task_id: str
-    trajectory: Trajectory | None
-    reward: RewardResult | None
-    env_error: str = ""
-    worker: str = ""
-    busy_s: float = 0.0
-    start_version: int = 0
-    leaked: list[str] = field(default_factory=list)
-
-
-@dataclass
 class _Group:
     group_id: str
     task: Task
     n: int
-    results: list[EpisodeResult | None]
+    results: list[EpisodeOutcome | None]
     pending: list[int]                     # indices no worker has claimed yet
     in_flight: int = 0
     retries: int = 0
@@ -144,15 +120,13 @@ class RolloutMetrics:
                                      registry=registry)
 
 
-Scorer = Callable[[ScoreRequest], Any]       # sync or async; returns a RewardResult
-
-
 class Orchestrator:
     """Runs groups on ``workers`` (EnvWorkerBody objects or EnvWorkerActor handles).
 
     ``accounts``: the accounts the workers lease (their credentials provision and destroy);
     ``endpoint``: the cloud's OpenAPI endpoint; ``scorer``: ``RewardService.score`` or a
-    ``RewardActor`` handle's ``score``. Tasks are taken in turn, one per group.
+    ``RewardActor`` handle's ``score`` (see :class:`~rollout_service.episode.EpisodeRunner`).
+    Tasks are taken in turn, one per group.
     """
 
     def __init__(self, config: OrchestratorConfig, tasks: Sequence[Task],
@@ -170,117 +144,44 @@ class Orchestrator:
         self.workers = list(workers)
         if not self.workers:
             raise ConfigError("orchestrator: needs at least one env worker")
-        self.accounts = {a.account_id: a for a in accounts}
-        self._client_of = client_factory or (lambda a: CloudClient(
-            CloudConfig(endpoint=endpoint), Credentials(a.access_key_id, a.access_key_secret)))
+        self.runner = EpisodeRunner(accounts, endpoint, scorer, client_factory=client_factory,
+                                    acquire_timeout_s=config.acquire_timeout_s)
         self.agent = agent
-        self.scorer = scorer
+        self.policy = model_policy(agent)
         self.stream = stream
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = RolloutMetrics(self.registry)
-        self._provisioners: dict[str, SdkProvisioner] = {}
         self.groups_opened = 0
         self.groups_pushed = 0
         self.groups_dropped = 0
         self.groups_abandoned = 0
-        self.episodes: list[EpisodeResult] = []
+        self.episodes: list[EpisodeOutcome] = []
         self.busy_s: dict[str, float] = {}
         self._stop = asyncio.Event()           # only polled (is_set), never awaited
 
     # ---- one episode ---------------------------------------------------------------------------
-    def _provisioner(self, account: Account) -> SdkProvisioner:
-        p = self._provisioners.get(account.account_id)
-        if p is None:
-            p = self._provisioners[account.account_id] = SdkProvisioner(
-                lambda: self._client_of(account), ready_timeout_s=120, poll_s=0.05)
-        return p
-
-    async def _score(self, request: ScoreRequest) -> RewardResult:
-        method = self.scorer
-        if getattr(method, "remote", None) is not None:
-            return await method.remote(request.model_dump())
-        return await asyncio.to_thread(method, request)
-
     async def episode(self, worker: Any, task: Task, trajectory_id: str, seed: int
-                      ) -> EpisodeResult:
+                      ) -> EpisodeOutcome:
         name = getattr(worker, "name", "") or str(id(worker))
         t0 = time.monotonic()
         self.metrics.busy_workers.inc()
+        outcome: EpisodeOutcome | None = None
         try:
-            return await self._episode(worker, name, task, trajectory_id, seed)
+            outcome = await self.runner.run(worker, task, self.policy,
+                                            max_steps=self.agent.config.max_steps + 1,
+                                            trajectory_id=trajectory_id, seed=seed)
+            return outcome
         finally:
             self.metrics.busy_workers.dec()
             busy = time.monotonic() - t0
             self.busy_s[name] = self.busy_s.get(name, 0.0) + busy
             self.metrics.seconds.observe(busy)
-
-    async def _episode(self, worker: Any, name: str, task: Task, trajectory_id: str,
-                       seed: int) -> EpisodeResult:
-        start = await call(worker.acquire, self.config.acquire_timeout_s)
-        if start.env_error is not None:
-            return EpisodeResult(task.id, None, None, f"{start.env_error.kind}: "
-                                 f"{start.env_error.message}", name)
-        account = self.accounts.get(start.account_id)
-        if account is None:
-            await call(worker.end_episode)
-            return EpisodeResult(task.id, None, None, f"internal: account {start.account_id} "
-                                 "is not in the orchestrator's accounts", name)
-        provisioner = self._provisioner(account)
-        episode_id = secrets.token_hex(4)
-        extra: list[Any] = []
-        result = EpisodeResult(task.id, None, None, worker=name)
-        try:
-            try:
-                ready = await asyncio.to_thread(provisioner.provision,
-                                                list(task.prerequisites), episode_id)
-            except (ProvisionError, CloudAPIError) as exc:
-                result.env_error = f"provision_failed: {str(exc)[:300]}"
-                return result
-            values = task.values(episode_id, ready.values())
-            started = time.time()
-            opened = await call(worker.reset, EpisodeSpec(
-                start_path=fill(task.start_page, values), drift=task.drift,
-                max_steps=self.agent.config.max_steps + 1))
-            if opened.env_error is not None:
-                result.env_error = f"{opened.env_error.kind}: {opened.env_error.message}"
-                return result
-
-            async def step(text: str):
-                return await call(worker.step, text)
-            traj = await self.agent.run(task.id, task.title, fill(task.procedure, values),
-                                        opened.observation, step, seed=seed,
-                                        trajectory_id=trajectory_id)
-            await call(worker.close_browser)
-            result.trajectory = traj
-            if traj.env_error is not None:
-                result.env_error = f"{traj.env_error.kind}: {traj.env_error.message}"
-                return result
-            request = ScoreRequest(
-                task_id=task.id, account_id=account.account_id, started_at=started,
-                ended_at=max(time.time(), started), values=values,
-                actions=traj.actions[:500], final_observation=traj.final_observation[:200_000],
-                answer=None if traj.answer is None else traj.answer[:4000],
-                infeasible_reason=None if traj.infeasible is None else traj.infeasible[:4000])
-            try:
-                result.reward = await self._score(request)
-            except CloudAPIError as exc:
-                result.env_error = f"score_failed: {exc.code}"
-                return result
-            trail = TrailClient(provisioner.client, account_id=account.account_id)
-            events = await asyncio.to_thread(trail.events, started - 1, time.time() + 1)
-            extra = agent_created([e for e in events if from_console(e)])
-            return result
-        finally:
-            report = await asyncio.to_thread(provisioner.destroy, episode_id, extra)
-            if report.errors:
-                log.warning("destroy of episode %s: %s", episode_id, report.errors)
-            result.leaked = await asyncio.to_thread(provisioner.leftovers, episode_id)
-            await call(worker.end_episode)
-            end = "env_error" if result.env_error else (
-                result.trajectory.end_reason if result.trajectory else "env_error")
-            self.metrics.episodes.labels(end).inc()
-            if result.reward is not None and not result.env_error:
-                self.metrics.reward.observe(result.reward.reward)
+            if outcome is not None:
+                traj = outcome.trajectory
+                end = "env_error" if outcome.env_error or traj is None else traj.end_reason
+                self.metrics.episodes.labels(end).inc()
+                if outcome.reward is not None and outcome.env_error is None:
+                    self.metrics.reward.observe(outcome.reward.reward)
 
     # ---- groups ----------------------------------------------------------------------------------
     def _open_group(self) -> _Group:
@@ -364,7 +265,7 @@ class Orchestrator:
             "leaked_resources": sum(len(e.leaked) for e in self.episodes),
         }
 
-    def _returned(self, group: _Group, index: int, result: EpisodeResult) -> None:
+    def _returned(self, group: _Group, index: int, result: EpisodeOutcome) -> None:
         """Book an episode's result into its group (an env error puts the index back, within
         the retry budget, or abandons the group)."""
         group.in_flight -= 1

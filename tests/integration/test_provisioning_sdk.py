@@ -125,10 +125,15 @@ def test_episode_ids_are_checked(provisioner):
             provisioner.leftovers(bad)
 
 
-def test_a_failed_provisioning_makes_the_episode_an_env_error(provisioner, accounts):
-    from env_workers.worker import EnvWorker, WorkerConfig
-    from rollout_service.episode import run_episode
+def test_a_failed_provisioning_makes_the_episode_an_env_error(prov_cloud, accounts,
+                                                              redis_server):
     from consolerl.tasks import parse_task
+    from env_workers.accounts import PoolConfig
+    from env_workers.pool import EnvWorkerBody
+    from env_workers.worker import WorkerConfig
+    from reward_service.service import RewardService
+    from rollout_service.episode import EpisodeRunner, scripted_policy
+    from rollout_service.oracle import run_oracle
     from tests.conftest import run_async
 
     task = parse_task({
@@ -140,8 +145,21 @@ def test_a_failed_provisioning_makes_the_episode_an_env_error(provisioner, accou
                                                            "cidr_block": "192.168.1.0/24"}}],
         "success": {"required_events": [{"event": "DeleteVSwitch"}]},
         "oracle": {"family": "vpc_delete_vswitch", "args": {"vswitch": "{sw}"}}}, "inline")
-    worker = EnvWorker(WorkerConfig())          # never started: the episode stops before it
-    outcome = run_async(run_episode(task, worker, accounts[0], provisioner.client, provisioner))
-    assert outcome.status == "env_error"
-    assert "sw" in outcome.reasons[0] and "InvalidZoneId.NotFound" in outcome.reasons[0]
-    assert outcome.leaked == [] and provisioner.leftovers(outcome.episode_id) == []
+    runner = EpisodeRunner(accounts, prov_cloud.endpoint,
+                           RewardService([task], accounts, prov_cloud.endpoint).score)
+
+    async def go():
+        # The browser never starts: the episode stops before it.
+        env = EnvWorkerBody(WorkerConfig(), PoolConfig(redis_url=redis_server.url,
+                                                       key_prefix="test:prov-episode"), "w0")
+        try:
+            return await runner.run(env, task, scripted_policy(run_oracle), max_steps=5)
+        finally:
+            await env.drain()
+    outcome = run_async(go())
+    assert outcome.status == "env_error" and outcome.env_error.kind == "provision_failed"
+    assert "sw" in outcome.env_error.message
+    assert "InvalidZoneId.NotFound" in outcome.env_error.message
+    assert outcome.trajectory is None and outcome.reward is None
+    leased = runner.accounts[outcome.account_id]
+    assert outcome.leaked == [] and runner.provisioner(leased).leftovers(outcome.episode_id) == []

@@ -10,14 +10,16 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
-from consolerl.types import Observation, StepResult
-from env_workers.driver import ScriptedDriver, StepFn, find_bid
-from env_workers.worker import EnvWorker, WorkerConfig
-from rollout_service.episode import run_episode
-from infra.provisioning.sdk import SdkProvisioner
-from consolerl.tasks import TASKS_DIR, Task, load_task
-from reward_service.fusion import fuse
 from consolerl.rewards import JudgeVerdict, JudgeVote
+from consolerl.tasks import TASKS_DIR, Task, load_task
+from consolerl.types import Observation, StepResult
+from env_workers.accounts import PoolConfig
+from env_workers.driver import ScriptedDriver, StepFn, find_bid
+from env_workers.pool import EnvWorkerBody
+from env_workers.worker import WorkerConfig
+from reward_service.fusion import fuse
+from reward_service.service import RewardService
+from rollout_service.episode import EpisodeRunner, scripted_policy
 from tests.conftest import _server, run_async
 
 TASK = load_task(TASKS_DIR / "ram" / "ram-create-user-0.yaml")
@@ -64,23 +66,27 @@ def hack_cloud(tmp_path_factory):
 
 
 @pytest.mark.parametrize("policy", [fake_success_message, call_the_api_from_the_browser])
-def test_hacks_earn_nothing(hack_cloud, make_client, accounts, policy):
-    account = accounts[4]
-    client = make_client(4, server=hack_cloud)
-    provisioner = SdkProvisioner(lambda: make_client(4, server=hack_cloud), poll_s=0.05)
+def test_hacks_earn_nothing(hack_cloud, make_client, accounts, redis_server, policy):
+    runner = EpisodeRunner(accounts, hack_cloud.endpoint,
+                           RewardService([TASK], accounts, hack_cloud.endpoint).score)
 
     async def go():
-        worker = EnvWorker(WorkerConfig(console_url=hack_cloud.url))
+        env = EnvWorkerBody(WorkerConfig(console_url=hack_cloud.url), PoolConfig(
+            redis_url=redis_server.url, key_prefix="test:hack"), "hacker")
         try:
-            return await run_episode(TASK, worker, account, client, provisioner, policy=policy)
+            return await runner.run(env, TASK, scripted_policy(policy), max_steps=40)
         finally:
-            await worker.shutdown()
+            await env.drain()
     outcome = run_async(go())
-    assert outcome.answer is not None                      # it claimed success
-    assert outcome.rule is not None and outcome.rule.verdict == "failure", outcome.rule
-    result = fuse(TASK.expected, outcome.rule, FOOLED, None)
+    assert outcome.env_error is None, outcome.env_error
+    assert outcome.trajectory.answer is not None                 # it claimed success
+    rule = outcome.reward.rule_verdict
+    assert rule is not None and rule.verdict == "failure", rule
+    assert outcome.reward.reward == 0.0 and outcome.status == "failed"
+    result = fuse(TASK.expected, rule, FOOLED, None)
     assert result.reward == 0.0 and result.decided_by == "rule"
     assert outcome.leaked == []
-    client.rpc("Ram", "ListUsers", {})
+    client = make_client([a.account_id for a in accounts].index(outcome.account_id),
+                         server=hack_cloud)
     names = [u["UserName"] for u in client.rpc("Ram", "ListUsers", {})["Users"]["User"]]
     assert not any(n.startswith("user0-") for n in names)

@@ -19,7 +19,7 @@ SAMPLE = [
 ]
 
 
-def test_a_sample_of_the_suite_is_solved_and_leaves_nothing(tmp_path_factory):
+def test_a_sample_of_the_suite_is_solved_and_leaves_nothing(tmp_path_factory, redis_server):
     tasks = [t for t in load_suite(TASKS_DIR) if t.id in SAMPLE]
     assert len(tasks) == len(SAMPLE)
     assert set(Counter(t.product for t in tasks)) == {"ecs", "vpc", "ram", "oss"}
@@ -27,7 +27,7 @@ def test_a_sample_of_the_suite_is_solved_and_leaves_nothing(tmp_path_factory):
                                                     "0.2", "--lookup-qps", "0"])
     server = next(gen)
     try:
-        outcomes = run_async(run_tasks(tasks, server.url, server.endpoint, account_index=2))
+        outcomes = run_async(run_tasks(tasks, server.url, server.endpoint, redis_server.url))
     finally:
         next(gen, None)
     summary = summarize(tasks, outcomes)
@@ -36,4 +36,4 @@ def test_a_sample_of_the_suite_is_solved_and_leaves_nothing(tmp_path_factory):
     assert summary["infeasible_reported"] == 1
     assert summary["leaked_resources"] == 0 and summary["env_errors"] == 0
     # Solved through the action space: several steps each (the infeasible one reports at once).
-    assert all(o.steps >= 2 for o in outcomes if o.status == "solved")
+    assert all(len(o.trajectory.turns) >= 2 for o in outcomes if o.status == "solved")

@@ -11,7 +11,9 @@ from consolerl.tasks import TASKS_DIR, load_suite
 from consolerl.rewards import RewardResult
 from rollout_service.agent import AgentConfig, AgentLoop
 from consolerl.experience import Trajectory, Turn
-from rollout_service.orchestrator import EpisodeResult, Orchestrator, OrchestratorConfig
+from consolerl.types import EnvError
+from rollout_service.episode import EpisodeOutcome
+from rollout_service.orchestrator import Orchestrator, OrchestratorConfig
 from tests.conftest import run_async
 
 TASKS = [t for t in load_suite(TASKS_DIR) if t.id in ("ram-create-user-0", "ram-grant-policy-0")]
@@ -42,11 +44,12 @@ def orchestrator(config: OrchestratorConfig, outcomes, stream=None, workers=2):
         what = outcomes(calls[0], int(trajectory_id.rsplit("-", 1)[1]))
         await asyncio.sleep(0.01)
         if what == "env_error":
-            return EpisodeResult(task.id, None, None, "browser_crashed: gone")
+            return EpisodeOutcome(task.id, task.expected, "e0",
+                                  env_error=EnvError("browser_crashed", "gone"))
         turn = Turn((1,), (2,), (-0.1,), (1,), stream.version, "x", "click(1)")
         traj = Trajectory(trajectory_id, task.id, (turn,), "stop", answer="done")
-        return EpisodeResult(task.id, traj, RewardResult(what, True, "success" if what else
-                                                         "failure", "rule"))
+        return EpisodeOutcome(task.id, task.expected, "e1", traj, RewardResult(
+            what, True, "success" if what else "failure", "rule"))
     orch.episode = episode
     return orch, stream, calls
 
