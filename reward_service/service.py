@@ -30,7 +30,7 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                Histogram, generate_latest)
 from pydantic import BaseModel, Field, model_validator
 
-from consolerl.errors import CloudAPIError, ConfigError
+from consolerl.errors import CloudAPIError, ConfigError, ConsoleRLError
 from consolerl.types import EnvError
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from consolerl.accounts import Account
@@ -71,7 +71,7 @@ class ScoreRequest(BaseModel):
         return self
 
 
-class UnknownName(LookupError):
+class UnknownName(ConsoleRLError, LookupError):
     """A request named a task or account the service does not know."""
 
 

@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from consolerl.errors import ConfigError
+from consolerl.errors import ConfigError, ConsoleRLError
 from consolerl.tensors import unshared_tensors
 
 from .agent import Generation, SamplingParams
@@ -43,7 +43,7 @@ from .agent import Generation, SamplingParams
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class EngineError(RuntimeError):
+class EngineError(ConsoleRLError, RuntimeError):
     """The vLLM process failed to start, died, or refused a request."""
 
 

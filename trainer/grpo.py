@@ -28,7 +28,7 @@ from typing import Any
 import ray
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from consolerl.errors import ConfigError
+from consolerl.errors import ConfigError, ConsoleRLError
 from rollout_service.experience import ExperienceStream, StreamConfig
 from consolerl.experience import Group
 
@@ -40,7 +40,7 @@ from .stream import Delivery, ExperienceConsumer
 log = logging.getLogger(__name__)
 
 
-class NoExperienceError(TimeoutError):
+class NoExperienceError(ConsoleRLError, TimeoutError):
     """The stream gave no trainable group within ``trainer.read_timeout_s``."""
 
 

@@ -178,10 +178,16 @@ class ChatError(ConsoleRLError, RuntimeError):
     """The chat endpoint failed (transport, HTTP status, or a malformed response)."""
 
 
-class _Refused(Exception):
+class _Refused(ConsoleRLError):
+    """Control flow inside this module: a check refused the plan (``rejection`` says why);
+    :meth:`ResourceCoder.validate` turns it into its :class:`PlanRejected` return value."""
+
     def __init__(self, rejection: PlanRejected):
         super().__init__(str(rejection))
         self.rejection = rejection
+
+    def __reduce__(self):
+        return (type(self), (self.rejection,))
 
 
 def _refuse(stage: str, reason: str, resource: str = "", field: str = "",

@@ -27,6 +27,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from consolerl.accounts import Account
+from consolerl.errors import ConsoleRLError
 from ..errors import CloudError
 from ..service import Caller, CloudService
 from consolerl.drift import Drift
@@ -82,13 +83,17 @@ class PagedSource:
             **dict(self.params))]
 
 
-class BadRequest(Exception):
-    """A request the console cannot take (malformed form, stale page); answered with a page."""
+class BadRequest(ConsoleRLError, ValueError):
+    """A request the console cannot take (malformed form, stale page); answered with a page
+    of HTTP ``status`` that shows ``message``."""
 
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
         self.message = message
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.message))
 
 
 class Page:
