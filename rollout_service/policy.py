@@ -33,6 +33,7 @@ from consolerl.config import check_int
 from consolerl.errors import ConfigError
 
 from .agent import Generation, SamplingParams
+from .models import resolve_model
 
 
 @dataclass(frozen=True)
@@ -300,7 +301,6 @@ PolicyServer = ray.remote(PolicyServerBody)
 
 
 def make_engine(config: PolicyConfig) -> Engine:
-    from .models import resolve_model
     path = resolve_model(config.model)
     if config.backend == "vllm":
         from .vllm_engine import VllmEngine  # noqa: PLC0415 - only where vLLM is installed

@@ -58,6 +58,7 @@ from typing import Any
 
 from consolerl.config import check_int
 from consolerl.errors import ConfigError
+from rollout_service.models import HFChatTokenizer, resolve_model
 
 IGNORE = -100
 ROLES = ("system", "user", "assistant", "tool")
@@ -340,8 +341,6 @@ def train_sft(config: SftConfig) -> dict[str, Any]:
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM
-
-    from rollout_service.models import HFChatTokenizer, resolve_model
 
     t0 = time.monotonic()
     out = Path(config.out)
