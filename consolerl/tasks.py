@@ -14,7 +14,7 @@ A task (schema 1)::
     difficulty: 1                      # 1 (one step) .. 5 (multi-page)
     drift: ""                          # optional UI drift profile (infra/console_sim drift kinds)
     parameters: {user_name: "deploy-{episode}"}   # {episode} is a per-episode unique suffix
-    prerequisites: [...]               # Resource META (infra/provisioning/meta.py)
+    prerequisites: [...]               # Resource META (consolerl/resources.py)
     expected: success                  # or infeasible: the documented procedure is wrong
     infeasible_reason: ""              # why, when expected is infeasible
     success:                           # the reward service's rule

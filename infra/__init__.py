@@ -1,1 +1,2 @@
-"""The local cloud (console_sim), the cloud client, provisioning, observability, deploy."""
+"""The cloud side: the local cloud (``console_sim``), the cloud client (``cloud``), provisioning
+backends for task prerequisites (``provisioning``), and launchers for a local Redis and cloud."""

@@ -1,1 +1,2 @@
-"""Policy serving, the agent loop, the async rollout orchestrator, the experience queue and the HTTP API."""
+"""Policy serving, the agent loop, the one episode runner (:mod:`.episode`) and the oracle, the
+async rollout orchestrator, the experience stream producer and the OpenAI-compatible API."""
