@@ -98,9 +98,9 @@ def run(config: JobConfig) -> dict[str, Any]:
         model_path = resolve_model(start_model)
         summary["start_model"] = model_path
         progress(f"GRPO: {config.trainer.steps} steps of {config.orchestrator.groups_per_step} "
-                  f"groups x {config.orchestrator.group_size}; {config.env.workers} env workers; "
-                  f"policy {config.policy.backend} x{config.policy.replicas}; "
-                  f"{config.trainer.engine.workers} trainer worker(s)")
+                 f"groups x {config.orchestrator.group_size}; {config.env.workers} env workers; "
+                 f"policy {config.policy.backend} x{config.policy.replicas}; "
+                 f"{config.trainer.engine.workers} trainer worker(s)")
         servers, _router = start_policy(replace(config.policy, model=model_path))
         workers = start_workers(model_path, config.trainer.engine, config.trainer.algo)
         pad = HFChatTokenizer(model_path).tokenizer.pad_token_id
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = run(config)
     except KeyboardInterrupt:
         progress("interrupted: stopped everything; the latest checkpoint is in "
-                  f"{config.run.dir} (--resume continues)")
+                 f"{config.run.dir} (--resume continues)")
         return 130
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {explain_no_experience(summary)}", file=sys.stderr)
     ok = _healthy(summary, config)
     progress(("done" if ok else "done with problems") + f" in {summary['wall_s']} s; "
-              f"summary in {config.run.dir}/summary.json")
+             f"summary in {config.run.dir}/summary.json")
     return 0 if ok else 1
 
 
