@@ -50,15 +50,14 @@ import argparse
 import asyncio
 import json
 import re
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from benchmarks.services import cloud_and_redis
 from consolerl.drift import Drift
 from consolerl.drift import parse as parse_drift
 from consolerl.errors import ConsoleRLError
@@ -70,8 +69,6 @@ from env_workers.accounts import PoolConfig, load_pool_accounts
 from env_workers.driver import DriverError, StepFn, find_bid
 from env_workers.pool import EnvWorkerBody
 from env_workers.worker import WorkerConfig
-from infra.local_cloud import LocalCloud
-from infra.redis_local import RedisServer
 from reward_service.fusion import fuse
 from reward_service.judges import JudgeChannel, JudgeConfig, judge_clients
 from reward_service.service import RewardService
@@ -605,21 +602,13 @@ def main(argv: list[str] | None = None) -> int:
         judge_clients(args.judge_url, args.judge_model,
                       [(0.0, 0.5, 1.0)[i % 3] for i in range(args.judges)]),
         JudgeConfig(k=args.judges, consensus=args.consensus))
-    state = Path(tempfile.mkdtemp(prefix="validate-"))
-    cloud = LocalCloud(state / "cloud", ("--transition", "1", "--network-ready", "0.3"))
-    redis_server = RedisServer(state / "redis")
     started = time.monotonic()
-    try:
-        cloud.start()
-        redis_server.start()
+    with cloud_and_redis("validate-", ("--transition", "1", "--network-ready", "0.3")) as (
+            cloud, redis_server):
         _progress(f"{len(cases)} cases over {len({c.task.id for c in cases})} tasks against "
                   f"{cloud.url}, {args.workers} browsers")
         scored = asyncio.run(run_cases(cases, cloud.url, cloud.endpoint, redis_server.url,
                                        channel, args.workers))
-    finally:
-        redis_server.stop()
-        cloud.stop()
-        shutil.rmtree(state, ignore_errors=True)
     summary = report(scored, {t.id: t for t in tasks})
     summary["judge_kind"] = args.judge
     summary["wall_s"] = round(time.monotonic() - started, 1)

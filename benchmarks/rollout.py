@@ -29,27 +29,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import signal
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
+from benchmarks.services import cloud_and_redis
+from consolerl.accounts import load_accounts
+from consolerl.errors import ConfigError
+from consolerl.tasks import TASKS_DIR, load_suite
 from env_workers.accounts import PoolConfig
 from env_workers.pool import EnvWorkerBody
 from env_workers.worker import WorkerConfig
-from consolerl.accounts import load_accounts
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from infra.local_cloud import LocalCloud
-from consolerl.tasks import TASKS_DIR, load_suite
-from infra.redis_local import RedisServer
 from reward_service.actiontrail import TrailConfig
 from reward_service.service import RewardService
-
-from consolerl.errors import ConfigError
-
 from rollout_service.agent import AgentConfig, AgentLoop, SamplingParams
 from rollout_service.experience import ExperienceStream, StreamConfig
 from rollout_service.models import HFChatTokenizer, resolve_model
@@ -192,35 +187,29 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--groups, --workers, --group-size and --rounds must be at least 1")
     # SIGTERM runs the finally below (the cloud, Redis and vLLM are child processes).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    state = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
-    cloud = LocalCloud(state / "cloud", ("--lookup-qps", "0", "--transition", "0.5",
-                                         "--network-ready", "0.2"))
-    redis = RedisServer(state / "redis")
-    try:
-        cloud.start()
-        redis.start()
-        path = resolve_model(args.model)
-        backend = _backend(args.backend)
-        _progress(f"policy {path} ({backend}); {args.workers} workers; {args.groups} groups "
-                  f"of {args.group_size} per mode; {args.rounds} round(s)")
-        engine = make_engine(PolicyConfig(model=str(path), backend=backend, kv_cache_gib=1.0,
-                                          max_model_len=4096))
-        tokenizer = HFChatTokenizer(path)
-        _warm_up(engine, tokenizer)
-        rounds: dict[str, list[dict[str, Any]]] = {"async": [], "sync": []}
-        for r in range(args.rounds):
-            for mode in (("async", "sync") if r % 2 == 0 else ("sync", "async")):
-                _progress(f"round {r + 1}: {mode} mode")
-                result = asyncio.run(run_mode(mode, args, cloud, redis.url, engine, tokenizer))
-                rounds[mode].append(result)
-                _progress(f"{mode}: {result}")
-    finally:
-        close = getattr(locals().get("engine"), "close", None)
-        if close is not None:
-            close()
-        redis.stop()
-        cloud.stop()
-        shutil.rmtree(state, ignore_errors=True)
+    engine = None
+    with cloud_and_redis("rollout-bench-", ("--lookup-qps", "0", "--transition", "0.5",
+                                             "--network-ready", "0.2")) as (cloud, redis):
+        try:
+            path = resolve_model(args.model)
+            backend = _backend(args.backend)
+            _progress(f"policy {path} ({backend}); {args.workers} workers; {args.groups} groups "
+                      f"of {args.group_size} per mode; {args.rounds} round(s)")
+            engine = make_engine(PolicyConfig(model=str(path), backend=backend, kv_cache_gib=1.0,
+                                              max_model_len=4096))
+            tokenizer = HFChatTokenizer(path)
+            _warm_up(engine, tokenizer)
+            rounds: dict[str, list[dict[str, Any]]] = {"async": [], "sync": []}
+            for r in range(args.rounds):
+                for mode in (("async", "sync") if r % 2 == 0 else ("sync", "async")):
+                    _progress(f"round {r + 1}: {mode} mode")
+                    result = asyncio.run(run_mode(mode, args, cloud, redis.url, engine, tokenizer))
+                    rounds[mode].append(result)
+                    _progress(f"{mode}: {result}")
+        finally:
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()
     results = {mode: _combine(runs, args.workers) for mode, runs in rounds.items()}
     a, s = results["async"], results["sync"]
     out = {

@@ -17,12 +17,11 @@ import argparse
 import asyncio
 import json
 import re
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.services import cloud_and_redis
 from consolerl.accounts import load_accounts
 from consolerl.stats import percentile
 from consolerl.tasks import TASKS_DIR, Task, load_suite
@@ -31,10 +30,8 @@ from env_workers.pool import EnvWorkerBody
 from env_workers.worker import WorkerConfig
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
-from infra.local_cloud import LocalCloud
 from infra.provisioning.sdk import SdkProvisioner
 from infra.provisioning.warm_pool import WarmPool
-from infra.redis_local import RedisServer
 from reward_service.service import RewardService
 from rollout_service.episode import EpisodeOutcome, EpisodeRunner, scripted_policy
 from rollout_service.oracle import run_oracle
@@ -141,21 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [t for t in load_suite(args.suite) if re.search(args.tasks, t.id)]
     if not tasks:
         parser.error(f"no task id matches {args.tasks!r}")
-    state = Path(tempfile.mkdtemp(prefix="suite-"))
-    cloud = LocalCloud(state / "cloud", ("--lookup-qps", "0", "--transition", "1",
-                                         "--network-ready", "0.3"))
-    redis_server = RedisServer(state / "redis")
-    try:
-        cloud.start()
-        redis_server.start()
+    with cloud_and_redis("suite-", ("--lookup-qps", "0", "--transition", "1",
+                                    "--network-ready", "0.3")) as (cloud, redis_server):
         _progress(f"{len(tasks)} tasks against {cloud.url}")
         outcomes = asyncio.run(run_tasks(tasks, cloud.url, cloud.endpoint, redis_server.url))
         warm, warm_leaked = ([], 0) if args.warm_pool == 0 else measure_warm(
             tasks, cloud.endpoint, k=args.warm_pool)
-    finally:
-        redis_server.stop()
-        cloud.stop()
-        shutil.rmtree(state, ignore_errors=True)
     summary = summarize(tasks, outcomes)
     summary["warm_provision_p50_s"] = _pct(warm, 0.5)
     summary["warm_provision_p95_s"] = _pct(warm, 0.95)

@@ -22,6 +22,7 @@ such as :func:`rollout_service.oracle.run_oracle`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 import uuid
@@ -49,6 +50,7 @@ from reward_service.verifier import from_console
 from .agent import AgentLoop
 from .policy import call
 
+log = logging.getLogger("rollout_service.episode")
 StepFn = Callable[[str], Awaitable[StepResult]]
 # A scripted agent: acts through ``step`` and returns the last step's result.
 Script = Callable[[Task, Mapping[str, str], StepFn, Observation], Awaitable[StepResult]]
@@ -307,6 +309,8 @@ class EpisodeRunner:
             return outcome
         finally:
             report = await asyncio.to_thread(provisioner.destroy, outcome.episode_id, extra)
+            if report.errors:
+                log.warning("destroy of episode %s: %s", outcome.episode_id, report.errors)
             outcome.reasons += report.errors
             outcome.leaked = await asyncio.to_thread(lambda: provisioner.leftovers(
                 outcome.episode_id) + [f"{x.type} {x.cloud_id}" for x in extra

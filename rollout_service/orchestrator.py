@@ -25,7 +25,6 @@ the trainer's version moves before the next batch (the batch barrier of verl's c
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import secrets
 import time
@@ -45,8 +44,6 @@ from infra.cloud import CloudClient
 from .agent import AgentLoop
 from .episode import EpisodeOutcome, EpisodeRunner, model_policy
 from .experience import ExperienceStream
-
-log = logging.getLogger("rollout_service.orchestrator")
 
 
 @dataclass(frozen=True)

@@ -261,12 +261,13 @@ class Good(ConsoleRLError, RuntimeError):
 
 
 class GoodWithArgs(ConsoleRLError, LookupError):
-    def __init__(self, key: str, where: str):
-        super().__init__(f"{key} not in {where}")
-        self.key, self.where = key, where
-
     def __reduce__(self):
         return (type(self), (self.key, self.where))
+
+    def __init__(self, key: str, where: str):
+        self.key = key
+        self.where = where
+        super().__init__(f"{key} not in {where}")
 
 
 class Foo(RuntimeError):

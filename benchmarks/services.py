@@ -1,0 +1,29 @@
+"""The local services a benchmark runs against: a local cloud and a Redis (for the account
+leases and the experience stream) in a temporary folder, stopped and removed on exit."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from infra.local_cloud import LocalCloud
+from infra.redis_local import RedisServer
+
+
+@contextmanager
+def cloud_and_redis(prefix: str, cloud_args: Sequence[str]
+                    ) -> Iterator[tuple[LocalCloud, RedisServer]]:
+    """``cloud_args``: the local cloud's flags (``--lookup-qps 0``, ``--transition 1``, ...)."""
+    state = Path(tempfile.mkdtemp(prefix=prefix))
+    cloud = LocalCloud(state / "cloud", tuple(cloud_args))
+    redis = RedisServer(state / "redis")
+    try:
+        cloud.start()
+        redis.start()
+        yield cloud, redis
+    finally:
+        redis.stop()
+        cloud.stop()
+        shutil.rmtree(state, ignore_errors=True)
