@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 class EnvError:
     """An infrastructure failure (not the agent's): the episode is marked env_error and kept
     out of the training signal. ``kind``: signin_failed | browser_crashed | navigation_failed |
-    timeout | lease_lost | internal."""
+    timeout | lease_lost | provision_failed | score_failed | internal."""
 
     kind: str
     message: str
