@@ -23,8 +23,9 @@ from typing import Any
 
 import ray
 
-from cluster.builders import RolloutActor, rollout_parts, start_policy
+from cluster.builders import rollout_parts
 from cluster.config import JobConfig
+from cluster.rollout import RolloutActor, start_policy
 from cluster.runtime import LocalServices, ray_init, stop_actors
 from consolerl.config import load_config
 from consolerl.errors import ConfigError

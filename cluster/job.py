@@ -39,17 +39,12 @@ import ray
 from prometheus_client import start_http_server
 from tqdm import tqdm
 
-from cluster.builders import RolloutActor, rollout_parts, start_policy
+from cluster.builders import rollout_parts
 from cluster.config import JobConfig
 from cluster.export import ExportConfig, run_export
-from cluster.runtime import (
-    LocalServices,
-    PeakMemory,
-    progress,
-    raise_interrupt,
-    ray_init,
-    stop_actors,
-)
+from cluster.rollout import RolloutActor, start_policy
+from cluster.runtime import (LocalServices, PeakMemory, progress, raise_interrupt, ray_init,
+                             stop_actors)
 from consolerl.config import load_config, to_dict
 from consolerl.errors import ConfigError
 from rollout_service.experience import ExperienceStream

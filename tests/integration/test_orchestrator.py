@@ -13,16 +13,16 @@ import ray
 
 torch = pytest.importorskip("torch")
 
+from cluster.builders import rollout_parts  # noqa: E402
+from cluster.config import JobConfig
+from cluster.rollout import RolloutActor  # noqa: E402
 from consolerl.config import load_config  # noqa: E402
+from consolerl.experience import decode_group
 from env_workers.accounts import PoolConfig  # noqa: E402
 from env_workers.leases import AccountPool  # noqa: E402
-from cluster.config import JobConfig
 from rollout_service.experience import ExperienceStream
-from consolerl.experience import decode_group
 from rollout_service.models import tiny_model  # noqa: E402
-from cluster.builders import RolloutActor, rollout_parts  # noqa: E402
 from tests.conftest import CloudServer, _server  # noqa: E402
-
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

@@ -1,0 +1,112 @@
+"""The rollout side as one Ray actor: it builds the env pool, the reward service and the
+orchestrator from :class:`RolloutParts` (component configs, never the root config) and runs
+groups. This module imports only the rollout side, so the actor's process starts without the
+trainer's torch and verl (:func:`cluster.builders.rollout_parts` picks the parts out of the
+job config)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import ray
+from prometheus_client import generate_latest
+
+from consolerl.accounts import load_accounts
+from consolerl.tasks import TASKS_DIR, load_suite
+from env_workers.pool import EnvPool, EnvPoolConfig
+from reward_service.actiontrail import TrailConfig
+from reward_service.fusion import RewardConfig
+from reward_service.service import RewardService
+from rollout_service.agent import AgentConfig, AgentLoop
+from rollout_service.experience import ExperienceStream, StreamConfig
+from rollout_service.models import HFChatTokenizer, resolve_model
+from rollout_service.orchestrator import Orchestrator, OrchestratorConfig
+from rollout_service.policy import PolicyConfig, PolicyRouter, PolicyServer
+
+
+def start_policy(config: PolicyConfig) -> tuple[list[Any], PolicyRouter]:
+    """``config.replicas`` PolicyServer actors (CPU/GPU per replica from the config)."""
+    model = resolve_model(config.model)
+    pinned = replace(config, model=model)
+    resources: dict[str, float] = {"num_cpus": config.num_cpus_per_replica}
+    if config.num_gpus_per_replica:
+        resources["num_gpus"] = config.num_gpus_per_replica
+    servers = [PolicyServer.options(**resources).remote(pinned, None, None, f"policy-{i}")
+               for i in range(config.replicas)]
+    return servers, PolicyRouter(servers)
+
+
+@dataclass(frozen=True)
+class RolloutParts:
+    """The component configs the rollout side is built from (what crosses into
+    :class:`RolloutActor`): the env pool, the policy (started here when the caller gives no
+    servers), the agent prompt and sampling, the orchestrator, the stream, and the reward
+    service's cloud endpoint, accounts, ActionTrail and reward settings."""
+
+    env_pool: EnvPoolConfig
+    policy: PolicyConfig
+    agent: AgentConfig
+    orchestrator: OrchestratorConfig
+    stream: StreamConfig
+    endpoint: str
+    accounts_file: str
+    trail: TrailConfig
+    reward: RewardConfig
+    suite_dir: str = str(TASKS_DIR)
+
+
+class RolloutBody:
+    """Builds the env pool, the reward service and the orchestrator from ``parts`` on the
+    current Ray cluster and runs groups."""
+
+    def __init__(self, parts: RolloutParts, servers: list[Any] | None = None):
+        """``servers``: PolicyServer actors started by the caller (the trainer, which publishes
+        weights to them); None starts ``parts.policy.replicas`` of them here."""
+        self.accounts = load_accounts(parts.accounts_file)
+        tasks = load_suite(parts.suite_dir)
+        self.pool = EnvPool(parts.env_pool)
+        if servers:
+            self.servers, self.router = list(servers), PolicyRouter(servers)
+            self.own_servers = False
+        else:
+            self.servers, self.router = start_policy(parts.policy)
+            self.own_servers = True
+        tokenizer = HFChatTokenizer(resolve_model(parts.policy.model))
+        self.reward = RewardService(tasks, self.accounts, parts.endpoint, parts.trail,
+                                    parts.reward)
+        self.stream = ExperienceStream(parts.stream)
+        self.orchestrator = Orchestrator(
+            parts.orchestrator, tasks, self.pool.actors, self.accounts, parts.endpoint,
+            AgentLoop(self.router, tokenizer, parts.agent), self.reward.score, self.stream)
+
+    async def run(self, max_groups: int | None) -> dict[str, Any]:
+        """``max_groups`` finished groups, or ``None``: until :meth:`stop`."""
+        return await self.orchestrator.run(max_groups)
+
+    async def results(self) -> list[dict[str, Any]]:
+        """Every episode so far: task, reward, verdict, env error (for evaluation)."""
+        return [{"task_id": e.task_id,
+                 "env_error": None if e.env_error is None else e.env_error.kind,
+                 "reward": None if e.reward is None else e.reward.reward,
+                 "verdict": None if e.reward is None else e.reward.verdict,
+                 "end_reason": e.trajectory.end_reason if e.trajectory else None,
+                 "steps": len(e.trajectory.turns) if e.trajectory else 0}
+                for e in self.orchestrator.episodes]
+
+    async def stop(self) -> None:
+        self.orchestrator.stop()
+
+    async def metrics(self) -> bytes:
+        return generate_latest(self.orchestrator.registry) + \
+            generate_latest(self.reward.registry)
+
+    def drain(self) -> None:
+        """Release every account and stop the env workers (and the PolicyServers it
+        started)."""
+        self.pool.drain()
+        if self.own_servers:
+            for server in self.servers:
+                ray.kill(server)
+
+
+RolloutActor = ray.remote(RolloutBody)
