@@ -5,7 +5,8 @@
 #   make test        the fast suite (unit + integration against real local services)
 #   make test-slow   the slow tests (run before resolving an issue)
 #   make cloud       serve the local cloud on $(CLOUD_PORT)
-#   make bench       benchmarks (local cloud API, console, env workers, reward, rollout), one JSON object each
+#   make bench       every benchmark, python -m benchmarks.NAME --json, one JSON object each: cloud_api,
+#                    cloud_console, env_workers, reward, rollout, suite, reward_validate (~15 min)
 #   make validate    the reward channels on the labelled validation set (174 episodes, ~15 min)
 #   make setup-vllm  vLLM on CPU in .venv-vllm (part of make setup)
 SHELL := /bin/bash
@@ -73,10 +74,12 @@ test-all: $(PY)
 
 bench: $(PY)
 	$(PY) -m benchmarks.cloud_api --json
-	$(PY) -m benchmarks.cloud_api --console --json
+	$(PY) -m benchmarks.cloud_console --json
 	$(PY) -m benchmarks.env_workers --json
 	$(PY) -m benchmarks.reward --json
 	$(PY) -m benchmarks.rollout --json
+	$(PY) -m benchmarks.suite --json
+	$(PY) -m benchmarks.reward_validate --json
 
 # The two-stage run on this machine (SFT on oracle trajectories, then GRPO with 2 browser
 # workers and the vLLM CPU policy); the run folder is runs/demo (see configs/demo.yaml).

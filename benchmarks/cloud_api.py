@@ -4,7 +4,8 @@ Starts a server process on a free port with a fresh state dir, then measures
 
 - ``signed_calls_per_s``: ACS3-signed OpenAPI calls answered per second (every call verified,
   nonce-checked, executed and audited), driven by ``--clients`` processes over keep-alive
-  connections with a light signer (the same canonicalisation as the SDK, see ``signing``);
+  connections with a light signer (the same canonicalisation as the SDK, see
+  ``infra.console_sim.signing``);
   the call mix is GetUser, DescribeSecurityGroupAttribute, AuthorizeSecurityGroup and
   RevokeSecurityGroup (half reads, half writes).
 - ``sdk_calls_per_s``: the same through the official SDK from one thread (client-bound).
@@ -12,8 +13,9 @@ Starts a server process on a free port with a fresh state dir, then measures
   EventName filter and a ResourceName filter in turn) with ``--events`` audit events stored for
   the account, all made by real calls.
 
-With ``--console`` it measures the console web UI instead, in real headless Chromium (the
-system's, see ``consolerl.chromium``) driven by Playwright, signed in as account 0:
+``python -m benchmarks.cloud_console --json`` (or ``--console`` here, the same run) measures
+the console web UI instead, in real headless Chromium (the system's, see
+``consolerl.chromium``) driven by Playwright, signed in as account 0:
 
 - ``list_page_p50_ms`` / ``list_page_p95_ms``: the ECS instance list with 100 rows per page
   (``/console/ecs/instances?size=100``) over 200 Running instances made through the API. One
@@ -49,13 +51,12 @@ import uuid
 from pathlib import Path
 from urllib.parse import quote
 
-from infra.cloud import CloudClient, CloudConfig, Credentials
-from infra.local_cloud import LocalCloud, free_port
-
 from consolerl.accounts import load_accounts
+from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from infra.console_sim.products import rpc_products
 from infra.console_sim.signing import ACS3, EMPTY_SHA256, acs3_signature, acs3_string_to_sign
+from infra.local_cloud import LocalCloud, free_port
 
 VERSIONS = {p.name: p.version for p in rpc_products().values()}
 
@@ -200,6 +201,8 @@ def run(events: int, seconds: float, clients: int) -> dict:
 
 
 # ---- console web UI --------------------------------------------------------------------------
+CONSOLE_SUMMARY = ("Benchmark of the local cloud's console web UI in headless Chromium: "
+                   "``python -m benchmarks.cloud_console --json``.")
 CONSOLE_REGION = "cn-hangzhou"
 CONSOLE_INSTANCES = 200
 CONSOLE_PAGE_SIZE = 100
@@ -367,21 +370,26 @@ def run_console(samples: int) -> dict:
         shutil.rmtree(state, ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.cloud_api",
-                                     description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, *, console: bool = False) -> int:
+    """The command line of ``benchmarks.cloud_api`` and, with ``console``, of
+    ``benchmarks.cloud_console`` (the console run alone: ``--json`` and ``--console-samples``)."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m benchmarks.{'cloud_console' if console else 'cloud_api'}",
+        description=CONSOLE_SUMMARY if console else __doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--events", type=int, default=10_000)
-    parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--clients", type=int, default=2)
-    parser.add_argument("--console", action="store_true",
-                        help="measure the console web UI in headless Chromium instead")
+    if not console:
+        parser.add_argument("--events", type=int, default=10_000)
+        parser.add_argument("--seconds", type=float, default=8.0)
+        parser.add_argument("--clients", type=int, default=2)
+        parser.add_argument("--console", action="store_true",
+                            help="measure the console web UI in headless Chromium instead "
+                            "(the same as python -m benchmarks.cloud_console)")
     parser.add_argument("--console-samples", type=int, default=30, metavar="N",
                         help="samples of each console measurement (default: 30)")
     args = parser.parse_args(argv)
     if args.console_samples < 1:
         parser.error(f"--console-samples must be at least 1, got {args.console_samples}")
-    if args.console:
+    if console or args.console:
         result = run_console(args.console_samples)
     else:
         result = run(args.events, args.seconds, args.clients)

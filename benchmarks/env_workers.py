@@ -32,17 +32,16 @@ from pathlib import Path
 
 import psutil
 
-from consolerl.types import EpisodeSpec
 from consolerl.accounts import load_accounts
-from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from consolerl.stats import percentile
-from infra.local_cloud import LocalCloud
-from infra.redis_local import RedisServer
-
+from consolerl.types import EpisodeSpec
 from env_workers.accounts import PoolConfig
 from env_workers.driver import ScriptedDriver, expect_observation
 from env_workers.pool import EnvWorkerBody
 from env_workers.worker import EnvWorker, WorkerConfig
+from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
+from infra.local_cloud import LocalCloud
+from infra.redis_local import RedisServer
 
 
 WARMUP_STEPS = 15   # a multiple of 3, so the timed steps keep the fill/click/click mix

@@ -62,16 +62,15 @@ from typing import Any
 import httpx
 import yaml
 
-from consolerl.errors import ConfigError
-from consolerl.stats import percentile
-from consolerl.accounts import Account, load_accounts
 from benchmarks.cloud_api import LightClient
-from infra.local_cloud import LocalCloud, free_port
+from consolerl.accounts import Account, load_accounts
+from consolerl.errors import ConfigError
 from consolerl.resources import fill
-from consolerl.tasks import TASKS_DIR, Task, load_suite
-
-from reward_service.actiontrail import TrailConfig
 from consolerl.rewards import RewardResult
+from consolerl.stats import percentile
+from consolerl.tasks import TASKS_DIR, Task, load_suite
+from infra.local_cloud import LocalCloud, free_port
+from reward_service.actiontrail import TrailConfig
 from reward_service.service import RewardService, ScoreRequest, build_app
 
 LOOKUP_QPS = 2.0             # the cloud's LookupEvents limit per account (the real one)
@@ -213,9 +212,11 @@ def _console_create_user(base_url: str, account: Account, user_name: str,
                                f"{r.headers.get('location')}")
 
 
-def run_episode(cloud: LocalCloud, task: Task, account: Account, index: int,
-                outcome: str) -> Episode:
-    """``outcome``: success, typo (a wrongly named user: failure) or idle (nothing: failure)."""
+def make_episode(cloud: LocalCloud, task: Task, account: Account, index: int,
+                 outcome: str) -> Episode:
+    """A scripted episode's audit trail made with signed API and console calls (no browser, no
+    provisioning: the benchmark measures scoring). ``outcome``: success, typo (a wrongly named
+    user: failure) or idle (nothing: failure)."""
     values = task.values(f"b{index:03d}{secrets.token_hex(2)}", {})
     args = {k: fill(v, values) for k, v in task.oracle_args}
     api = LightClient(cloud.port, account.access_key_id, account.access_key_secret)
@@ -321,7 +322,7 @@ def run(events: int = 100_000, episodes: int = 64, rounds: int = 3, failure_ever
             time.sleep(quiet)
 
         _progress(f"{episodes} episodes of {task.id} through the console")
-        eps = [run_episode(cloud, task, a, i, outcome_of(i, failure_every))
+        eps = [make_episode(cloud, task, a, i, outcome_of(i, failure_every))
                for i, a in enumerate(episode_accounts)]
         time.sleep(max(0.0, max(e.ended_at for e in eps) + 2.05 - time.time()))
         for a in episode_accounts:          # the environment's reset: a later event
