@@ -83,6 +83,7 @@ class JobConfig:
     """The root config: one section per component. Only :mod:`cluster` reads it whole; every
     component is built from its own section."""
 
+    # Where episodes run and how they are scored (cluster.builders.rollout_parts):
     cloud: CloudSection = field(default_factory=CloudSection)
     env: EnvSection = field(default_factory=EnvSection)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -91,6 +92,7 @@ class JobConfig:
     stream: StreamConfig = field(default_factory=StreamConfig)
     trail: TrailConfig = field(default_factory=TrailConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    # Training, evaluation and the run itself:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SftSection = field(default_factory=SftSection)
     eval: EvalSection = field(default_factory=EvalSection)
