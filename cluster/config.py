@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from consolerl.errors import ConfigError
+
 from env_workers.worker import WorkerConfig
 from reward_service.actiontrail import TrailConfig
 from reward_service.fusion import RewardConfig
 from rollout_service.agent import AgentConfig
 from rollout_service.experience import StreamConfig
+from rollout_service.jobs.scheduler import SchedulerConfig
 from rollout_service.orchestrator import OrchestratorConfig
 from rollout_service.policy import PolicyConfig
 from trainer.config import TrainerConfig
@@ -79,6 +82,33 @@ class RunSection:
 
 
 @dataclass(frozen=True)
+class ApiSection:
+    """The jobs API (``python -m cluster.serve``): it listens on ``host:port``; its jobs live in
+    the stream's Redis under ``prefix``; tokens (hashes) in ``tokens_file``; ``workers`` env
+    workers run API jobs, leasing from the same account pool as training (``env``);
+    ``models``: checkpoints or run folders the operator registers by name (besides ``live``);
+    ``hosting``: ``actor`` (uvicorn in a Ray actor) or ``serve`` (Ray Serve)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    prefix: str = "consolerl:api"
+    tokens_file: str = "var/api/tokens.json"
+    default_team: str = "default"
+    workers: int = 2
+    models: dict[str, str] = field(default_factory=dict)
+    hosting: str = "actor"
+    sse_max_s: float = 300.0
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        if self.hosting not in ("actor", "serve"):
+            raise ConfigError(f"api.hosting: must be actor or serve, got {self.hosting!r}")
+        if "live" in self.models:
+            raise ConfigError("api.models: 'live' is the served policy's name; register "
+                              "checkpoints under other names")
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """The root config: one section per component. Only :mod:`cluster` reads it whole; every
     component is built from its own section."""
@@ -97,3 +127,5 @@ class JobConfig:
     sft: SftSection = field(default_factory=SftSection)
     eval: EvalSection = field(default_factory=EvalSection)
     run: RunSection = field(default_factory=RunSection)
+    # The jobs API for other teams (cluster.serve):
+    api: ApiSection = field(default_factory=ApiSection)

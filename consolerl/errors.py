@@ -33,3 +33,9 @@ class CloudAPIError(ConsoleRLError, RuntimeError):
 
     def __reduce__(self):
         return (type(self), (self.code, self.message, self.status, self.request_id, self.action))
+
+
+class EpisodeCancelled(ConsoleRLError, RuntimeError):
+    """Raised by an episode's observer to stop the episode between two steps (an API job was
+    cancelled or expired): the runner closes the browser, destroys what the episode made and
+    releases the account, and marks the outcome ``cancelled``."""

@@ -197,16 +197,18 @@ class RewardService:
                 self._trails[account.account_id] = trail
             return trail
 
-    def score(self, request: ScoreRequest) -> RewardResult:
+    def score(self, request: ScoreRequest, task: Task | None = None) -> RewardResult:
         """The reward of one finished episode. Raises :class:`UnknownName` for an unknown task
-        or account, :class:`CloudAPIError` when the cloud fails (the episode is not scored)."""
+        or account, :class:`CloudAPIError` when the cloud fails (the episode is not scored).
+        ``task``: a task that is not in the suite (an API job's inline definition)."""
         with self.metrics.scoring():
-            result = self._score(request)
+            result = self._score(request, task)
             self.metrics.record(result)
             return result
 
-    def _score(self, request: ScoreRequest) -> RewardResult:
-        task = self.tasks.get(request.task_id)
+    def _score(self, request: ScoreRequest, task: Task | None = None) -> RewardResult:
+        task = task if task is not None and task.id == request.task_id else \
+            self.tasks.get(request.task_id)
         if task is None:
             raise UnknownName(f"unknown task_id {request.task_id!r}")
         account = self.accounts.get(request.account_id)

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import oss2
 
 from consolerl.accounts import Account
-from consolerl.errors import CloudAPIError
+from consolerl.errors import CloudAPIError, EpisodeCancelled
 from consolerl.experience import Trajectory, Turn
 from consolerl.resources import fill
 from consolerl.rewards import RewardResult
@@ -54,6 +54,9 @@ log = logging.getLogger("rollout_service.episode")
 StepFn = Callable[[str], Awaitable[StepResult]]
 # A scripted agent: acts through ``step`` and returns the last step's result.
 Script = Callable[[Task, Mapping[str, str], StepFn, Observation], Awaitable[StepResult]]
+# Watches an episode: called with the step index (0: the opening page) and what the env
+# answered, before the policy sees it; raising EpisodeCancelled stops the episode cleanly.
+Observer = Callable[[int, StepResult], Awaitable[None]]
 
 
 class EpisodePolicy(Protocol):
@@ -130,13 +133,20 @@ class EpisodeOutcome:
     broken_prerequisites: list[str] = field(default_factory=list)
     leaked: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    # The console's audit events of the episode's window (eventId, eventName, eventTime,
+    # errorCode): what the reward's evidence ids point at, for reports.
+    audit_events: list[dict[str, str]] = field(default_factory=list)
+    cancelled: bool = False                 # stopped by its observer (EpisodeCancelled)
 
     @property
     def status(self) -> str:
-        """solved | failed | infeasible_reported | env_error, by the rule channel: a solvable
+        """solved | failed | infeasible_reported | env_error | cancelled, by the rule channel:
+        a solvable
         task is solved when the agent said it was done and the rule succeeded; a
         wrong-documentation task when the agent reported it infeasible and the rule saw no
         forbidden or required-to-fail event."""
+        if self.cancelled:
+            return "cancelled"
         if self.env_error is not None:
             return "env_error"
         traj = self.trajectory
@@ -201,7 +211,9 @@ def exists(client: CloudClient, r: Provisioned) -> bool:
     return True
 
 
-Scorer = Any      # RewardService.score, or a RewardActor handle's score (``.remote``)
+# RewardService.score (called with the request and the task), or a RewardActor handle's score
+# (``.remote``, with the request: the actor knows the suite's tasks)
+Scorer = Any
 
 
 class EpisodeRunner:
@@ -230,16 +242,20 @@ class EpisodeRunner:
                 poll_s=0.05)
         return p
 
-    async def _score(self, request: ScoreRequest) -> RewardResult:
+    async def _score(self, request: ScoreRequest, task: Task) -> RewardResult:
+        """A remote scorer knows the suite's tasks by id; a local one (``RewardService.score``)
+        is also handed the task, which may be an API job's own definition."""
         method = self.scorer
         if getattr(method, "remote", None) is not None:
             return await method.remote(request.model_dump())
-        return await asyncio.to_thread(method, request)
+        return await asyncio.to_thread(method, request, task)
 
     async def run(self, env: Any, task: Task, policy: EpisodePolicy, *, max_steps: int,
-                  trajectory_id: str = "", seed: int = 0) -> EpisodeOutcome:
+                  trajectory_id: str = "", seed: int = 0, observer: Observer | None = None
+                  ) -> EpisodeOutcome:
         """One episode of ``task`` on ``env`` (see the module docstring). ``max_steps``: the
-        env worker's step limit for the episode."""
+        env worker's step limit for the episode; ``observer``: sees every step (see
+        :data:`Observer`)."""
         start = await call(env.acquire, self.acquire_timeout_s)
         outcome = EpisodeOutcome(task.id, task.expected, secrets.token_hex(4),
                                  worker=start.worker, account_id=start.account_id,
@@ -273,11 +289,24 @@ class EpisodeRunner:
             if opened.env_error is not None:
                 outcome.env_error = opened.env_error
                 return outcome
+            steps = [0]
 
             async def step(text: str) -> StepResult:
-                return await call(env.step, text)
-            traj = await policy(task, values, opened.observation, step,
-                                trajectory_id=trajectory_id or uuid.uuid4().hex, seed=seed)
+                result = await call(env.step, text)
+                steps[0] += 1
+                if observer is not None:
+                    await observer(steps[0], result)
+                return result
+            try:
+                if observer is not None:
+                    await observer(0, StepResult(opened.observation))
+                traj = await policy(task, values, opened.observation, step,
+                                    trajectory_id=trajectory_id or uuid.uuid4().hex, seed=seed)
+            except EpisodeCancelled as exc:
+                outcome.cancelled = True
+                outcome.reasons.append(f"cancelled: {exc}")
+                await call(env.close_browser)
+                return outcome
             await call(env.close_browser)
             outcome.trajectory = traj
             if traj.end_detail:
@@ -292,7 +321,7 @@ class EpisodeRunner:
                 answer=None if traj.answer is None else traj.answer[:4000],
                 infeasible_reason=None if traj.infeasible is None else traj.infeasible[:4000])
             try:
-                outcome.reward = await self._score(request)
+                outcome.reward = await self._score(request, task)
             except CloudAPIError as exc:
                 outcome.env_error = EnvError("score_failed", exc.code)
                 return outcome
@@ -305,7 +334,11 @@ class EpisodeRunner:
                 if r.cloud_id not in named and not exists(client, r)])
             trail = TrailClient(client, account_id=account.account_id)
             events = await asyncio.to_thread(trail.events, started - 1, time.time() + 1)
-            extra = agent_created([e for e in events if from_console(e)])
+            console = [e for e in events if from_console(e)]
+            extra = agent_created(console)
+            outcome.audit_events = [{k: str(e.get(k) or "") for k in
+                                     ("eventId", "eventName", "eventTime", "errorCode")}
+                                    for e in console[:200]]
             return outcome
         finally:
             report = await asyncio.to_thread(provisioner.destroy, outcome.episode_id, extra)

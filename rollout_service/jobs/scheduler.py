@@ -1,0 +1,487 @@
+"""Runs the API's jobs: their episodes on env workers, through the one episode runner.
+
+The scheduler is the only writer of a job's progress; everything it knows is in Redis
+(:class:`~.store.JobStore`), so the API can restart freely, and a scheduler that restarts picks
+up where it was: finished episodes are kept and never re-run, an episode that was running is
+recorded as an interrupted attempt and runs again.
+
+Which episode runs next, when a worker is free:
+- the share of the pool: at most ``share_during_training`` of the workers while a training
+  run is active (it keeps a key alive in Redis), all of them when none is; training leases from
+  the same account pool, so neither side can take every account;
+- fair share between teams: the team with the fewest episodes running goes first (ties: the
+  one served longest ago), within its quota of concurrent episodes and env-minutes per day;
+- priority within a team (higher first), then the oldest job, then the job's next episode.
+
+Only infrastructure errors are retried (``max_attempts`` in all); each attempt is recorded on
+the rollout. A cancelled or expired job stops its running episodes between two steps (the
+runner destroys what they made and releases their accounts) and never starts the rest.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from consolerl.errors import ConfigError, EpisodeCancelled
+from consolerl.tasks import Task, parse_task
+from consolerl.types import StepResult
+
+from ..agent import AgentConfig, AgentLoop
+from ..episode import EpisodeOutcome, EpisodeRunner, model_policy
+from .schema import (TERMINAL, Attempt, AuditEvent, EpisodeCounts, Job, Rollout, Step,
+                     VerdictCounts)
+from .store import JobStore
+
+log = logging.getLogger("rollout_service.jobs.scheduler")
+AgentFactory = Callable[[str, AgentConfig], Awaitable[AgentLoop]]
+QuotaOf = Callable[[str], Any]          # team -> TeamQuota
+_BID = re.compile(r"^\w+\(\s*\"?(\d+)\"?")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    share_during_training: float = 0.5
+    max_attempts: int = 3
+    tick_s: float = 0.5                 # longest wait between looks at the queue
+    step_event_interval_s: float = 1.0  # rollout.step events, at most one per rollout per this
+    screenshots: bool = True            # keep each step's screenshot as an artifact
+    heartbeat_ttl_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.share_during_training <= 1.0:
+            raise ConfigError("SchedulerConfig.share_during_training: must be in (0, 1]")
+        if self.max_attempts < 1:
+            raise ConfigError("SchedulerConfig.max_attempts: must be >= 1")
+
+
+def verdict_of(outcome: EpisodeOutcome) -> str:
+    """A completed episode's verdict: success | failure | infeasible | undetermined."""
+    traj = outcome.trajectory
+    if traj is not None and traj.infeasible is not None:
+        return "infeasible"
+    if outcome.reward is None:
+        return "undetermined"
+    if outcome.reward.verdict == "success" and traj is not None and traj.answer is not None:
+        return "success"
+    return "undetermined" if outcome.reward.verdict == "undetermined" else "failure"
+
+
+def target_of(action: str, page: str) -> str:
+    """The label of the element an action named (``click("12")`` -> ``button "Save"``)."""
+    m = _BID.match(action or "")
+    if not m:
+        return ""
+    for line in page.splitlines():
+        i = line.find(f"[{m.group(1)}]")
+        if i >= 0:
+            return line[i + len(m.group(1)) + 2:].strip()[:120]
+    return ""
+
+
+def counts(rollouts: list[Rollout]) -> tuple[EpisodeCounts, VerdictCounts]:
+    e, v = EpisodeCounts(), VerdictCounts()
+    for r in rollouts:
+        setattr(e, r.state, getattr(e, r.state) + 1)
+        if r.verdict is not None:
+            setattr(v, r.verdict, getattr(v, r.verdict) + 1)
+    return e, v
+
+
+class SchedulerMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.jobs = Gauge("consolerl_api_jobs", "API jobs not yet finished, by state.",
+                          ["state"], registry=registry)
+        self.finished = Counter("consolerl_api_jobs_finished_total", "API jobs that ended, "
+                                "by final state.", ["state"], registry=registry)
+        self.queue_wait = Histogram("consolerl_api_queue_wait_seconds", "From a job's "
+                                    "submission to its first episode.", registry=registry,
+                                    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800))
+        self.episodes = Counter("consolerl_api_episodes_total", "API episodes ended, by state "
+                                "(completed, failed, cancelled, retried).", ["state"],
+                                registry=registry)
+        self.running = Gauge("consolerl_api_running_episodes", "API episodes running, by "
+                             "team.", ["team"], registry=registry)
+        self.limit = Gauge("consolerl_api_episode_limit", "Episodes API jobs may run at once "
+                           "now (the share of the pool).", registry=registry)
+
+
+@dataclass
+class _Live:
+    """A job the scheduler works on: its tasks and rollouts, kept in memory."""
+
+    job: Job
+    tasks: dict[str, Task]
+    rollouts: dict[str, Rollout]
+    running: set[str] = field(default_factory=set)
+    stop: str = ""                      # cancelled | expired: stop between steps
+
+
+class JobScheduler:
+    """``workers``: env workers (EnvWorkerBody or their actors) API jobs may use;
+    ``catalog``: the task suite by id; ``agent_for``: an AgentLoop for a model name and agent
+    config; ``quota_of``: a team's :class:`~.auth.TeamQuota`."""
+
+    def __init__(self, config: SchedulerConfig, store: JobStore, runner: EpisodeRunner,
+                 workers: list[Any], catalog: Mapping[str, Task], agent_for: AgentFactory,
+                 quota_of: QuotaOf, base_agent: AgentConfig | None = None,
+                 registry: CollectorRegistry | None = None):
+        self.config = config
+        self.store = store
+        self.runner = runner
+        self.free = list(workers)
+        self.n_workers = len(workers)
+        self.catalog = dict(catalog)
+        self.agent_for = agent_for
+        self.quota_of = quota_of
+        self.base_agent = base_agent or AgentConfig()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = SchedulerMetrics(self.registry)
+        self.live: dict[str, _Live] = {}
+        self.served: dict[str, float] = {}
+        self.tasks: set[asyncio.Task] = set()
+        self._stopping = False
+        self._wake = asyncio.Event()
+
+    # ---- loading jobs ---------------------------------------------------------------------------
+    def _tasks_of(self, spec: dict[str, Any]) -> dict[str, Task]:
+        tasks = {}
+        for entry in spec.get("tasks", []):
+            if "inline" in entry:
+                t = parse_task(entry["inline"], f"inline task {entry['inline'].get('id')}")
+            else:
+                t = self.catalog[entry["id"]]
+            tasks[t.id] = t
+        return tasks
+
+    async def _load(self, job: Job) -> _Live | None:
+        spec = await self.store.job_spec(job.id)
+        try:
+            tasks = self._tasks_of(spec)
+        except (KeyError, ConfigError) as exc:
+            await self._finish(job.id, "failed", f"the job's tasks cannot be loaded: {exc}")
+            return None
+        stored = {r.id: r for r in await self.store.rollouts(job.id)}
+        fresh = []
+        for r in stored.values():
+            if r.state == "running":     # a scheduler before this one died mid-episode
+                if r.attempts and r.attempts[-1].ended_at is None:
+                    r.attempts[-1].ended_at = time.time()
+                    r.attempts[-1].env_error = "interrupted: the scheduler restarted"
+                r.state = "queued" if len(r.attempts) < self.config.max_attempts else "failed"
+                fresh.append(r)
+        for tid in job.task_ids:
+            for k in range(job.samples_per_task):
+                rid = f"r{job.task_ids.index(tid):04d}s{k:03d}"
+                if rid not in stored:
+                    stored[rid] = Rollout(id=rid, job_id=job.id, task_id=tid, sample=k)
+                    fresh.append(stored[rid])
+        await self.store.put_rollouts(fresh)
+        return _Live(job, tasks, stored)
+
+    async def refresh(self) -> None:
+        """Take in new jobs and cancellations; expire jobs past their deadline."""
+        now = time.time()
+        await self.store.redis.set(self.store._k("scheduler"), str(now),
+                                   px=int(self.config.heartbeat_ttl_s * 1000))
+        active = {j.id: j for j in await self.store.active_jobs()}
+        for jid, job in active.items():
+            live = self.live.get(jid)
+            if live is None:
+                live = await self._load(job)
+                if live is None:
+                    continue
+                self.live[jid] = live
+            live.job = job
+            if job.expires_at is not None and now > job.expires_at and not live.stop:
+                live.stop = "expired"
+            elif job.cancel_requested and not live.stop:
+                live.stop = "cancelled"
+        for jid in list(self.live):
+            if jid in active:
+                continue
+            if self.live[jid].running:     # ended behind our back (a queued job cancelled
+                self.live[jid].stop = self.live[jid].stop or "cancelled"   # as it started)
+            else:
+                del self.live[jid]
+        for live in list(self.live.values()):
+            if live.stop and not live.running:
+                await self._close(live)
+        states: dict[str, int] = {"queued": 0, "running": 0}
+        for live in self.live.values():
+            if live.job.state in states:
+                states[live.job.state] += 1
+        for s, n in states.items():
+            self.metrics.jobs.labels(s).set(n)
+
+    # ---- choosing -------------------------------------------------------------------------------
+    async def limit(self) -> int:
+        if await self.store.training_active():
+            return max(1, math.floor(self.n_workers * self.config.share_during_training))
+        return self.n_workers
+
+    async def pick(self) -> tuple[_Live, Rollout] | None:
+        running_by_team: dict[str, int] = {}
+        for live in self.live.values():
+            running_by_team[live.job.team] = running_by_team.get(live.job.team, 0) + \
+                len(live.running)
+        if sum(running_by_team.values()) >= await self.limit():
+            return None
+        candidates: dict[str, list[_Live]] = {}
+        for live in self.live.values():
+            if live.stop or live.job.state in TERMINAL:
+                continue
+            if any(r.state == "queued" for r in live.rollouts.values()):
+                candidates.setdefault(live.job.team, []).append(live)
+        teams = sorted(candidates, key=lambda t: (running_by_team.get(t, 0),
+                                                  self.served.get(t, 0.0)))
+        for team in teams:
+            quota = self.quota_of(team)
+            if running_by_team.get(team, 0) >= quota.concurrent_episodes:
+                continue
+            if await self.store.usage_today(team) >= quota.env_minutes_per_day * 60:
+                continue
+            jobs = sorted(candidates[team], key=lambda lv: (-lv.job.priority,
+                                                            lv.job.created_at))
+            live = jobs[0]
+            rollout = min((r for r in live.rollouts.values() if r.state == "queued"),
+                          key=lambda r: (r.sample, r.id))
+            self.served[team] = time.monotonic()
+            return live, rollout
+        return None
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, until: Callable[[], bool] | None = None) -> None:
+        """Schedule until :meth:`stop` (or ``until()`` is true); running episodes finish."""
+        while not self._stopping and not (until and until()):
+            try:
+                await self.refresh()
+                while self.free:
+                    chosen = await self.pick()
+                    if chosen is None:
+                        break
+                    await self._start(*chosen)
+            except Exception:        # a Redis outage or a bug must not kill the loop
+                log.exception("scheduler tick failed; retrying")
+            self._wake.clear()
+            wake = asyncio.ensure_future(self._wake.wait())
+            blpop = asyncio.ensure_future(self.store.redis.blpop(
+                [self.store._k("wake")], timeout=self.config.tick_s))
+            done, pending = await asyncio.wait({wake, blpop}, timeout=self.config.tick_s + 1,
+                                               return_when=asyncio.FIRST_COMPLETED)
+            for f in pending:
+                f.cancel()
+            for f in done:
+                if not f.cancelled() and f.exception() is not None:
+                    log.warning("waiting for work: %s", f.exception())
+                    await asyncio.sleep(self.config.tick_s)
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    async def _start(self, live: _Live, rollout: Rollout) -> None:
+        worker = self.free.pop(0)
+        rollout.state = "running"
+        rollout.attempts.append(Attempt(attempt=len(rollout.attempts) + 1,
+                                        started_at=time.time(),
+                                        worker=getattr(worker, "name", "")))
+        rollout.started_at = rollout.started_at or time.time()
+        live.running.add(rollout.id)
+        self.metrics.running.labels(live.job.team).inc()
+        await self.store.put_rollout(rollout)
+        if live.job.state == "queued":
+            self.metrics.queue_wait.observe(time.time() - live.job.created_at)
+            await self._state(live, "running")
+        await self.store.add_event(live.job.id, "rollout.started", {
+            "rollout_id": rollout.id, "task_id": rollout.task_id, "sample": rollout.sample,
+            "attempt": len(rollout.attempts)})
+        task = asyncio.ensure_future(self._episode(live, rollout, worker))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _state(self, live: _Live, state: str, error: str | None = None) -> None:
+        def change(job: Job) -> Job | None:
+            if job.state == state or job.state in TERMINAL:
+                return None
+            now = time.time()
+            return job.model_copy(update={
+                "state": state, "error": error,
+                "started_at": job.started_at or (now if state == "running" else None),
+                "finished_at": now if state in TERMINAL else None})
+        job = await self.store.update_job(live.job.id, change)
+        if job is not None and job.state == state:
+            live.job = job
+            await self.store.add_event(job.id, "job.status", {"state": state, "error": error})
+
+    # ---- one episode ----------------------------------------------------------------------------
+    async def _episode(self, live: _Live, rollout: Rollout, worker: Any) -> None:
+        job = live.job
+        task = live.tasks[rollout.task_id]
+        steps: list[Step] = []
+        last_event = [0.0]
+        page = [""]
+        t0 = time.monotonic()
+
+        async def observer(index: int, result: StepResult) -> None:
+            if live.stop:
+                raise EpisodeCancelled(f"the job was {live.stop}")
+            obs = result.observation
+            shot = None
+            if self.config.screenshots and obs.screenshot:
+                shot = await self.store.put_artifact(job.team, job.id,
+                                                     obs.screenshot_mime or "image/jpeg",
+                                                     obs.screenshot)
+            steps.append(Step(index=index, action=result.action_text,
+                              target=target_of(result.action_text, page[0]), url=obs.url,
+                              title=obs.title, error=obs.last_action_error or "",
+                              screenshot=shot, elapsed_ms=round(result.elapsed_ms, 1)))
+            page[0] = obs.text
+            now = time.monotonic()
+            if index and now - last_event[0] >= self.config.step_event_interval_s:
+                last_event[0] = now
+                await self.store.add_event(job.id, "rollout.step", {
+                    "rollout_id": rollout.id, "step": index, "action": result.action_text,
+                    "url": obs.url, "error": obs.last_action_error or ""})
+
+        outcome: EpisodeOutcome | None = None
+        try:
+            s = job.sampling
+            agent = await self.agent_for(job.model, replace(
+                self.base_agent, temperature=s.temperature, top_p=s.top_p,
+                max_steps=s.max_steps, max_new_tokens=s.max_new_tokens))
+            outcome = await self.runner.run(
+                worker, task, model_policy(agent), max_steps=s.max_steps + 1,
+                trajectory_id=f"{job.id}-{rollout.id}-{len(rollout.attempts)}",
+                seed=(s.seed * 1_000_003 + rollout.sample) % 2**31, observer=observer)
+        except Exception as exc:           # the runner never raises for the env; a bug might
+            log.exception("episode %s of %s", rollout.id, job.id)
+            error = f"internal: {type(exc).__name__}: {str(exc)[:200]}"
+        else:
+            error = None
+        finally:
+            self.free.append(worker)
+            live.running.discard(rollout.id)
+            self.metrics.running.labels(job.team).dec()
+        env_s = time.monotonic() - t0
+        await self.store.add_usage(job.team, env_s)
+        await self._record(live, rollout, outcome, error, steps, env_s)
+        self.wake()
+
+    async def _record(self, live: _Live, rollout: Rollout, outcome: EpisodeOutcome | None,
+                      error: str | None, steps: list[Step], env_s: float) -> None:
+        attempt = rollout.attempts[-1]
+        attempt.ended_at = time.time()
+        rollout.env_seconds = round(rollout.env_seconds + env_s, 3)
+        if outcome is not None and outcome.env_error is not None and not outcome.cancelled:
+            error = f"{outcome.env_error.kind}: {outcome.env_error.detail}"[:300]
+        if outcome is not None:
+            rollout.leaked = list(outcome.leaked)
+        if outcome is not None and outcome.cancelled:
+            rollout.state = "cancelled"
+        elif error is not None:
+            attempt.env_error = error
+            retry = len(rollout.attempts) < self.config.max_attempts and not live.stop
+            rollout.state = "queued" if retry else ("cancelled" if live.stop else "failed")
+            self.metrics.episodes.labels("retried" if retry else rollout.state).inc()
+            if retry:
+                await self.store.put_rollout(rollout)
+                await self._progress(live)
+                return
+        else:
+            assert outcome is not None
+            traj = outcome.trajectory
+            rollout.state = "completed"
+            rollout.verdict = verdict_of(outcome)   # type: ignore[assignment]
+            rollout.reward = outcome.reward.reward if outcome.reward else None
+            if traj is not None:
+                rollout.end_reason = traj.end_reason
+                rollout.answer = traj.answer
+                rollout.infeasible_reason = traj.infeasible
+                rollout.tokens = sum(len(t.prompt_ids) + len(t.response_ids)
+                                     for t in traj.turns)
+                versions = [t.version for t in traj.turns if t.version >= 0]
+                rollout.policy_version = max(versions) if versions else None
+            evidence = set(outcome.reward.evidence) if outcome.reward else set()
+            events = outcome.audit_events
+            deciding = [e for e in events if e["eventId"] in evidence] or \
+                [e for e in events if e["errorCode"]]
+            rollout.deciding_events = [AuditEvent(
+                event_id=e["eventId"], event_name=e["eventName"], event_time=e["eventTime"],
+                error_code=e["errorCode"]) for e in deciding[:10]]
+            rollout.reasons = [r[:300] for r in outcome.reasons[:10]]
+        if rollout.state != "queued":
+            rollout.steps = steps
+            rollout.finished_at = time.time()
+            self.metrics.episodes.labels(rollout.state).inc()
+        await self.store.put_rollout(rollout)
+        await self.store.add_event(live.job.id, "rollout.completed", {
+            "rollout_id": rollout.id, "task_id": rollout.task_id, "state": rollout.state,
+            "verdict": rollout.verdict, "attempts": len(rollout.attempts)})
+        same = [r for r in live.rollouts.values() if r.task_id == rollout.task_id]
+        if all(r.state in ("completed", "failed", "cancelled") for r in same):
+            passes = sum(r.verdict == "success" for r in same)
+            done = sum(r.state == "completed" for r in same)
+            await self.store.add_event(live.job.id, "task.summary", {
+                "task_id": rollout.task_id, "samples": len(same), "completed": done,
+                "passes": passes})
+        await self._progress(live)
+
+    async def _progress(self, live: _Live) -> None:
+        rollouts = list(live.rollouts.values())
+        episodes, verdicts = counts(rollouts)
+        versions = [r.policy_version for r in rollouts if r.policy_version is not None]
+        tokens = sum(r.tokens for r in rollouts)
+        env_s = round(sum(r.env_seconds for r in rollouts), 3)
+
+        def change(job: Job) -> Job:
+            return job.model_copy(update={
+                "episodes": episodes, "verdicts": verdicts,
+                "policy_version": max(versions) if versions else job.policy_version,
+                "usage": {"env_seconds": env_s, "tokens": tokens}})
+        job = await self.store.update_job(live.job.id, change)
+        if job is not None:
+            live.job = job
+        if not live.running and all(r.state in ("completed", "failed", "cancelled")
+                                    for r in rollouts):
+            if live.stop:
+                await self._close(live)
+            elif live.job.state not in TERMINAL:
+                await self._finish(live.job.id, "completed")
+
+    async def _close(self, live: _Live) -> None:
+        """A cancelled or expired job whose episodes have stopped: the rest never run."""
+        left = [r for r in live.rollouts.values() if r.state == "queued"]
+        for r in left:
+            r.state = "cancelled"
+        await self.store.put_rollouts(left)
+        episodes, verdicts = counts(list(live.rollouts.values()))
+        await self.store.update_job(live.job.id, lambda j: j.model_copy(update={
+            "episodes": episodes, "verdicts": verdicts}))
+        await self._finish(live.job.id, live.stop)
+        self.live.pop(live.job.id, None)
+
+    async def _finish(self, job_id: str, state: str, error: str | None = None) -> None:
+        now = time.time()
+        job = await self.store.update_job(job_id, lambda j: None if j.state in TERMINAL else
+                                          j.model_copy(update={"state": state, "error": error,
+                                                               "finished_at": now}))
+        if job is None or job.state != state:
+            return
+        self.metrics.finished.labels(state).inc()
+        await self.store.add_event(job_id, "job.status", {"state": state, "error": error})
+        await self.store.add_event(job_id, "job.completed", {
+            "state": state, "episodes": job.episodes.model_dump(),
+            "verdicts": job.verdicts.model_dump()})

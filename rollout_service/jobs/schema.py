@@ -1,0 +1,256 @@
+"""The jobs API's models: what a team sends and what it gets back, and the state machines.
+
+Job states ``queued → running → completed | failed | cancelled | expired`` (a table, and a
+refusal for the rest); episode states are separate from verdicts: a procedure the agent could
+not do is a ``completed`` episode with verdict ``failure``.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+JOB_STATES = ("queued", "running", "completed", "failed", "cancelled", "expired")
+TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
+# The allowed transitions; anything else is refused (409 where a client asked for it).
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "queued": frozenset({"running", "cancelled", "expired", "failed"}),
+    "running": frozenset({"completed", "failed", "cancelled", "expired"}),
+    "completed": frozenset(), "failed": frozenset(), "cancelled": frozenset(),
+    "expired": frozenset(),
+}
+EPISODE_STATES = ("queued", "running", "completed", "failed", "cancelled")
+# A completed episode's verdict: the agent did the procedure (success), did not (failure),
+# reported it cannot be done as written (infeasible), or the judges could not tell.
+VERDICTS = ("success", "failure", "infeasible", "undetermined")
+PROCEDURE_VERDICTS = ("works", "broken", "flaky", "inconclusive")
+SCOPES = ("jobs:write", "jobs:read", "jobs:cancel", "artifacts:read", "admin")
+EVENT_TYPES = ("job.status", "rollout.started", "rollout.step", "rollout.completed",
+               "task.summary", "job.completed")
+
+
+def may_move(state: str, to: str) -> bool:
+    return to in TRANSITIONS.get(state, frozenset())
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TaskSelection(_Strict):
+    """Exactly one way of naming the tasks: ``ids`` (catalog ids), ``split`` (train | heldout),
+    ``id_regex`` (a regular expression over catalog ids), or ``inline`` (task definitions in
+    the suite's schema, validated as task files are)."""
+
+    ids: list[str] | None = Field(default=None, min_length=1, max_length=500)
+    split: Literal["train", "heldout"] | None = None
+    id_regex: str | None = Field(default=None, min_length=1, max_length=200)
+    inline: list[dict[str, Any]] | None = Field(default=None, min_length=1, max_length=50)
+
+    @model_validator(mode="after")
+    def _one(self) -> TaskSelection:
+        given = [k for k in ("ids", "split", "id_regex", "inline") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of ids, split, id_regex, inline "
+                             f"(got {', '.join(given) or 'none'})")
+        return self
+
+    @field_validator("id_regex")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+
+class Sampling(_Strict):
+    """How the model samples: ``temperature`` 0 is greedy; ``max_steps`` actions per
+    episode; ``max_new_tokens`` per action."""
+
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_steps: int = Field(default=12, ge=1, le=40)
+    max_new_tokens: int = Field(default=96, ge=8, le=512)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+
+class JobCreate(_Strict):
+    tasks: TaskSelection
+    model: str = Field(default="live", min_length=1, max_length=100,
+                       description="'live' (the policy the cluster serves now) or a model "
+                                   "name the operator registered (GET /v1/models)")
+    samples_per_task: int = Field(default=1, ge=1, le=64)
+    sampling: Sampling = Field(default_factory=Sampling)
+    priority: int = Field(default=5, ge=0, le=9, description="higher runs first, within the "
+                                                               "team's share")
+    deadline_s: float | None = Field(default=None, gt=0, le=7 * 86400,
+                                     description="seconds from submission; the job expires "
+                                                 "then, finished episodes kept")
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=16)
+
+    @field_validator("metadata")
+    @classmethod
+    def _meta(cls, value: dict[str, str]) -> dict[str, str]:
+        for k, v in value.items():
+            if len(k) > 64 or len(v) > 512:
+                raise ValueError("metadata keys are at most 64 characters, values 512")
+        return value
+
+
+class EpisodeCounts(BaseModel):
+    queued: int = 0
+    running: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+
+class VerdictCounts(BaseModel):
+    success: int = 0
+    failure: int = 0
+    infeasible: int = 0
+    undetermined: int = 0
+
+
+class Usage(BaseModel):
+    env_seconds: float = 0.0
+    tokens: int = 0
+
+
+class Job(BaseModel):
+    """A job as the API shows it (and as the store keeps it)."""
+
+    id: str
+    object: Literal["job"] = "job"
+    team: str
+    state: Literal["queued", "running", "completed", "failed", "cancelled", "expired"]
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    expires_at: float | None = None
+    model: str
+    policy_version: int | None = None
+    samples_per_task: int
+    sampling: Sampling
+    priority: int
+    task_ids: list[str]
+    episodes: EpisodeCounts = Field(default_factory=EpisodeCounts)
+    verdicts: VerdictCounts = Field(default_factory=VerdictCounts)
+    usage: Usage = Field(default_factory=Usage)
+    cancel_requested: bool = False
+    error: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class JobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Job]
+    has_more: bool
+    last_id: str | None = None
+
+
+class Step(BaseModel):
+    index: int
+    action: str = ""
+    target: str = ""                  # the label of the element acted on, when known
+    url: str = ""
+    title: str = ""
+    error: str = ""
+    screenshot: str | None = None     # an artifact id
+    elapsed_ms: float = 0.0
+
+
+class Attempt(BaseModel):
+    attempt: int
+    started_at: float
+    ended_at: float | None = None
+    worker: str = ""
+    env_error: str | None = None      # kind: detail, when the environment failed
+
+
+class AuditEvent(BaseModel):
+    event_id: str
+    event_name: str
+    event_time: str
+    error_code: str = ""
+
+
+class Rollout(BaseModel):
+    """One episode of a job: its state, and (once completed) its verdict and trajectory."""
+
+    id: str
+    job_id: str
+    task_id: str
+    sample: int
+    state: Literal["queued", "running", "completed", "failed", "cancelled"] = "queued"
+    verdict: Literal["success", "failure", "infeasible", "undetermined"] | None = None
+    reward: float | None = None
+    end_reason: str | None = None
+    answer: str | None = None
+    infeasible_reason: str | None = None
+    policy_version: int | None = None
+    steps: list[Step] = Field(default_factory=list)
+    attempts: list[Attempt] = Field(default_factory=list)
+    deciding_events: list[AuditEvent] = Field(default_factory=list)
+    reasons: list[str] = Field(default_factory=list)
+    leaked: list[str] = Field(default_factory=list)    # what clean-up left (must stay empty)
+    env_seconds: float = 0.0
+    tokens: int = 0
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class RolloutSummary(BaseModel):
+    id: str
+    task_id: str
+    sample: int
+    state: str
+    verdict: str | None = None
+    reward: float | None = None
+    end_reason: str | None = None
+    attempts: int = 0
+
+
+class ResultPage(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[RolloutSummary]
+    has_more: bool
+    last_id: str | None = None
+
+
+class ValidationResult(BaseModel):
+    valid: bool
+    errors: list[str] = Field(default_factory=list)
+    task_ids: list[str] = Field(default_factory=list)
+
+
+class TaskInfo(BaseModel):
+    id: str
+    product: str
+    title: str
+    split: str
+    difficulty: int
+    expected: str
+    procedure: str
+
+
+class TaskList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[TaskInfo]
+
+
+class Quota(BaseModel):
+    team: str
+    concurrent_episodes: int
+    queued_jobs: int
+    samples_per_job: int
+    env_minutes_per_day: float
+    used: dict[str, float]
+
+
+class ErrorBody(BaseModel):
+    error: dict[str, Any]

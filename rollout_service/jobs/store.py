@@ -1,0 +1,239 @@
+"""Jobs, rollouts, events, artifacts and usage in Redis (``prefix`` keys; AOF makes them
+survive a Redis restart, and nothing lives only in the API's memory, so they survive an API
+restart too).
+
+    {p}:job:{id}            the job (JSON)             {p}:job:{id}:spec     what to run (JSON)
+    {p}:job:{id}:rollouts   hash rollout id -> JSON    {p}:job:{id}:events   stream (SSE ids)
+    {p}:team:{t}:jobs       zset of job ids by seq     {p}:active            set of live jobs
+    {p}:idem:{t}:{key}      idempotency key -> job     {p}:artifact:{id}     hash team/mime/data
+    {p}:usage:{t}:{day}     env-seconds that day       {p}:seq               job sequence
+
+Every change of a job goes through :meth:`JobStore.update_job` (an optimistic WATCH/MULTI
+transaction), so the API (cancel) and the scheduler (progress) never overwrite each other.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import WatchError
+from redis.retry import Retry
+
+from consolerl.errors import ConsoleRLError
+
+from .schema import TERMINAL, Job, Rollout, may_move
+
+
+class StoreConflict(ConsoleRLError, ValueError):
+    """An idempotency key reused with another body, or a refused state transition."""
+
+
+def body_hash(body: Any) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"))
+                          .encode()).hexdigest()
+
+
+def day(t: float | None = None) -> str:
+    return time.strftime("%Y%m%d", time.gmtime(time.time() if t is None else t))
+
+
+class JobStore:
+    def __init__(self, url: str, prefix: str = "consolerl:api"):
+        self.url = url
+        self.p = prefix
+        self._redis: aioredis.Redis | None = None
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        """The client, made on first use in the process that uses it (the store pickles to a
+        Ray actor or Serve replica without one). Commands are retried across a Redis restart
+        (AOF brings the data back) instead of failing a request or losing a write."""
+        if self._redis is None:
+            self._redis = aioredis.Redis.from_url(
+                self.url, decode_responses=False, socket_timeout=10, health_check_interval=5,
+                retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), 12),
+                retry_on_error=[RedisConnectionError, RedisTimeoutError])
+        return self._redis
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "p": self.p, "_redis": None}
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())
+
+    # ---- jobs -----------------------------------------------------------------------------------
+    def _k(self, *parts: str) -> str:
+        return ":".join((self.p, *parts))
+
+    async def new_job_id(self) -> str:
+        return f"job_{secrets.token_hex(8)}"
+
+    def _idem(self, team: str, key: str) -> str:
+        return self._k("idem", team, hashlib.sha256(key.encode()).hexdigest())
+
+    async def idempotency_known(self, team: str, key: str) -> bool:
+        return bool(await self.redis.exists(self._idem(team, key)))
+
+    async def create_job(self, job: Job, spec: dict[str, Any],
+                         idempotency: tuple[str, str] | None = None) -> tuple[Job, bool]:
+        """Store ``job`` with ``spec``; with ``idempotency`` (key, body hash): the job an
+        earlier request with that key made (``created`` False), or :class:`StoreConflict`
+        when that request had another body."""
+        if idempotency is not None:
+            key = self._idem(job.team, idempotency[0])
+            mine = json.dumps({"job": job.id, "body": idempotency[1]})
+            if not await self.redis.set(key, mine, nx=True, ex=7 * 86400):
+                held = json.loads(await self.redis.get(key) or mine)
+                if held["body"] != idempotency[1]:
+                    raise StoreConflict("this Idempotency-Key was used with another request body")
+                earlier = await self.get_job(held["job"])
+                if earlier is not None:
+                    return earlier, False
+                # The key was taken but the job not written (a crash between): write it now.
+                job = job.model_copy(update={"id": held["job"]})
+        seq = await self.redis.incr(self._k("seq"))
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._k("job", job.id), job.model_dump_json())
+            pipe.set(self._k("job", job.id, "spec"), json.dumps(spec))
+            pipe.zadd(self._k("team", job.team, "jobs"), {job.id: seq})
+            pipe.sadd(self._k("active"), job.id)
+            await pipe.execute()
+        return job, True
+
+    async def get_job(self, job_id: str) -> Job | None:
+        raw = await self.redis.get(self._k("job", job_id))
+        return None if raw is None else Job.model_validate_json(raw)
+
+    async def job_spec(self, job_id: str) -> dict[str, Any]:
+        raw = await self.redis.get(self._k("job", job_id, "spec"))
+        return {} if raw is None else json.loads(raw)
+
+    async def update_job(self, job_id: str, change: Callable[[Job], Job | None]) -> Job | None:
+        """Apply ``change`` to the stored job atomically (``change`` returns the new job, or
+        None to leave it). A change of ``state`` must be an allowed transition."""
+        key = self._k("job", job_id)
+        while True:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    if raw is None:
+                        return None
+                    job = Job.model_validate_json(raw)
+                    new = change(job)
+                    if new is None:
+                        await pipe.unwatch()
+                        return job
+                    if new.state != job.state and not may_move(job.state, new.state):
+                        raise StoreConflict(f"a {job.state} job cannot become {new.state}")
+                    pipe.multi()
+                    pipe.set(key, new.model_dump_json())
+                    if new.state in TERMINAL:
+                        pipe.srem(self._k("active"), job_id)
+                    await pipe.execute()
+                    return new
+                except WatchError:
+                    continue
+
+    async def list_jobs(self, team: str, after: str | None, limit: int
+                        ) -> tuple[list[Job], bool]:
+        """The team's jobs, newest first; ``after``: the last id of the previous page."""
+        key = self._k("team", team, "jobs")
+        top = "+inf"
+        if after:
+            score = await self.redis.zscore(key, after)
+            if score is None:
+                return [], False
+            top = f"({int(score)}"
+        ids = await self.redis.zrevrangebyscore(key, top, "-inf", start=0, num=limit + 1)
+        jobs = [j for j in [await self.get_job(i.decode()) for i in ids[:limit]] if j]
+        return jobs, len(ids) > limit
+
+    async def active_jobs(self) -> list[Job]:
+        ids = await self.redis.smembers(self._k("active"))
+        jobs = [await self.get_job(i.decode()) for i in ids]
+        return [j for j in jobs if j is not None]
+
+    async def owns(self, team: str, job_id: str) -> bool:
+        return await self.redis.zscore(self._k("team", team, "jobs"), job_id) is not None
+
+    # ---- rollouts -------------------------------------------------------------------------------
+    async def put_rollout(self, rollout: Rollout) -> None:
+        await self.redis.hset(self._k("job", rollout.job_id, "rollouts"), rollout.id,
+                              rollout.model_dump_json())
+
+    async def put_rollouts(self, rollouts: list[Rollout]) -> None:
+        if rollouts:
+            await self.redis.hset(self._k("job", rollouts[0].job_id, "rollouts"), mapping={
+                r.id: r.model_dump_json() for r in rollouts})
+
+    async def get_rollout(self, job_id: str, rollout_id: str) -> Rollout | None:
+        raw = await self.redis.hget(self._k("job", job_id, "rollouts"), rollout_id)
+        return None if raw is None else Rollout.model_validate_json(raw)
+
+    async def rollouts(self, job_id: str) -> list[Rollout]:
+        raw = await self.redis.hgetall(self._k("job", job_id, "rollouts"))
+        return sorted((Rollout.model_validate_json(v) for v in raw.values()),
+                      key=lambda r: r.id)
+
+    # ---- events ---------------------------------------------------------------------------------
+    async def add_event(self, job_id: str, kind: str, data: dict[str, Any]) -> str:
+        eid = await self.redis.xadd(self._k("job", job_id, "events"),
+                                    {"type": kind, "data": json.dumps(data)})
+        return eid.decode()
+
+    async def read_events(self, job_id: str, after: str, block_ms: int, count: int = 200
+                          ) -> list[tuple[str, str, str]]:
+        """Events after ``after`` (a stream id; "0" for all): (id, type, JSON data)."""
+        key = self._k("job", job_id, "events")
+        got = await self.redis.xread({key: after}, count=count, block=block_ms or None)
+        out = []
+        for _, entries in got or []:
+            for eid, fields in entries:
+                out.append((eid.decode(), fields[b"type"].decode(), fields[b"data"].decode()))
+        return out
+
+    # ---- artifacts and usage --------------------------------------------------------------------
+    async def put_artifact(self, team: str, job_id: str, mime: str, data: bytes) -> str:
+        aid = f"art_{secrets.token_hex(10)}"
+        await self.redis.hset(self._k("artifact", aid), mapping={
+            "team": team, "job": job_id, "mime": mime, "data": data})
+        return aid
+
+    async def get_artifact(self, team: str, artifact_id: str) -> tuple[str, bytes] | None:
+        """(mime, bytes) of an artifact of ``team``; None for another team's (never a hint that
+        it exists)."""
+        got = await self.redis.hgetall(self._k("artifact", artifact_id))
+        if not got or got.get(b"team", b"").decode() != team:
+            return None
+        return got[b"mime"].decode(), got[b"data"]
+
+    async def add_usage(self, team: str, env_seconds: float) -> None:
+        key = self._k("usage", team, day())
+        await self.redis.incrbyfloat(key, env_seconds)
+        await self.redis.expire(key, 3 * 86400)
+
+    async def usage_today(self, team: str) -> float:
+        raw = await self.redis.get(self._k("usage", team, day()))
+        return float(raw or 0.0)
+
+    # ---- training's share -----------------------------------------------------------------------
+    async def training_active(self) -> bool:
+        """Whether a training run is active (it keeps the key alive while it runs)."""
+        return bool(await self.redis.exists(self._k("training")))
+
+    async def mark_training(self, ttl_s: float) -> None:
+        await self.redis.set(self._k("training"), "1", px=int(ttl_s * 1000))
