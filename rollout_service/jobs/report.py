@@ -88,6 +88,7 @@ def build_report(job: Job, tasks: dict[str, Task], rollouts: list[Rollout]) -> d
                 "infeasible_reason": worst.infeasible_reason,
                 "end_reason": worst.end_reason,
                 "audit_events": [e.model_dump() for e in worst.deciding_events],
+                "reasons": worst.reasons[:3],
                 "screenshot": shots[-1] if shots else None,
                 "last_url": worst.steps[-1].url if worst.steps else "",
             }
@@ -121,9 +122,11 @@ def render_html(report: dict[str, Any], artifact_url: str = "/v1/artifacts/") ->
                     if f["screenshot"] else "<p>No screenshot.</p>")
             reason = (f"<p><b>Agent's reason:</b> {e(f['infeasible_reason'])}</p>"
                       if f["infeasible_reason"] else "")
+            why = "".join(f"<li>{e(r)}</li>" for r in f["reasons"])
+            why = f"<p><b>Why:</b></p><ul>{why}</ul>" if why else ""
             detail = (f"<div class=detail><p><b>Failed at step {f['step']['index']}:</b> "
-                      f"{e(f['step']['text'])}</p>{reason}<p><b>Deciding audit events:</b></p>"
-                      f"<ul>{events}</ul>{shot}</div>")
+                      f"{e(f['step']['text'])}</p>{reason}{why}<p><b>Deciding audit "
+                      f"events:</b></p><ul>{events}</ul>{shot}</div>")
         rows.append(
             f"<section class=proc><h2>{e(p['title'])} <small>{e(p['task_id'])}</small></h2>"
             f"<p><span class=badge style='background:{colour}'>{p['verdict']}</span> "
