@@ -43,8 +43,8 @@ from cluster.builders import rollout_parts
 from cluster.config import JobConfig
 from cluster.export import ExportConfig, run_export
 from cluster.rollout import RolloutActor, start_policy
-from cluster.runtime import (LocalServices, PeakMemory, progress, raise_interrupt, ray_init,
-                             stop_actors)
+from cluster.runtime import (LocalServices, PeakMemory, TrainingBeacon, progress,
+                             raise_interrupt, ray_init, stop_actors)
 from consolerl.config import load_config, to_dict
 from consolerl.errors import ConfigError
 from rollout_service.experience import ExperienceStream
@@ -73,7 +73,7 @@ def run(config: JobConfig) -> dict[str, Any]:
     t_start = time.monotonic()
     memory = PeakMemory()
     services = LocalServices(config.cloud, config.stream.url, config.run.redis, run_dir)
-    orchestrator = run_ref = None
+    orchestrator = run_ref = beacon = None
     servers: list[Any] = []
     workers: list[Any] = []
     summary: dict[str, Any] = {"run_dir": str(run_dir), "completed": False}
@@ -109,6 +109,8 @@ def run(config: JobConfig) -> dict[str, Any]:
         if config.run.resume and trainer.restore():
             progress(f"resumed at step {trainer.step} (version {trainer.version})")
         trainer.start()                 # the trainer version before the orchestrator reads it
+        # API jobs on the same cluster keep to their share of the pool while this runs.
+        beacon = TrainingBeacon(config.stream.url, f"{config.api.prefix}:training").start()
         orchestrator = RolloutActor.options(num_cpus=0).remote(rollout_parts(config), servers)
         run_ref = orchestrator.run.remote(None)
         budget = config.trainer.time_budget_s
@@ -123,6 +125,8 @@ def run(config: JobConfig) -> dict[str, Any]:
         # main() explains from the rollout counts why.
         summary["error"] = str(exc)
     finally:
+        if beacon is not None:
+            beacon.stop()
         if orchestrator is not None:
             summary.update(_stop_rollouts(orchestrator, run_ref))
         if trainer is not None:

@@ -244,7 +244,7 @@ def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *
         if created:
             metrics.submitted.labels(who.team).inc()
             await store.add_event(job.id, "job.status", {"state": "queued", "error": None})
-            await store.redis.rpush(store._k("wake"), job.id)
+            await store.wake(job.id)
         response.headers["Location"] = f"/v1/jobs/{job.id}"
         return job
 
@@ -286,7 +286,7 @@ def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *
             await store.add_event(job_id, "job.completed", {
                 "state": "cancelled", "episodes": job.episodes.model_dump(),
                 "verdicts": job.verdicts.model_dump()})
-        await store.redis.rpush(store._k("wake"), job_id)
+        await store.wake(job_id)
         return job
 
     @v1.get("/jobs/{job_id}/events", tags=["jobs"], operation_id="job_events", responses={
@@ -456,10 +456,10 @@ def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *
     async def readyz() -> JSONResponse:
         try:
             await asyncio.wait_for(store.ping(), 2.0)
-            beat = await store.redis.get(store._k("scheduler"))
+            alive = await store.scheduler_alive()
         except (RedisConnectionError, RedisTimeoutError, asyncio.TimeoutError):
             return JSONResponse({"detail": "the job store is unreachable"}, status_code=503)
-        if scheduler_required and beat is None:
+        if scheduler_required and not alive:
             return JSONResponse({"detail": "no scheduler is running"}, status_code=503)
         return JSONResponse({"status": "ready"})
 

@@ -37,7 +37,7 @@ from consolerl.types import StepResult
 from ..agent import AgentConfig, AgentLoop
 from ..episode import EpisodeOutcome, EpisodeRunner, model_policy
 from .schema import (TERMINAL, Attempt, AuditEvent, EpisodeCounts, Job, Rollout, Step,
-                     VerdictCounts)
+                     Usage, VerdictCounts)
 from .store import JobStore
 
 log = logging.getLogger("rollout_service.jobs.scheduler")
@@ -189,8 +189,7 @@ class JobScheduler:
     async def refresh(self) -> None:
         """Take in new jobs and cancellations; expire jobs past their deadline."""
         now = time.time()
-        await self.store.redis.set(self.store._k("scheduler"), str(now),
-                                   px=int(self.config.heartbeat_ttl_s * 1000))
+        await self.store.scheduler_beat(self.config.heartbeat_ttl_s)
         active = {j.id: j for j in await self.store.active_jobs()}
         for jid, job in active.items():
             live = self.live.get(jid)
@@ -275,8 +274,7 @@ class JobScheduler:
                 log.exception("scheduler tick failed; retrying")
             self._wake.clear()
             wake = asyncio.ensure_future(self._wake.wait())
-            blpop = asyncio.ensure_future(self.store.redis.blpop(
-                [self.store._k("wake")], timeout=self.config.tick_s))
+            blpop = asyncio.ensure_future(self.store.wait_wake(self.config.tick_s))
             done, pending = await asyncio.wait({wake, blpop}, timeout=self.config.tick_s + 1,
                                                return_when=asyncio.FIRST_COMPLETED)
             for f in pending:
@@ -376,8 +374,16 @@ class JobScheduler:
             live.running.discard(rollout.id)
             self.metrics.running.labels(job.team).dec()
         env_s = time.monotonic() - t0
-        await self.store.add_usage(job.team, env_s)
-        await self._record(live, rollout, outcome, error, steps, env_s)
+        for wait_s in (0.5, 1, 2, 4, 8, 16, 30, 30, 30, 30):
+            # Redis may be restarting (AOF brings it back): the result must not be lost.
+            try:
+                await self._record(live, rollout, outcome, error, steps, env_s)
+                await self.store.add_usage(job.team, env_s)
+                break
+            except Exception:
+                log.exception("recording episode %s of %s; retrying in %s s", rollout.id,
+                              job.id, wait_s)
+                await asyncio.sleep(wait_s)
         self.wake()
 
     async def _record(self, live: _Live, rollout: Rollout, outcome: EpisodeOutcome | None,
@@ -386,7 +392,7 @@ class JobScheduler:
         attempt.ended_at = time.time()
         rollout.env_seconds = round(rollout.env_seconds + env_s, 3)
         if outcome is not None and outcome.env_error is not None and not outcome.cancelled:
-            error = f"{outcome.env_error.kind}: {outcome.env_error.detail}"[:300]
+            error = f"{outcome.env_error.kind}: {outcome.env_error.message}"[:300]
         if outcome is not None:
             rollout.leaked = list(outcome.leaked)
         if outcome is not None and outcome.cancelled:
@@ -450,7 +456,7 @@ class JobScheduler:
             return job.model_copy(update={
                 "episodes": episodes, "verdicts": verdicts,
                 "policy_version": max(versions) if versions else job.policy_version,
-                "usage": {"env_seconds": env_s, "tokens": tokens}})
+                "usage": Usage(env_seconds=env_s, tokens=tokens)})
         job = await self.store.update_job(live.job.id, change)
         if job is not None:
             live.job = job

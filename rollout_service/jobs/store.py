@@ -25,7 +25,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
-from redis.retry import Retry
+from redis.asyncio.retry import Retry
 
 from consolerl.errors import ConsoleRLError
 
@@ -46,9 +46,12 @@ def day(t: float | None = None) -> str:
 
 
 class JobStore:
-    def __init__(self, url: str, prefix: str = "consolerl:api"):
+    def __init__(self, url: str, prefix: str = "consolerl:api", retries: int = 12):
+        """``retries``: how often a command is retried on a lost connection (with backoff up to
+        2 s: 12 ride out a Redis restart of about 15 s)."""
         self.url = url
         self.p = prefix
+        self.retries = retries
         self._redis: aioredis.Redis | None = None
 
     @property
@@ -59,12 +62,12 @@ class JobStore:
         if self._redis is None:
             self._redis = aioredis.Redis.from_url(
                 self.url, decode_responses=False, socket_timeout=10, health_check_interval=5,
-                retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), 12),
+                retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), self.retries),
                 retry_on_error=[RedisConnectionError, RedisTimeoutError])
         return self._redis
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "p": self.p, "_redis": None}
+        return {"url": self.url, "p": self.p, "retries": self.retries, "_redis": None}
 
     async def close(self) -> None:
         if self._redis is not None:
@@ -229,6 +232,24 @@ class JobStore:
     async def usage_today(self, team: str) -> float:
         raw = await self.redis.get(self._k("usage", team, day()))
         return float(raw or 0.0)
+
+    # ---- the scheduler ---------------------------------------------------------------------------
+    async def wake(self, job_id: str) -> None:
+        """Tell the scheduler there is news (a new job, a cancel) without waiting for a tick."""
+        key = self._k("wake")
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.rpush(key, job_id)
+            pipe.ltrim(key, -100, -1)
+            await pipe.execute()
+
+    async def wait_wake(self, timeout_s: float) -> None:
+        await self.redis.blpop([self._k("wake")], timeout=timeout_s)
+
+    async def scheduler_beat(self, ttl_s: float) -> None:
+        await self.redis.set(self._k("scheduler"), str(time.time()), px=int(ttl_s * 1000))
+
+    async def scheduler_alive(self) -> bool:
+        return bool(await self.redis.exists(self._k("scheduler")))
 
     # ---- training's share -----------------------------------------------------------------------
     async def training_active(self) -> bool:

@@ -212,3 +212,28 @@ def test_catalog_and_no_secrets(client, tokens, book):
     assert "consolerl_api_requests_total" in client.request("GET", "/metrics").text
     stored = book.path.read_text()
     assert all(t not in stored for t in tokens.values())
+
+
+def test_jobs_and_events_survive_a_redis_restart(client, tokens, redis_server):
+    job = submit(client, tokens["docs"]).json()
+    client.request("POST", f"/v1/jobs/{job['id']}/cancel", tokens["docs"])
+    before = client.request("GET", f"/v1/jobs/{job['id']}/events", tokens["docs"]).text
+    redis_server.stop()
+    redis_server.start()            # AOF brings everything back; the API's client reconnects
+    after = client.request("GET", f"/v1/jobs/{job['id']}", tokens["docs"])
+    assert after.status_code == 200 and after.json()["state"] == "cancelled"
+    replay = client.request("GET", f"/v1/jobs/{job['id']}/events", tokens["docs"]).text
+    assert replay == before and "job.completed" in replay
+
+
+def test_the_store_down_is_503_not_500(tokens, book, redis_server, tmp_path):
+    from infra.redis_local import RedisServer
+    gone = RedisServer(tmp_path / "gone").start()
+    app = build_app(JobStore(gone.url, "t:api", retries=2), book, SUITE,
+                    scheduler_required=False)
+    gone.stop()
+    with serving(app) as url:
+        r = httpx.get(f"{url}/v1/quota", headers={"Authorization": f"Bearer {tokens['docs']}"},
+                      timeout=60)
+        assert r.status_code == 503 and r.headers["retry-after"]
+        assert httpx.get(f"{url}/readyz", timeout=60).status_code == 503
