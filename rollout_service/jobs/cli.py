@@ -1,0 +1,312 @@
+"""``console-rl``: the jobs API from a shell (over :class:`.client.JobsClient`).
+
+    export CONSOLE_RL_URL=http://rl.internal:8000 CONSOLE_RL_TOKEN=crl_...
+    console-rl jobs submit --split heldout --samples 4 --temperature 0.7 --watch
+    console-rl jobs submit --ids ram-create-user-0,ecs-add-rule-0 --idempotency-key nightly-0601
+    console-rl jobs submit --inline my-procedure.yaml --max-steps 20 --priority 7 --deadline-s 3600
+    console-rl jobs list [--limit 50]          console-rl jobs get JOB
+    console-rl jobs watch JOB                  console-rl jobs cancel JOB
+    console-rl jobs results JOB [--verdict failure] [--task TASK]
+    console-rl jobs report JOB [--html report.html]
+    console-rl tasks list [--product ram] [--split heldout]
+    console-rl quota
+
+``--url``/``--token`` override the environment; ``--json`` prints the API's JSON. Errors go to
+stderr as ``error: ...`` with exit status 1 (2 for usage errors); ``jobs watch`` exits 0 when
+the job completed and 1 when it failed, was cancelled or expired.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from consolerl.errors import ConsoleRLError
+
+from .client import ApiError, JobsClient
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class UsageError(ConsoleRLError, ValueError):
+    pass
+
+
+def _table(rows: Iterable[Sequence[Any]], header: Sequence[str]) -> str:
+    cells = [[str(c) for c in header]] + [["-" if c is None else str(c) for c in r]
+                                           for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _out(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2) if args.json else text)
+
+
+def _load_inline(paths: list[str]) -> list[dict[str, Any]]:
+    import yaml  # only here (JSON is YAML too)
+    tasks: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"--inline {path}: {exc}") from None
+        items = data if isinstance(data, list) else [data]
+        if not items or not all(isinstance(t, dict) for t in items):
+            raise UsageError(f"--inline {path}: must hold a task (a mapping) or a list of them")
+        tasks += items
+    return tasks
+
+
+# ---- commands ----------------------------------------------------------------------------------
+def _job_text(job: dict[str, Any]) -> str:
+    e, v = job["episodes"], job["verdicts"]
+    total = len(job["task_ids"]) * job["samples_per_task"]
+    lines = [f"job       {job['id']}  ({job['state']})", f"model     {job['model']}"
+             + (f" (policy version {job['policy_version']})" if job.get("policy_version")
+                is not None else ""),
+             f"tasks     {len(job['task_ids'])} x {job['samples_per_task']} samples = {total} "
+             "rollouts: " + ", ".join(job["task_ids"][:5])
+             + (", ..." if len(job["task_ids"]) > 5 else ""),
+             "episodes  " + ", ".join(f"{k} {n}" for k, n in e.items()),
+             "verdicts  " + ", ".join(f"{k} {n}" for k, n in v.items()),
+             (f"created   {_when(job['created_at'])}   started {_when(job.get('started_at'))}"
+              f"   finished {_when(job.get('finished_at'))}")]
+    if job.get("error"):
+        lines.append(f"error     {job['error']}")
+    return "\n".join(lines)
+
+
+def cmd_submit(api: JobsClient, args: argparse.Namespace) -> int:
+    if args.ids is not None:
+        ids = [i.strip() for i in args.ids.split(",") if i.strip()]
+        if not ids:
+            raise UsageError("--ids: give task ids separated by commas")
+        tasks: dict[str, Any] = {"ids": ids}
+    elif args.split is not None:
+        tasks = {"split": args.split}
+    elif args.regex is not None:
+        tasks = {"id_regex": args.regex}
+    else:
+        tasks = {"inline": _load_inline(args.inline)}
+    sampling = {k: v for k, v in (("temperature", args.temperature),
+                                  ("max_steps", args.max_steps)) if v is not None}
+    job = api.submit(tasks=tasks, samples_per_task=args.samples, model=args.model,
+                     sampling=sampling or None, priority=args.priority,
+                     deadline_s=args.deadline_s, idempotency_key=args.idempotency_key)
+    _out(args, job, f"submitted {job['id']} ({job['state']}): {len(job['task_ids'])} tasks x "
+                    f"{job['samples_per_task']} samples")
+    return watch(api, job["id"], args.json) if args.watch else 0
+
+
+def cmd_list(api: JobsClient, args: argparse.Namespace) -> int:
+    jobs = []
+    for job in api.iter_jobs(page_size=min(args.limit, 100)):
+        jobs.append(job)
+        if len(jobs) >= args.limit:
+            break
+    rows = [(j["id"], j["state"], _when(j["created_at"]),
+             f"{len(j['task_ids'])}x{j['samples_per_task']}",
+             f"{j['episodes']['completed']}/{len(j['task_ids']) * j['samples_per_task']}",
+             f"{j['verdicts']['success']}/{j['verdicts']['failure']}") for j in jobs]
+    _out(args, jobs, _table(rows, ("JOB", "STATE", "CREATED", "TASKSxK", "DONE", "OK/FAIL"))
+         if jobs else "no jobs")
+    return 0
+
+
+def cmd_get(api: JobsClient, args: argparse.Namespace) -> int:
+    job = api.job(args.job)
+    _out(args, job, _job_text(job))
+    return 0
+
+
+def watch(api: JobsClient, job_id: str, as_json: bool = False) -> int:
+    """Follow the job's events to its end: a progress bar over its rollouts (or, with
+    ``as_json``, one JSON line per event); 0 when it completed, 1 otherwise."""
+    from tqdm import tqdm
+    job = api.job(job_id)
+    bar = None if as_json else tqdm(total=len(job["task_ids"]) * job["samples_per_task"],
+                                    desc=f"{job_id} {job['state']}", unit="rollout",
+                                    file=sys.stderr, dynamic_ncols=True)
+    tally = {"success": 0, "failure": 0, "other": 0, "retries": 0}
+    final: dict[str, Any] = {"state": job["state"]}
+    try:
+        for eid, kind, data in api.events(job_id):
+            if as_json:
+                print(json.dumps({"id": eid, "event": kind, "data": data}), flush=True)
+                final = data if kind == "job.completed" else final
+                continue
+            if kind == "job.status":
+                bar.set_description(f"{job_id} {data.get('state')}")
+            elif kind == "rollout.completed":
+                if data.get("state") == "queued":          # an env error: it runs again
+                    tally["retries"] += 1
+                else:
+                    verdict = data.get("verdict")
+                    key = verdict if verdict in ("success", "failure") else \
+                        "failure" if verdict == "infeasible" else "other"
+                    tally[key] += 1
+                    bar.update(1)
+                bar.set_postfix({k: n for k, n in tally.items()
+                                 if n or k in ("success", "failure")})
+            elif kind == "job.completed":
+                final = data
+    finally:
+        if bar is not None:
+            bar.close()
+    if not as_json:
+        verdicts = ", ".join(f"{k} {n}" for k, n in final.get("verdicts", {}).items() if n)
+        episodes = ", ".join(f"{k} {n}" for k, n in final.get("episodes", {}).items() if n)
+        print(f"job {job_id} {final.get('state')}: episodes {episodes or 'none'}; "
+              f"verdicts {verdicts or 'none'}")
+    return 0 if final.get("state") == "completed" else 1
+
+
+def cmd_cancel(api: JobsClient, args: argparse.Namespace) -> int:
+    job = api.cancel(args.job)
+    note = " (stopping its running episodes)" if job["state"] == "running" else ""
+    _out(args, job, f"{job['id']}: {job['state']}{note}")
+    return 0
+
+
+def cmd_results(api: JobsClient, args: argparse.Namespace) -> int:
+    rows = list(api.results(args.job, verdict=args.verdict, task_id=args.task))
+    _out(args, rows, _table([(r["id"], r["task_id"], r["sample"], r["state"], r["verdict"],
+                              r["reward"], r["attempts"]) for r in rows],
+                            ("ROLLOUT", "TASK", "SAMPLE", "STATE", "VERDICT", "REWARD",
+                             "ATTEMPTS")) if rows else "no results")
+    return 0
+
+
+def cmd_report(api: JobsClient, args: argparse.Namespace) -> int:
+    if args.html:
+        Path(args.html).write_text(api.report_html(args.job))
+        print(f"saved the report of {args.job} to {args.html}")
+        return 0
+    rep = api.report(args.job)
+    rows = []
+    for p in rep["procedures"]:
+        rate = "-" if p["pass_rate"] is None else \
+            f"{p['pass_rate'] * 100:.0f}% ({p['passes']}/{p['completed']})"
+        step = (p.get("failure") or {}).get("step")
+        rows.append((p["task_id"], p["verdict"], rate,
+                     f"{step['index']}. {step['text']}" if step else ""))
+    totals = ", ".join(f"{n} {v}" for v, n in rep["totals"].items())
+    _out(args, rep, f"report of {rep['job_id']} ({rep['state']}): {totals}\n"
+                    + _table(rows, ("TASK", "VERDICT", "PASS RATE", "FAILING STEP")))
+    return 0
+
+
+def cmd_tasks(api: JobsClient, args: argparse.Namespace) -> int:
+    tasks = api.tasks(product=args.product, split=args.split)
+    _out(args, tasks, _table([(t["id"], t["product"], t["split"], t["difficulty"], t["title"])
+                              for t in tasks], ("TASK", "PRODUCT", "SPLIT", "DIFFICULTY",
+                                                "TITLE")) if tasks else "no tasks")
+    return 0
+
+
+def cmd_quota(api: JobsClient, args: argparse.Namespace) -> int:
+    q = api.quota()
+    used = q["used"]
+    _out(args, q, f"team {q['team']}\n" + _table([
+        ("queued jobs", used.get("queued_jobs"), q["queued_jobs"]),
+        ("running episodes", used.get("running_episodes"), q["concurrent_episodes"]),
+        ("env-minutes today", used.get("env_minutes_today"), q["env_minutes_per_day"]),
+        ("samples per job", "", q["samples_per_job"])], ("QUOTA", "USED", "LIMIT")))
+    return 0
+
+
+# ---- parsing -----------------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    s = argparse.SUPPRESS          # given before or after the command, either works
+    common.add_argument("--url", default=s, help=f"API URL (env CONSOLE_RL_URL, {DEFAULT_URL})")
+    common.add_argument("--token", default=s, help="bearer token (env CONSOLE_RL_TOKEN)")
+    common.add_argument("--json", action="store_true", default=s, help="print raw JSON")
+    top = argparse.ArgumentParser(prog="console-rl", parents=[common],
+                                  description="Run documented console procedures with the "
+                                              "trained agent (the console-rl jobs API).")
+    groups = top.add_subparsers(dest="group", required=True, metavar="{jobs,tasks,quota}")
+    jobs = groups.add_parser("jobs", help="submit, follow and read jobs").add_subparsers(
+        dest="cmd", required=True)
+    sub = jobs.add_parser("submit", parents=[common], help="submit a job")
+    sel = sub.add_mutually_exclusive_group(required=True)
+    sel.add_argument("--ids", help="task ids, comma-separated")
+    sel.add_argument("--split", choices=("train", "heldout"))
+    sel.add_argument("--regex", help="a regular expression over task ids")
+    sel.add_argument("--inline", nargs="+", metavar="FILE", help="task files (YAML or JSON)")
+    sub.add_argument("--samples", type=int, help="samples per task (K)")
+    sub.add_argument("--model", help="'live' (default) or a registered model")
+    sub.add_argument("--temperature", type=float)
+    sub.add_argument("--max-steps", type=int)
+    sub.add_argument("--priority", type=int, help="0-9, higher first")
+    sub.add_argument("--deadline-s", type=float, help="expire after this many seconds")
+    sub.add_argument("--idempotency-key", help="resubmitting with it returns the same job")
+    sub.add_argument("--watch", action="store_true", help="then follow it to its end")
+    sub.set_defaults(run=cmd_submit)
+    sub = jobs.add_parser("list", parents=[common], help="the team's jobs, newest first")
+    sub.add_argument("--limit", type=int, default=20)
+    sub.set_defaults(run=cmd_list)
+    for name, run, text in (("get", cmd_get, "one job"), ("cancel", cmd_cancel, "cancel a job"),
+                            ("watch", lambda api, a: watch(api, a.job, a.json),
+                             "follow a job to its end")):
+        jobs.add_parser(name, parents=[common], help=text).set_defaults(run=run)
+    sub = jobs.add_parser("results", parents=[common], help="a job's rollouts")
+    sub.add_argument("--verdict", choices=("success", "failure", "infeasible", "undetermined"))
+    sub.add_argument("--task", help="only this task id")
+    sub.set_defaults(run=cmd_results)
+    sub = jobs.add_parser("report", parents=[common], help="per-procedure verdicts")
+    sub.add_argument("--html", metavar="FILE", help="save the HTML report to FILE")
+    sub.set_defaults(run=cmd_report)
+    for name in ("get", "watch", "cancel", "results", "report"):
+        jobs.choices[name].add_argument("job", metavar="JOB")
+    tasks = groups.add_parser("tasks", help="the task catalog").add_subparsers(
+        dest="cmd", required=True)
+    sub = tasks.add_parser("list", parents=[common], help="list tasks")
+    sub.add_argument("--product")
+    sub.add_argument("--split", choices=("train", "heldout"))
+    sub.set_defaults(run=cmd_tasks)
+    groups.add_parser("quota", parents=[common], help="the team's quota and use"
+                      ).set_defaults(run=cmd_quota)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    top = parser()
+    try:
+        args = top.parse_args(argv)
+    except SystemExit as exc:                  # --help (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+    args.json = getattr(args, "json", False)
+    url = getattr(args, "url", None) or os.environ.get("CONSOLE_RL_URL") or DEFAULT_URL
+    token = getattr(args, "token", None) or os.environ.get("CONSOLE_RL_TOKEN", "")
+    if not token:
+        print("error: no token: pass --token or set CONSOLE_RL_TOKEN", file=sys.stderr)
+        return 2
+    try:
+        with JobsClient(url, token) as api:
+            return args.run(api, args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ApiError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:                  # a malformed token or URL (never echoed)
+        print(f"error: {str(exc).replace(token, 'crl_***')}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
