@@ -13,6 +13,10 @@ the API restarts, and events resume by ``Last-Event-ID``.
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
+import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -143,30 +147,43 @@ def http_app(parts: HttpParts):
 
 
 class HttpServerBody:
-    """uvicorn serving :func:`http_app` inside a Ray actor."""
+    """uvicorn serving :func:`http_app` inside a Ray actor, on a thread of its own with its own
+    (uvloop) event loop: the actor's asyncio loop shares its thread with Ray's calls."""
 
     def __init__(self, parts: HttpParts, host: str, port: int):
         import uvicorn  # noqa: PLC0415 - only in the actor's process
+        # Ray starts worker processes at niceness 15; the front door should not wait behind
+        # browsers and the policy on a busy node. Needs CAP_SYS_NICE (root here); without it
+        # the server runs at 15.
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        except OSError:
+            pass
         config = uvicorn.Config(http_app(parts), host=host, port=port, log_level="warning",
                                 access_log=False, loop="uvloop", http="httptools")
         self.server = uvicorn.Server(config)
-        self.task: asyncio.Task | None = None
+        self.thread: threading.Thread | None = None
 
-    async def start(self) -> str:
-        self.task = asyncio.ensure_future(self.server.serve())
-        for _ in range(200):
-            if self.server.started:
-                host, port = self.server.config.host, self.server.config.port
-                return f"http://{host}:{port}"
-            if self.task.done():
-                raise RuntimeError(f"the API server did not start: {self.task.exception()}")
-            await asyncio.sleep(0.05)
-        raise RuntimeError("the API server did not start within 10 s")
+    def start(self) -> str:
+        # Fewer, cheaper garbage collections: what start-up made is frozen out of every
+        # collection, and the young generation collects every 100k allocations, not 700.
+        # Measured on GET /v1/jobs/{id} (50 clients): p99 about 70 ms -> 20-40 ms.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(100_000, 50, 1000)
+        self.thread = threading.Thread(target=self.server.run, daemon=True, name="api-http")
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the API server did not start (is the port taken?)")
+            time.sleep(0.05)
+        return f"http://{self.server.config.host}:{self.server.config.port}"
 
-    async def stop(self) -> None:
+    def stop(self) -> None:
         self.server.should_exit = True
-        if self.task is not None:
-            await asyncio.wait_for(self.task, 10)
+        if self.thread is not None:
+            self.thread.join(10)
 
 
 HttpServerActor = ray.remote(HttpServerBody)

@@ -15,6 +15,7 @@ import os
 import secrets
 import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -67,19 +68,26 @@ class TokenBook:
     _tokens: dict[str, Principal] = field(default_factory=dict)
     _quotas: dict[str, TeamQuota] = field(default_factory=dict)
     _mtime: float = -1.0
+    _checked: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    recheck_s: float = 1.0                  # how often the file is looked at for changes
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
         self._reload()
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "_tokens": {}, "_quotas": {}, "_mtime": -1.0}
+        return {"path": self.path, "_tokens": {}, "_quotas": {}, "_mtime": -1.0,
+                "_checked": 0.0, "recheck_s": self.recheck_s}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _lock=threading.Lock())
 
     def _reload(self) -> None:
+        now = time.monotonic()
+        if self._mtime >= 0 and now - self._checked < self.recheck_s:
+            return
+        self._checked = now
         try:
             mtime = self.path.stat().st_mtime
         except FileNotFoundError:

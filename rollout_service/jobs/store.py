@@ -116,6 +116,9 @@ class JobStore:
             await pipe.execute()
         return job, True
 
+    async def job_json(self, job_id: str) -> bytes | None:
+        return await self.redis.get(self._k("job", job_id))
+
     async def get_job(self, job_id: str) -> Job | None:
         raw = await self.redis.get(self._k("job", job_id))
         return None if raw is None else Job.model_validate_json(raw)
