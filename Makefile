@@ -5,8 +5,9 @@
 #   make test        the fast suite (unit + integration against real local services)
 #   make test-slow   the slow tests (run before resolving an issue)
 #   make cloud       serve the local cloud on $(CLOUD_PORT)
+#   make serve       the jobs API for other teams on 127.0.0.1:8000 (prints a token the first time)
 #   make bench       every benchmark, python -m benchmarks.NAME --json, one JSON object each: cloud_api,
-#                    cloud_console, env_workers, reward, rollout, suite, reward_validate (~15 min)
+#                    cloud_console, env_workers, reward, rollout, suite, reward_validate, api (~17 min)
 #   make validate    the reward channels on the labelled validation set (174 episodes, ~15 min)
 #   make setup-vllm  vLLM on CPU in .venv-vllm (part of make setup)
 SHELL := /bin/bash
@@ -19,7 +20,7 @@ STATE_DIR ?= var/console_sim
 APT_PACKAGES := redis-server chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup setup-system setup-python setup-vllm demo learning-check test test-slow test-all bench validate cloud clean
+.PHONY: setup setup-system setup-python setup-vllm demo learning-check test test-slow test-all bench validate cloud serve clean
 
 setup: setup-system setup-python setup-vllm
 
@@ -72,12 +73,16 @@ test-slow: $(PY)
 test-all: $(PY)
 	$(PY) -m pytest -q -m "not gpu"
 
+serve: $(PY)
+	$(PY) -m cluster.serve --config configs/serve.yaml $(ARGS)
+
 bench: $(PY)
 	$(PY) -m benchmarks.cloud_api --json
 	$(PY) -m benchmarks.cloud_console --json
 	$(PY) -m benchmarks.env_workers --json
 	$(PY) -m benchmarks.reward --json
 	$(PY) -m benchmarks.rollout --json
+	$(PY) -m benchmarks.api --json
 	$(PY) -m benchmarks.suite --json
 	$(PY) -m benchmarks.reward_validate --json
 

@@ -7,7 +7,8 @@ Why uvicorn in an actor by default: on this 2-core machine Ray Serve's proxy and
 more than the endpoint. ``python -m benchmarks.api --hosting serve`` measures it (GET
 /v1/jobs/{id}, 50 clients); the figures are in the README.
 
-The two sides share nothing but Redis, so either restarts alone: a job keeps running while
+The Serve application (both sides as deployments) is :mod:`cluster.serve_app`. The two sides
+share nothing but Redis, so either restarts alone: a job keeps running while
 the API restarts, and events resume by ``Last-Event-ID``.
 """
 from __future__ import annotations
@@ -133,17 +134,17 @@ class SchedulerBody:
 SchedulerActor = ray.remote(SchedulerBody)
 
 
-def http_app(parts: HttpParts):
-    """The FastAPI app of the HTTP side (its /metrics add the scheduler actor's, found by
-    name)."""
+def http_app(parts: HttpParts, scheduler_metrics: Any = None):
+    """The FastAPI app of the HTTP side. Its /metrics add the scheduler's:
+    ``scheduler_metrics`` (an async callable), or else the scheduler actor's, found by name."""
     suite = {t.id: t for t in load_suite(parts.suite_dir)}
 
-    async def scheduler_metrics() -> bytes:
+    async def by_name() -> bytes:
         actor = ray.get_actor(parts.scheduler_name) if ray.is_initialized() else None
         return await actor.metrics.remote() if actor is not None else b""
     return build_app(JobStore(parts.redis_url, parts.prefix), TokenBook(Path(parts.tokens_file)),
                      suite, models=parts.models, sse_max_s=parts.sse_max_s,
-                     extra_metrics=scheduler_metrics)
+                     extra_metrics=scheduler_metrics or by_name)
 
 
 class HttpServerBody:
@@ -187,18 +188,3 @@ class HttpServerBody:
 
 
 HttpServerActor = ray.remote(HttpServerBody)
-
-
-def serve_deployment(parts: HttpParts, host: str, port: int) -> None:
-    """Run the HTTP side as a Ray Serve application (FastAPI ingress) on ``host:port``."""
-    from ray import serve  # noqa: PLC0415 - Serve only where it is used
-
-    app = http_app(parts)
-
-    @serve.deployment(name="consolerl-api", max_ongoing_requests=200)
-    @serve.ingress(app)
-    class JobsApi:
-        pass
-
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(JobsApi.bind(), name="consolerl-api", route_prefix="/")

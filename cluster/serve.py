@@ -19,7 +19,7 @@ from typing import Any
 import ray
 
 from cluster.api import (SCHEDULER_NAME, HttpParts, HttpServerActor, SchedulerActor,
-                         SchedulerParts, serve_deployment)
+                         SchedulerParts)
 from cluster.config import JobConfig
 from cluster.runtime import LocalServices, progress, ray_init
 from consolerl.config import load_config
@@ -74,6 +74,8 @@ class Stack:
         self.url = ""
 
     def start_scheduler(self) -> None:
+        if self.config.api.hosting == "serve":
+            return                       # a deployment of the Serve application
         self.scheduler = SchedulerActor.options(name=SCHEDULER_NAME, num_cpus=0).remote(
             self.sched_parts)
         self.run_ref = self.scheduler.run.remote()
@@ -81,7 +83,12 @@ class Stack:
     def start_http(self) -> str:
         api = self.config.api
         if api.hosting == "serve":
-            serve_deployment(self.http_parts, api.host, api.port)
+            from ray import serve  # noqa: PLC0415 - Serve only where it is used
+
+            from cluster.serve_app import build  # noqa: PLC0415
+            serve.start(http_options={"host": api.host, "port": api.port})
+            serve.run(build(self.config, self.http_parts.suite_dir), name="consolerl-api",
+                      route_prefix="/")
             self.url = f"http://{api.host}:{api.port}"
         else:
             self.http = HttpServerActor.options(num_cpus=0).remote(self.http_parts, api.host,
@@ -135,8 +142,8 @@ def serve(config: JobConfig) -> int:
             progress(f"team {config.api.default_team!r} has tokens in {config.api.tokens_file};"
                      " make another with: python -m cluster.serve token --team "
                      f"{config.api.default_team} --scopes {','.join(TEAM_SCOPES)}")
-        progress("submit: curl -H 'Authorization: Bearer $TOKEN' -H 'Content-Type: "
-                 f"application/json' -d '{{\"tasks\": {{\"split\": \"heldout\"}}}}' {url}/v1/jobs")
+        progress(f"try: CONSOLE_RL_URL={url} CONSOLE_RL_TOKEN=<token> console-rl jobs submit "
+                 "--ids ram-create-user-0 --samples 2 --watch")
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

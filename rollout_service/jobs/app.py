@@ -216,14 +216,15 @@ def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *
         """Submit a job (202). The same ``Idempotency-Key`` with the same body returns the
         same job; with another body, 422."""
         if request.model not in models:
-            raise unprocessable("model", f"model: {request.model!r} is not served; one of "
+            raise unprocessable("model", f"{request.model!r} is not served; one of "
                                          f"{', '.join(models)}")
         try:
             ids, entries = resolve(request)
         except ConfigError as exc:
-            where = str(exc).split(":", 1)[0]
-            raise unprocessable(where if where.startswith("tasks") else "tasks",
-                                str(exc)) from None
+            where, _, what = str(exc).partition(": ")
+            if not where.startswith("tasks"):
+                where, what = "tasks", str(exc)
+            raise unprocessable(where, what) from None
         quota = tokens.quota(who.team)
         samples = len(ids) * request.samples_per_task
         if samples > quota.samples_per_job:

@@ -261,7 +261,8 @@ class JobScheduler:
         self._wake.set()
 
     async def run(self, until: Callable[[], bool] | None = None) -> None:
-        """Schedule until :meth:`stop` (or ``until()`` is true); running episodes finish."""
+        """Schedule until :meth:`stop` (or ``until()`` is true), then wait for the running
+        episodes (after a stop: interrupted at their next step)."""
         while not self._stopping and not (until and until()):
             try:
                 await self.refresh()
@@ -287,6 +288,8 @@ class JobScheduler:
             await asyncio.gather(*self.tasks, return_exceptions=True)
 
     def stop(self) -> None:
+        """Stop scheduling; running episodes stop at their next step (cleaned up, accounts
+        released) and go back to the queue, with the attempt recorded as interrupted."""
         self._stopping = True
         self._wake.set()
 
@@ -336,6 +339,8 @@ class JobScheduler:
         async def observer(index: int, result: StepResult) -> None:
             if live.stop:
                 raise EpisodeCancelled(f"the job was {live.stop}")
+            if self._stopping:
+                raise EpisodeCancelled("the scheduler is stopping")
             obs = result.observation
             shot = None
             if self.config.screenshots and obs.screenshot:
@@ -395,6 +400,13 @@ class JobScheduler:
             error = f"{outcome.env_error.kind}: {outcome.env_error.message}"[:300]
         if outcome is not None:
             rollout.leaked = list(outcome.leaked)
+        if outcome is not None and outcome.cancelled and not live.stop:
+            # Stopped by a shutdown, not by the job: it runs again when a scheduler is back.
+            attempt.env_error = "interrupted: the scheduler stopped"
+            rollout.state = "queued"
+            await self.store.put_rollout(rollout)
+            await self._progress(live)
+            return
         if outcome is not None and outcome.cancelled:
             rollout.state = "cancelled"
         elif error is not None:

@@ -73,8 +73,8 @@ class Sampling(_Strict):
 
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_steps: int = Field(default=12, ge=1, le=40)
-    max_new_tokens: int = Field(default=96, ge=8, le=512)
+    max_steps: int = Field(default=8, ge=1, le=40)
+    max_new_tokens: int = Field(default=32, ge=8, le=512)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
 
 

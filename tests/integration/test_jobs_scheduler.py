@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from consolerl.errors import EpisodeCancelled
 from consolerl.experience import Trajectory
 from consolerl.rewards import RewardResult, RuleOutcome
 from consolerl.tasks import TASKS_DIR, load_suite
@@ -43,10 +44,15 @@ class Episodes:
         self.most = max(self.most, self.running)
         outcome = EpisodeOutcome(task.id, task.expected, "e1", worker=str(worker))
         try:
-            await observer(0, StepResult(Observation("http://x/", "t", "[1] button \"Go\"", 0)))
-            await asyncio.sleep(self.seconds)
-            await observer(1, StepResult(Observation("http://x/2", "t2", "", 1),
-                                         action_text='click("1")'))
+            try:
+                await observer(0, StepResult(Observation("http://x/", "t",
+                                                         "[1] button \"Go\"", 0)))
+                await asyncio.sleep(self.seconds)
+                await observer(1, StepResult(Observation("http://x/2", "t2", "", 1),
+                                             action_text='click("1")'))
+            except EpisodeCancelled:            # as the episode runner does
+                outcome.cancelled = True
+                return outcome
             if self.env_errors.get(task.id, 0) > 0:
                 self.env_errors[task.id] -= 1
                 outcome.env_error = EnvError("browser_crashed", "the browser went away")
@@ -205,4 +211,23 @@ def test_a_restarted_scheduler_never_reruns_a_finished_episode(store):
         interrupted = await store.get_rollout(job, queued.id)
         assert interrupted.attempts[0].env_error.startswith("interrupted")
         assert len(interrupted.attempts) == 2
+    asyncio.run(go())
+
+
+def test_a_stopped_scheduler_puts_running_episodes_back(store):
+    async def go():
+        eps = Episodes(seconds=1.0)
+        job = await make_job(store, "a", TASKS[:2])
+        first = scheduler(store, eps, workers=2)
+        task = asyncio.ensure_future(first.run())
+        while len(eps.starts) < 2:
+            await asyncio.sleep(0.02)
+        first.stop()                          # a shutdown mid-episode
+        await asyncio.wait_for(task, 10)
+        rollouts = await store.rollouts(job)
+        assert [r.state for r in rollouts] == ["queued", "queued"]
+        assert all(r.attempts[0].env_error.startswith("interrupted") for r in rollouts)
+        assert (await store.get_job(job)).state == "running"
+        (done,) = await run_until_done(scheduler(store, Episodes(seconds=0.05)), store, [job])
+        assert done.state == "completed" and done.episodes.completed == 2
     asyncio.run(go())

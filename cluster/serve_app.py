@@ -1,0 +1,76 @@
+"""The jobs API as a Ray Serve application: the scheduler and the HTTP side (FastAPI ingress)
+as two deployments. What a KubeRay ``RayService`` deploys (``cluster/deploy/rayservice.yaml``),
+and what ``python -m cluster.serve api.hosting=serve`` runs:
+
+    CONSOLERL_CONFIG=configs/serve.yaml serve run cluster.serve_app:app
+
+``CONSOLERL_CONFIG`` names the config file, ``CONSOLERL_OVERRIDES`` adds ``section.key=value``
+overrides (space-separated). The scheduler deployment has one replica (it is the single writer
+of job progress); the HTTP deployment may have many (it keeps nothing in memory).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+from typing import Any
+
+from ray import serve
+
+from cluster.api import SchedulerBody, http_app
+from cluster.config import JobConfig
+from consolerl.config import load_config
+
+
+def build(config: JobConfig, suite_dir: str | None = None) -> Any:
+    """The bound Serve application for ``config``."""
+    from cluster.serve import api_parts  # noqa: PLC0415 - cluster.serve imports this module
+    sched_parts, http_parts = api_parts(config, suite_dir)
+
+    @serve.deployment(name="consolerl-scheduler", num_replicas=1,
+                      ray_actor_options={"num_cpus": 0}, max_ongoing_requests=16)
+    class Scheduler:
+        def __init__(self) -> None:
+            self.body = SchedulerBody(sched_parts)
+            self.task = asyncio.get_event_loop().create_task(self.body.run())
+
+        async def metrics(self) -> bytes:
+            return await self.body.metrics()
+
+        def check_health(self) -> None:
+            if self.task.done():
+                raise RuntimeError(f"the scheduler stopped: {self.task.exception()!r}")
+
+        async def __del__(self) -> None:
+            await self.body.stop()
+
+    hook: dict[str, Any] = {}           # the scheduler's handle, once a replica has it
+
+    async def scheduler_metrics() -> bytes:
+        handle = hook.get("scheduler")
+        return await handle.metrics.remote() if handle is not None else b""
+
+    app = http_app(http_parts, scheduler_metrics)
+
+    @serve.deployment(name="consolerl-api", max_ongoing_requests=200,
+                      ray_actor_options={"num_cpus": 0})
+    @serve.ingress(app)
+    class JobsApi:
+        def __init__(self, scheduler: Any) -> None:
+            hook["scheduler"] = scheduler
+
+    return JobsApi.bind(Scheduler.bind())
+
+
+def _from_env() -> Any:
+    path = os.environ.get("CONSOLERL_CONFIG") or None
+    overrides = shlex.split(os.environ.get("CONSOLERL_OVERRIDES", ""))
+    return build(load_config(JobConfig, path, overrides))
+
+
+def __getattr__(name: str) -> Any:
+    # ``serve run cluster.serve_app:app`` builds the application when it asks for it, so
+    # importing this module (tests, cluster.serve) needs no config.
+    if name == "app":
+        return _from_env()
+    raise AttributeError(name)
