@@ -497,3 +497,16 @@ def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+if __name__ == "__main__":
+    # The OpenAPI document, as committed in rollout_service/jobs/openapi.json.
+    import sys
+    from pathlib import Path
+
+    from consolerl.tasks import TASKS_DIR, load_suite
+
+    document = build_app(JobStore("redis://127.0.0.1:1/0"),
+                         TokenBook(Path("/nonexistent/tokens.json")),
+                         {t.id: t for t in load_suite(TASKS_DIR)}).openapi()
+    sys.stdout.write(json.dumps(document, indent=1, sort_keys=True) + "\n")

@@ -5,6 +5,7 @@ mid-run (nothing leaked, every account released); the API restarted mid-job (the
 the event stream resumes by Last-Event-ID with no gap and no duplicate)."""
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +20,11 @@ torch = pytest.importorskip("torch")
 from cluster.config import JobConfig  # noqa: E402
 from cluster.serve import Stack  # noqa: E402
 from consolerl.chromium import chromium_path  # noqa: E402
+from consolerl.accounts import load_accounts  # noqa: E402
 from consolerl.config import load_config  # noqa: E402
 from env_workers.accounts import PoolConfig  # noqa: E402
 from env_workers.leases import AccountPool  # noqa: E402
+from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE  # noqa: E402
 from infra.local_cloud import free_port  # noqa: E402
 from rollout_service.jobs.auth import TokenBook  # noqa: E402
 from rollout_service.models import tiny_model  # noqa: E402
@@ -163,6 +166,11 @@ def test_submit_events_results_report(stack, redis_server):
                      "consolerl_api_queue_wait_seconds_bucket"):
             assert name in metrics, name
         assert stack[1] not in metrics
+        # No account secret (passwords, AccessKey secrets) in anything a team can read.
+        seen = json.dumps(stream) + json.dumps(rollout) + json.dumps(report) + html.text + \
+            json.dumps(results) + http.get(f"/v1/jobs/{job}").text + metrics
+        for account in load_accounts(DEFAULT_ACCOUNTS_FILE):
+            assert account.password not in seen and account.access_key_secret not in seen
     assert no_leases(redis_server.url) == 0
     # The page, read in a real browser, with its screenshot loaded through the API.
     from playwright.sync_api import sync_playwright

@@ -1,0 +1,155 @@
+"""The jobs API's pure parts: the job state machine, per-procedure verdicts and where a failing
+sample left the procedure, verdicts of episodes, the element an action named, the token file
+(hashes only, reloaded on change, refusing bad scopes), and the OpenAPI document kept in the
+repository being the one the app generates."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from consolerl.errors import ConfigError
+from consolerl.experience import Trajectory
+from consolerl.rewards import RewardResult, RuleOutcome
+from consolerl.tasks import TASKS_DIR, load_suite
+from rollout_service.episode import EpisodeOutcome
+from rollout_service.jobs.auth import TeamQuota, TokenBook, hash_token
+from rollout_service.jobs.report import (build_report, failed_step, procedure_steps,
+                                         procedure_verdict, render_html)
+from rollout_service.jobs.schema import (JOB_STATES, TERMINAL, TRANSITIONS, Job, Rollout,
+                                         Sampling, Step, may_move)
+from rollout_service.jobs.scheduler import target_of, verdict_of
+
+SUITE = {t.id: t for t in load_suite(TASKS_DIR)}
+OPENAPI = Path(__file__).resolve().parents[2] / "rollout_service" / "jobs" / "openapi.json"
+
+
+def test_state_machine():
+    assert set(TRANSITIONS) == set(JOB_STATES)
+    assert may_move("queued", "running") and may_move("running", "completed")
+    assert may_move("queued", "cancelled") and may_move("running", "expired")
+    assert not may_move("running", "queued") and not may_move("completed", "running")
+    for state in TERMINAL:
+        assert not TRANSITIONS[state]
+
+
+def rollout(verdict: str | None, state: str = "completed", **kw) -> Rollout:
+    return Rollout(id="r", job_id="j", task_id="t", sample=0, state=state, verdict=verdict, **kw)
+
+
+@pytest.mark.parametrize("verdicts,samples,expected", [
+    (["success", "success"], 2, "works"),
+    (["failure", "infeasible"], 2, "broken"),
+    (["success", "failure", "success"], 3, "flaky"),
+    (["success"], 3, "inconclusive"),                 # fewer than half completed
+    (["undetermined", "undetermined"], 2, "inconclusive"),
+    (["success", "undetermined"], 2, "works"),        # the judges' abstention is left out
+    ([], 2, "inconclusive"),
+])
+def test_procedure_verdicts(verdicts, samples, expected):
+    assert procedure_verdict(samples, [rollout(v) for v in verdicts]) == expected
+
+
+def test_env_failures_never_count_as_broken():
+    job = Job(id="j", team="a", state="completed", created_at=1.0, model="live",
+              samples_per_task=3, sampling=Sampling(), priority=5,
+              task_ids=["ram-create-user-0"])
+    rows = [rollout(None, "failed").model_copy(update={"task_id": "ram-create-user-0"})
+            for _ in range(2)] + \
+        [rollout("failure").model_copy(update={"task_id": "ram-create-user-0"})]
+    (proc,) = build_report(job, SUITE, rows)["procedures"]
+    assert proc["verdict"] == "inconclusive" and proc["env_failed"] == 2
+
+
+def test_failed_step_is_the_first_step_whose_controls_were_never_used():
+    task = SUITE["ecs-add-rule-0"]
+    steps = procedure_steps(task.procedure)
+    assert len(steps) == 5 and steps[0].startswith("Open the ECS console")
+    went = rollout("failure", steps=[
+        Step(index=1, target='link "Security Groups"', title="Security Groups"),
+        Step(index=2, target='button "Manage Rules"', title="Rules")])
+    assert failed_step(task, went)["index"] == 3           # never clicked Add Rule
+    nowhere = rollout("failure", steps=[Step(index=1, target='link "Instances"')])
+    assert failed_step(task, nowhere)["index"] == 1
+
+
+def test_report_html_escapes_what_it_shows():
+    job = Job(id="j", team="a", state="completed", created_at=1.0, model="live",
+              samples_per_task=1, sampling=Sampling(), priority=5,
+              task_ids=["ram-create-user-0"])
+    row = rollout("infeasible").model_copy(update={
+        "task_id": "ram-create-user-0", "infeasible_reason": "<script>alert(1)</script>",
+        "steps": [Step(index=1, screenshot="art_1")]})
+    report = build_report(job, SUITE, [row])
+    assert report["procedures"][0]["verdict"] == "broken"
+    page = render_html(report)
+    assert "<script>alert" not in page and "&lt;script&gt;" in page
+    assert 'src="/v1/artifacts/art_1"' in page
+
+
+def outcome(answer=None, infeasible=None, verdict="success") -> EpisodeOutcome:
+    o = EpisodeOutcome("t", "success", "e")
+    o.trajectory = Trajectory("x", "t", (), "stop", answer, infeasible)
+    o.reward = RewardResult(1.0 if verdict == "success" else 0.0, True, verdict, "rule",
+                            RuleOutcome(verdict))
+    return o
+
+
+def test_episode_verdicts():
+    assert verdict_of(outcome(answer="done")) == "success"
+    assert verdict_of(outcome(answer=None)) == "failure"       # never said it was done
+    assert verdict_of(outcome(answer="done", verdict="failure")) == "failure"
+    assert verdict_of(outcome(infeasible="no such button")) == "infeasible"
+    assert verdict_of(outcome(answer="done", verdict="undetermined")) == "undetermined"
+
+
+def test_target_of_an_action():
+    page = '# Users\n[3] link "Create User"\n[12] button "Save"\n- [7]i-bp1 web | [8]Manage'
+    assert target_of('click("12")', page) == 'button "Save"'
+    assert target_of("click(3)", page) == 'link "Create User"'
+    assert target_of('scroll("down")', page) == ""
+    assert target_of('click("99")', page) == ""
+
+
+def test_token_file_keeps_only_hashes_and_reloads(tmp_path):
+    book = TokenBook(tmp_path / "tokens.json")
+    token = book.create("docs", ["jobs:read"], TeamQuota(queued_jobs=4))
+    stored = (tmp_path / "tokens.json").read_text()
+    assert token not in stored and hash_token(token) in stored
+    assert oct((tmp_path / "tokens.json").stat().st_mode)[-3:] == "600"
+    who = book.verify(token)
+    assert who.team == "docs" and who.may("jobs:read") and not who.may("jobs:write")
+    assert book.quota("docs").queued_jobs == 4
+    assert book.verify(token + "x") is None
+    # Another process (the operator's CLI) adds a token: this book sees it.
+    other = TokenBook(tmp_path / "tokens.json").create("eval", ["admin"])
+    book._checked = 0.0
+    assert book.verify(other).may("jobs:write")
+    with pytest.raises(ConfigError, match="scopes"):
+        book.create("docs", ["jobs:everything"])
+    with pytest.raises(ConfigError, match="team"):
+        book.create("no spaces", ["jobs:read"])
+    with pytest.raises(ConfigError, match="queued_jobs"):
+        TeamQuota(queued_jobs=0)
+
+
+def test_a_broken_token_file_is_a_clear_error(tmp_path):
+    (tmp_path / "tokens.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="tokens.json"):
+        TokenBook(tmp_path / "tokens.json")
+
+
+def current_openapi() -> dict:
+    from rollout_service.jobs.app import build_app
+    from rollout_service.jobs.store import JobStore
+    app = build_app(JobStore("redis://127.0.0.1:1/0"), TokenBook(Path("/nonexistent/t.json")),
+                    SUITE)
+    return app.openapi()
+
+
+def test_the_committed_openapi_document_is_current():
+    """rollout_service/jobs/openapi.json is what the app serves; regenerate it with
+    ``python -m rollout_service.jobs.app > rollout_service/jobs/openapi.json``."""
+    assert json.loads(OPENAPI.read_text()) == json.loads(json.dumps(current_openapi())), \
+        "the OpenAPI document changed: regenerate rollout_service/jobs/openapi.json"
