@@ -101,13 +101,16 @@ class SchedulerBody:
         self._lock = asyncio.Lock()
 
     async def agent_for(self, model: str, config: AgentConfig) -> AgentLoop:
-        """The live policy, or a registered checkpoint's (one replica, started on first
-        use and kept)."""
+        """The live policy, or a registered checkpoint's or run folder's (one replica,
+        started on first use and kept)."""
         if model == "live":
             return AgentLoop(self.router, self.tokenizer, config)
         async with self._lock:
             if model not in self.extra:
-                path = resolve_model(self.registered[model])
+                path = self.registered[model]
+                if (Path(path) / "final").is_dir():      # a run folder: its final model
+                    path = str(Path(path) / "final")
+                path = resolve_model(path)
                 servers, router = start_policy(replace(self.parts.policy, model=path,
                                                        replicas=1))
                 self.extra[model] = (servers, router, HFChatTokenizer(path))

@@ -4,7 +4,6 @@ idempotent submission, cursor pagination, validation errors that name the field,
 machine on cancel, and no secret in any response."""
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 
@@ -12,6 +11,7 @@ import httpx
 import pytest
 
 from consolerl.tasks import TASKS_DIR, load_suite
+from tests.conftest import run_async
 from rollout_service.jobs.app import build_app
 from rollout_service.jobs.auth import TeamQuota, TokenBook
 from rollout_service.jobs.store import JobStore
@@ -136,7 +136,7 @@ def test_quotas_answer_429_with_retry_after(client, tokens, redis_server):
     # Env-minutes per day: spent -> 429 until midnight UTC.
     newest = client.request("GET", "/v1/jobs", tokens["docs"]).json()["data"][0]["id"]
     client.request("POST", f"/v1/jobs/{newest}/cancel", tokens["docs"])   # a queue slot back
-    asyncio.run(_spend(redis_server.url, "docs", 11 * 60))
+    run_async(_spend(redis_server.url, "docs", 11 * 60))
     spent = submit(client, tokens["docs"])
     assert spent.status_code == 429 and "env-minutes" in spent.json()["detail"]
     assert 0 < int(spent.headers["retry-after"]) <= 86401

@@ -19,7 +19,6 @@ torch = pytest.importorskip("torch")
 
 from cluster.config import JobConfig  # noqa: E402
 from cluster.serve import Stack  # noqa: E402
-from consolerl.chromium import chromium_path  # noqa: E402
 from consolerl.accounts import load_accounts  # noqa: E402
 from consolerl.config import load_config  # noqa: E402
 from env_workers.accounts import PoolConfig  # noqa: E402
@@ -45,6 +44,7 @@ def api_cloud(tmp_path_factory) -> Iterator[CloudServer]:
 def stack(api_cloud, redis_server, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("api-stack")
     model = tiny_model(tmp / "tiny")
+    tiny_model(tmp / "final", seed=1)     # tmp is also a run folder, registered as "ckpt"
     config = load_config(JobConfig, ROOT / "configs" / "serve.yaml", [
         f"cloud.endpoint={api_cloud.endpoint}", f"env.worker.console_url={api_cloud.url}",
         "env.lease_prefix=test:api:pool", "env.num_cpus_per_worker=0.5",
@@ -52,7 +52,7 @@ def stack(api_cloud, redis_server, tmp_path_factory):
         "policy.num_cpus_per_replica=0.5", "agent.max_new_tokens=12",
         f"stream.url={redis_server.url}", f"api.tokens_file={tmp / 'tokens.json'}",
         f"api.port={free_port()}", "api.workers=2", "api.prefix=test:api",
-        "api.scheduler.step_event_interval_s=0.2",
+        "api.scheduler.step_event_interval_s=0.2", f"api.models={{ckpt: {tmp}}}",
         "trail.qps=20", "trail.settle_s=20", "trail.poll_s=0.25", "trail.clock_skew_s=5"])
     token = TokenBook(Path(config.api.tokens_file)).create("docs", SCOPES)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
@@ -119,7 +119,7 @@ def no_leases(redis_url: str) -> int:
         pool.close()
 
 
-def test_submit_events_results_report(stack, redis_server):
+def test_submit_events_results_report(stack, redis_server, browser):
     with client(stack) as http:
         job = submit(http, "ram-create-user-0", 2, 3)
         stream = events(http, job)
@@ -173,11 +173,10 @@ def test_submit_events_results_report(stack, redis_server):
             assert account.password not in seen and account.access_key_secret not in seen
     assert no_leases(redis_server.url) == 0
     # The page, read in a real browser, with its screenshot loaded through the API.
-    from playwright.sync_api import sync_playwright
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path())
-        page = browser.new_page(extra_http_headers={"Authorization": f"Bearer {stack[1]}"})
+    context = browser.new_context(extra_http_headers={"Authorization": f"Bearer {stack[1]}"})
+    try:
+        page = context.new_page()
         page.goto(f"{stack[0].url}/v1/jobs/{job}/report.html")
         assert page.locator("h1").inner_text() == "Documentation check"
         assert "ram-create-user-0" in page.content()
@@ -185,7 +184,8 @@ def test_submit_events_results_report(stack, redis_server):
         for i in range(images.count()):
             assert images.nth(i).evaluate("img => img.complete && img.naturalWidth > 0")
         page.screenshot(path=str(ARTIFACTS / "api-report.png"), full_page=True)
-        browser.close()
+    finally:
+        context.close()
     assert (ARTIFACTS / "api-report.png").stat().st_size > 1000
 
 
@@ -227,3 +227,14 @@ def test_api_restart_mid_job_loses_nothing(stack, redis_server):
     assert [i for i, _, _ in seen] == [i for i, _, _ in replay]      # no gap, no duplicate
     assert seen[-1][1] == "job.completed"
     assert no_leases(redis_server.url) == 0
+
+
+def test_a_registered_run_folder_serves_a_job(stack):
+    with client(stack) as http:
+        assert http.get("/v1/models").json()["data"] == ["live", "ckpt"]
+        r = http.post("/v1/jobs", json={"tasks": {"ids": ["ram-create-user-0"]},
+                                        "model": "ckpt", "sampling": {"max_steps": 1}})
+        assert r.status_code == 202, r.text
+        body = wait_state(http, r.json()["id"], {"completed", "failed"})
+        assert body["state"] == "completed" and body["model"] == "ckpt"
+        assert body["episodes"]["completed"] == 1 and body["usage"]["tokens"] > 0

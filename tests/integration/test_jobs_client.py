@@ -4,7 +4,6 @@ store the way the scheduler writes it (rollouts, events, counts, ``job.completed
 streams end after 1 s so the client must resume them with ``Last-Event-ID``."""
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -16,6 +15,7 @@ import yaml
 
 from consolerl.tasks import TASKS_DIR, load_suite
 from infra.local_cloud import free_port
+from tests.conftest import run_async
 from rollout_service.jobs.app import build_app
 from rollout_service.jobs.auth import TeamQuota, TokenBook
 from rollout_service.jobs.cli import main
@@ -63,7 +63,7 @@ def in_store(redis_url: str, work) -> object:
             return await work(store)
         finally:
             await store.close()
-    return asyncio.run(go())
+    return run_async(go())
 
 
 # ---- what the scheduler would write, in three parts ----------------------------------------------

@@ -16,6 +16,7 @@ from consolerl.experience import Trajectory
 from consolerl.rewards import RewardResult, RuleOutcome
 from consolerl.tasks import TASKS_DIR, load_suite
 from consolerl.types import EnvError, Observation, StepResult
+from tests.conftest import run_async
 from rollout_service.episode import EpisodeOutcome
 from rollout_service.jobs.auth import TeamQuota
 from rollout_service.jobs.schema import Job, Sampling
@@ -129,7 +130,7 @@ def test_fair_share_between_teams_and_priority_within(store):
         # Within team b the higher-priority (newer) job goes first.
         b_jobs = [t.split("-")[0] for t in eps.starts if owners[t.split("-")[0]] == "b"]
         assert b_jobs[:2] == [high, high], b_jobs
-    asyncio.run(go())
+    run_async(go())
 
 
 def test_share_of_the_pool_while_training(store):
@@ -145,7 +146,7 @@ def test_share_of_the_pool_while_training(store):
         job2 = await make_job(store, "a", TASKS, samples=2)
         await run_until_done(scheduler(store, eps2, workers=4), store, [job2])
         assert eps2.most == 4                      # all of them when it does not
-    asyncio.run(go())
+    run_async(go())
 
 
 def test_team_quota_of_concurrent_episodes(store):
@@ -156,7 +157,7 @@ def test_team_quota_of_concurrent_episodes(store):
                           quotas={"a": TeamQuota(concurrent_episodes=1)})
         await run_until_done(sched, store, [job])
         assert eps.most == 1 and len(eps.finished) == 6
-    asyncio.run(go())
+    run_async(go())
 
 
 def test_only_env_errors_are_retried_and_attempts_recorded(store):
@@ -174,7 +175,7 @@ def test_only_env_errors_are_retried_and_attempts_recorded(store):
         assert lost.state == "failed" and lost.verdict is None and len(lost.attempts) == 3
         assert all("browser_crashed" in a.env_error for a in lost.attempts)
         assert ok.steps and ok.steps[-1].target == 'button "Go"'
-    asyncio.run(go())
+    run_async(go())
 
 
 def test_deadline_expires_the_job_and_keeps_what_finished(store):
@@ -186,7 +187,7 @@ def test_deadline_expires_the_job_and_keeps_what_finished(store):
         states = [r.state for r in await store.rollouts(job)]
         assert "completed" in states and "cancelled" in states and "queued" not in states
         assert "running" not in states
-    asyncio.run(go())
+    run_async(go())
 
 
 def test_a_restarted_scheduler_never_reruns_a_finished_episode(store):
@@ -211,7 +212,7 @@ def test_a_restarted_scheduler_never_reruns_a_finished_episode(store):
         interrupted = await store.get_rollout(job, queued.id)
         assert interrupted.attempts[0].env_error.startswith("interrupted")
         assert len(interrupted.attempts) == 2
-    asyncio.run(go())
+    run_async(go())
 
 
 def test_a_stopped_scheduler_puts_running_episodes_back(store):
@@ -230,4 +231,4 @@ def test_a_stopped_scheduler_puts_running_episodes_back(store):
         assert (await store.get_job(job)).state == "running"
         (done,) = await run_until_done(scheduler(store, Episodes(seconds=0.05)), store, [job])
         assert done.state == "completed" and done.episodes.completed == 2
-    asyncio.run(go())
+    run_async(go())
