@@ -5,6 +5,7 @@ mid-run (nothing leaked, every account released); the API restarted mid-job (the
 the event stream resumes by Last-Event-ID with no gap and no duplicate)."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ torch = pytest.importorskip("torch")
 from cluster.config import JobConfig  # noqa: E402
 from cluster.serve import Stack  # noqa: E402
 from consolerl.accounts import load_accounts  # noqa: E402
+from consolerl.chromium import chromium_path  # noqa: E402
 from consolerl.config import load_config  # noqa: E402
 from env_workers.accounts import PoolConfig  # noqa: E402
 from env_workers.leases import AccountPool  # noqa: E402
@@ -119,7 +121,24 @@ def no_leases(redis_url: str) -> int:
         pool.close()
 
 
-def test_submit_events_results_report(stack, redis_server, browser):
+def read_report(url: str, token: str) -> None:
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path())
+        try:
+            page = browser.new_page(extra_http_headers={"Authorization": f"Bearer {token}"})
+            page.goto(url)
+            assert page.locator("h1").inner_text() == "Documentation check"
+            assert "ram-create-user-0" in page.content()
+            images = page.locator("img")
+            for i in range(images.count()):
+                assert images.nth(i).evaluate("img => img.complete && img.naturalWidth > 0")
+            page.screenshot(path=str(ARTIFACTS / "api-report.png"), full_page=True)
+        finally:
+            browser.close()
+
+
+def test_submit_events_results_report(stack, redis_server):
     with client(stack) as http:
         job = submit(http, "ram-create-user-0", 2, 3)
         stream = events(http, job)
@@ -172,20 +191,11 @@ def test_submit_events_results_report(stack, redis_server, browser):
         for account in load_accounts(DEFAULT_ACCOUNTS_FILE):
             assert account.password not in seen and account.access_key_secret not in seen
     assert no_leases(redis_server.url) == 0
-    # The page, read in a real browser, with its screenshot loaded through the API.
+    # The page, read in a real browser, with its screenshot loaded through the API (a browser
+    # of its own, on a thread: the session's sync Playwright holds the main thread's loop).
     ARTIFACTS.mkdir(exist_ok=True)
-    context = browser.new_context(extra_http_headers={"Authorization": f"Bearer {stack[1]}"})
-    try:
-        page = context.new_page()
-        page.goto(f"{stack[0].url}/v1/jobs/{job}/report.html")
-        assert page.locator("h1").inner_text() == "Documentation check"
-        assert "ram-create-user-0" in page.content()
-        images = page.locator("img")
-        for i in range(images.count()):
-            assert images.nth(i).evaluate("img => img.complete && img.naturalWidth > 0")
-        page.screenshot(path=str(ARTIFACTS / "api-report.png"), full_page=True)
-    finally:
-        context.close()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(read_report, f"{stack[0].url}/v1/jobs/{job}/report.html", stack[1]).result()
     assert (ARTIFACTS / "api-report.png").stat().st_size > 1000
 
 
