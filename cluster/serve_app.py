@@ -41,9 +41,6 @@ def build(config: JobConfig, suite_dir: str | None = None) -> Any:
             if self.task.done():
                 raise RuntimeError(f"the scheduler stopped: {self.task.exception()!r}")
 
-        async def __del__(self) -> None:
-            await self.body.stop()
-
     hook: dict[str, Any] = {}           # the scheduler's handle, once a replica has it
 
     async def scheduler_metrics() -> bytes:

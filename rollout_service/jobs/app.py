@@ -35,7 +35,7 @@ from consolerl.tasks import Task, parse_task
 from .auth import Principal, TokenBook
 from .report import build_report, render_html
 from .schema import (EVENT_TYPES, TERMINAL, Job, JobCreate, JobList, Quota, ResultPage, Rollout,
-                     RolloutSummary, TaskInfo, TaskList, ValidationResult)
+                     RolloutSummary, TaskInfo, TaskList, ValidationResult, spec_tasks)
 from .store import JobStore, StoreConflict, body_hash
 
 _ID = r"^[A-Za-z0-9_-]{1,64}$"
@@ -161,17 +161,6 @@ def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *
         if job is None or (job.team != who.team and not who.may("admin")):
             raise HTTPException(404, f"no job {job_id!r}")
         return job
-
-    async def tasks_of(job: Job) -> dict[str, Task]:
-        spec = await store.job_spec(job.id)
-        out = {}
-        for entry in spec.get("tasks", []):
-            if "inline" in entry:
-                t = parse_task(entry["inline"], "inline")
-                out[t.id] = t
-            elif entry["id"] in catalog:
-                out[entry["id"]] = catalog[entry["id"]]
-        return out
 
     # ---- submission ---------------------------------------------------------------------------
     def resolve(request: JobCreate) -> tuple[list[str], list[dict[str, Any]]]:
@@ -379,7 +368,11 @@ def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *
 
     async def report_of(job_id: str, who: Principal) -> dict[str, Any]:
         job = await own_job(job_id, who)
-        return build_report(job, await tasks_of(job), await store.rollouts(job_id))
+        try:
+            tasks = spec_tasks(await store.job_spec(job.id), catalog)
+        except (KeyError, ConfigError):      # a catalog task removed since: report by id
+            tasks = {}
+        return build_report(job, tasks, await store.rollouts(job_id))
 
     @v1.get("/jobs/{job_id}/report", tags=["results"], operation_id="job_report", responses={
         **_NOT_FOUND, 200: {"content": {"application/json": {"schema": {"type": "object"}},

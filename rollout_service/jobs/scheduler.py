@@ -31,13 +31,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from consolerl.errors import ConfigError, EpisodeCancelled
-from consolerl.tasks import Task, parse_task
+from consolerl.tasks import Task
 from consolerl.types import StepResult
 
 from ..agent import AgentConfig, AgentLoop
 from ..episode import EpisodeOutcome, EpisodeRunner, model_policy
 from .schema import (TERMINAL, Attempt, AuditEvent, EpisodeCounts, Job, Rollout, Step,
-                     Usage, VerdictCounts)
+                     Usage, VerdictCounts, spec_tasks)
 from .store import JobStore
 
 log = logging.getLogger("rollout_service.jobs.scheduler")
@@ -151,20 +151,10 @@ class JobScheduler:
         self._wake = asyncio.Event()
 
     # ---- loading jobs ---------------------------------------------------------------------------
-    def _tasks_of(self, spec: dict[str, Any]) -> dict[str, Task]:
-        tasks = {}
-        for entry in spec.get("tasks", []):
-            if "inline" in entry:
-                t = parse_task(entry["inline"], f"inline task {entry['inline'].get('id')}")
-            else:
-                t = self.catalog[entry["id"]]
-            tasks[t.id] = t
-        return tasks
-
     async def _load(self, job: Job) -> _Live | None:
         spec = await self.store.job_spec(job.id)
         try:
-            tasks = self._tasks_of(spec)
+            tasks = spec_tasks(spec, self.catalog)
         except (KeyError, ConfigError) as exc:
             await self._finish(job.id, "failed", f"the job's tasks cannot be loaded: {exc}")
             return None

@@ -7,9 +7,12 @@ not do is a ``completed`` episode with verdict ``failure``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from consolerl.tasks import Task, parse_task
 
 JOB_STATES = ("queued", "running", "completed", "failed", "cancelled", "expired")
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
@@ -32,6 +35,20 @@ EVENT_TYPES = ("job.status", "rollout.started", "rollout.step", "rollout.complet
 
 def may_move(state: str, to: str) -> bool:
     return to in TRANSITIONS.get(state, frozenset())
+
+
+def spec_tasks(spec: dict[str, Any], catalog: Mapping[str, Task]) -> dict[str, Task]:
+    """A stored job spec's tasks by id: catalog ids, or inline definitions (parsed as task
+    files are). ``KeyError`` for an id the catalog no longer has; ``ConfigError`` for a bad
+    definition."""
+    tasks = {}
+    for entry in spec.get("tasks", []):
+        if "inline" in entry:
+            task = parse_task(entry["inline"], f"inline task {entry['inline'].get('id')}")
+        else:
+            task = catalog[entry["id"]]
+        tasks[task.id] = task
+    return tasks
 
 
 class _Strict(BaseModel):
