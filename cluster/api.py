@@ -29,6 +29,7 @@ from cluster.rollout import start_policy
 from consolerl.accounts import load_accounts
 from consolerl.tasks import TASKS_DIR, load_suite
 from env_workers.pool import EnvPool, EnvPoolConfig
+from infra.observability.discovery import PublishConfig
 from reward_service.actiontrail import TrailConfig
 from reward_service.fusion import RewardConfig
 from reward_service.service import RewardService
@@ -61,6 +62,7 @@ class SchedulerParts:
     tokens_file: str
     models: tuple[tuple[str, str], ...] = ()
     suite_dir: str = str(TASKS_DIR)
+    metrics: PublishConfig | None = None     # the policy replicas announce their metrics
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class SchedulerBody:
         if servers:
             self.servers, self.router = list(servers), PolicyRouter(servers)
         else:
-            self.servers, self.router = start_policy(parts.policy)
+            self.servers, self.router = start_policy(parts.policy, parts.metrics)
         self.own_servers = not servers
         self.tokenizer = HFChatTokenizer(resolve_model(parts.policy.model))
         self.registered = dict(parts.models)
@@ -112,7 +114,7 @@ class SchedulerBody:
                     path = str(Path(path) / "final")
                 path = resolve_model(path)
                 servers, router = start_policy(replace(self.parts.policy, model=path,
-                                                       replicas=1))
+                                                       replicas=1), self.parts.metrics)
                 self.extra[model] = (servers, router, HFChatTokenizer(path))
         _, router, tokenizer = self.extra[model]
         return AgentLoop(router, tokenizer, config)

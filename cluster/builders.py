@@ -9,7 +9,7 @@ root's builders hand every component its own sections, never the root config.
 """
 from __future__ import annotations
 
-from cluster.config import JobConfig
+from cluster.config import JobConfig, metrics_publish
 from cluster.rollout import RolloutParts
 from consolerl.tasks import TASKS_DIR
 from env_workers.accounts import PoolConfig
@@ -23,9 +23,9 @@ def rollout_parts(config: JobConfig, suite_dir: str | None = None) -> RolloutPar
     env = config.env
     pool = EnvPoolConfig(
         workers=env.workers, worker=env.worker, num_cpus_per_worker=env.num_cpus_per_worker,
-        metrics_port=None,
+        scheduling_strategy=env.scheduling_strategy, metrics=metrics_publish(config),
         pool=PoolConfig(redis_url=config.stream.url, key_prefix=env.lease_prefix,
                         lease_ttl_s=env.lease_ttl_s, accounts_file=accounts_file))
     return RolloutParts(pool, config.policy, config.agent, config.orchestrator, config.stream,
                         config.cloud.endpoint, accounts_file, config.trail, config.reward,
-                        suite_dir or str(TASKS_DIR))
+                        suite_dir or str(TASKS_DIR), metrics_publish(config))

@@ -5,10 +5,12 @@ section."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
 
 from consolerl.errors import ConfigError
-
 from env_workers.worker import WorkerConfig
+from infra.observability.discovery import PublishConfig
 from reward_service.actiontrail import TrailConfig
 from reward_service.fusion import RewardConfig
 from rollout_service.agent import AgentConfig
@@ -39,6 +41,7 @@ class EnvSection:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     lease_ttl_s: float = 60.0
     lease_prefix: str = "consolerl:pool"
+    scheduling_strategy: str = "DEFAULT"    # SPREAD: one worker per node, in turn
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,19 @@ class RunSection:
     redis: bool = True
     ray_address: str = ""
     ray_num_cpus: int = 0                   # embedded cluster only; 0 = the machine's
-    metrics_port: int = 0                   # the trainer's /metrics (Prometheus); 0 = off
+
+
+@dataclass(frozen=True)
+class ObserveSection:
+    """Prometheus discovery (:mod:`infra.observability.discovery`): every component serves its
+    metrics on a free port of its node and announces it in the stream's Redis, labelled with
+    ``run`` ("" = the run folder's name). ``host``: the address to serve on ("" = the Ray
+    node's IP); ``ttl_s``: how long a dead process stays listed (shown down)."""
+
+    enabled: bool = True
+    run: str = ""
+    host: str = ""
+    ttl_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -127,5 +142,15 @@ class JobConfig:
     sft: SftSection = field(default_factory=SftSection)
     eval: EvalSection = field(default_factory=EvalSection)
     run: RunSection = field(default_factory=RunSection)
+    observe: ObserveSection = field(default_factory=ObserveSection)
     # The jobs API for other teams (cluster.serve):
     api: ApiSection = field(default_factory=ApiSection)
+
+
+def metrics_publish(config: JobConfig, run: str | None = None) -> PublishConfig | None:
+    """Where the components announce their metrics (None when ``observe.enabled`` is off)."""
+    if not config.observe.enabled:
+        return None
+    name = run or config.observe.run or Path(config.run.dir).name or "default"
+    return PublishConfig(redis_url=config.stream.url, run=name, host=config.observe.host,
+                         ttl_s=config.observe.ttl_s)

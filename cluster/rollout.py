@@ -14,6 +14,7 @@ from prometheus_client import generate_latest
 from consolerl.accounts import load_accounts
 from consolerl.tasks import TASKS_DIR, load_suite
 from env_workers.pool import EnvPool, EnvPoolConfig
+from infra.observability.discovery import PublishConfig, publish
 from reward_service.actiontrail import TrailConfig
 from reward_service.fusion import RewardConfig
 from reward_service.service import RewardService
@@ -24,14 +25,18 @@ from rollout_service.orchestrator import Orchestrator, OrchestratorConfig
 from rollout_service.policy import PolicyConfig, PolicyRouter, PolicyServer
 
 
-def start_policy(config: PolicyConfig) -> tuple[list[Any], PolicyRouter]:
-    """``config.replicas`` PolicyServer actors (CPU/GPU per replica from the config)."""
+def start_policy(config: PolicyConfig, metrics: PublishConfig | None = None
+                 ) -> tuple[list[Any], PolicyRouter]:
+    """``config.replicas`` PolicyServer actors (CPU/GPU per replica and placement from the
+    config), each announcing its metrics when ``metrics`` is given."""
     model = resolve_model(config.model)
     pinned = replace(config, model=model)
-    resources: dict[str, float] = {"num_cpus": config.num_cpus_per_replica}
+    resources: dict[str, Any] = {"num_cpus": config.num_cpus_per_replica,
+                                 "scheduling_strategy": config.scheduling_strategy}
     if config.num_gpus_per_replica:
         resources["num_gpus"] = config.num_gpus_per_replica
-    servers = [PolicyServer.options(**resources).remote(pinned, None, None, f"policy-{i}")
+    servers = [PolicyServer.options(**resources).remote(pinned, None, None, f"policy-{i}",
+                                                        metrics)
                for i in range(config.replicas)]
     return servers, PolicyRouter(servers)
 
@@ -53,6 +58,7 @@ class RolloutParts:
     trail: TrailConfig
     reward: RewardConfig
     suite_dir: str = str(TASKS_DIR)
+    metrics: PublishConfig | None = None     # announce the metrics for discovery
 
 
 class RolloutBody:
@@ -69,7 +75,7 @@ class RolloutBody:
             self.servers, self.router = list(servers), PolicyRouter(servers)
             self.own_servers = False
         else:
-            self.servers, self.router = start_policy(parts.policy)
+            self.servers, self.router = start_policy(parts.policy, parts.metrics)
             self.own_servers = True
         tokenizer = HFChatTokenizer(resolve_model(parts.policy.model))
         self.reward = RewardService(tasks, self.accounts, parts.endpoint, parts.trail,
@@ -78,6 +84,8 @@ class RolloutBody:
         self.orchestrator = Orchestrator(
             parts.orchestrator, tasks, self.pool.actors, self.accounts, parts.endpoint,
             AgentLoop(self.router, tokenizer, parts.agent), self.reward.score, self.stream)
+        self.endpoint = publish(parts.metrics, [self.orchestrator.registry,
+                                                self.reward.registry], "rollout", "rollout")
 
     async def run(self, max_groups: int | None) -> dict[str, Any]:
         """``max_groups`` finished groups, or ``None``: until :meth:`stop`."""
@@ -104,6 +112,8 @@ class RolloutBody:
         """Release every account and stop the env workers (and the PolicyServers it
         started)."""
         self.pool.drain()
+        if self.endpoint is not None:
+            self.endpoint.close()
         if self.own_servers:
             for server in self.servers:
                 ray.kill(server)

@@ -20,7 +20,7 @@ import ray
 
 from cluster.api import (SCHEDULER_NAME, HttpParts, HttpServerActor, SchedulerActor,
                          SchedulerParts)
-from cluster.config import JobConfig
+from cluster.config import JobConfig, metrics_publish
 from cluster.runtime import LocalServices, progress, ray_init
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
@@ -28,6 +28,7 @@ from consolerl.tasks import TASKS_DIR
 from env_workers.accounts import PoolConfig
 from env_workers.pool import EnvPoolConfig
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
+from infra.observability.discovery import announce, forget_run
 from rollout_service.jobs.auth import TokenBook
 from rollout_service.jobs.schema import SCOPES
 
@@ -41,7 +42,7 @@ def api_parts(config: JobConfig, suite_dir: str | None = None
     accounts_file = config.cloud.accounts_file or str(DEFAULT_ACCOUNTS_FILE)
     pool = EnvPoolConfig(
         workers=api.workers, worker=env.worker, num_cpus_per_worker=env.num_cpus_per_worker,
-        metrics_port=None,
+        scheduling_strategy=env.scheduling_strategy, metrics=metrics_publish(config),
         pool=PoolConfig(redis_url=config.stream.url, key_prefix=env.lease_prefix,
                         lease_ttl_s=env.lease_ttl_s, accounts_file=accounts_file))
     suite = suite_dir or str(TASKS_DIR)
@@ -49,7 +50,7 @@ def api_parts(config: JobConfig, suite_dir: str | None = None
     sched = SchedulerParts(pool, config.policy, config.agent, api.scheduler,
                            config.cloud.endpoint, accounts_file, config.trail, config.reward,
                            config.stream.url, api.prefix, tokens, tuple(api.models.items()),
-                           suite)
+                           suite, metrics_publish(config))
     http = HttpParts(config.stream.url, api.prefix, tokens, ("live", *api.models),
                      api.sse_max_s, suite)
     return sched, http
@@ -125,15 +126,23 @@ def serve(config: JobConfig) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     services = LocalServices(config.cloud, config.stream.url, config.run.redis, run_dir)
     stack: Stack | None = None
+    observed = metrics_publish(config)
+    announced = []
     try:
         services.start()
         ray_init(config.run)
+        if observed is not None and config.cloud.local:
+            announced.append(announce(observed, config.cloud.endpoint, "cloud", "local-cloud"))
         token = first_token(config)
         stack = Stack(config)
         progress(f"starting the scheduler: policy {config.policy.model} "
                  f"({config.policy.backend}), {config.api.workers} env workers")
         stack.start_scheduler()
         url = stack.start_http()
+        if observed is not None:
+            # Its /metrics carry the scheduler's and the reward service's as well.
+            announced.append(announce(observed, url.removeprefix("http://"), "jobs_api",
+                                      "jobs-api"))
         progress(f"the jobs API is on {url} (OpenAPI: {url}/openapi.json, docs: {url}/docs)")
         if token:
             progress(f"a token for team {config.api.default_team!r} (shown once; only its hash "
@@ -149,8 +158,15 @@ def serve(config: JobConfig) -> int:
     except KeyboardInterrupt:
         progress("stopping: running episodes end, accounts are released")
     finally:
+        for announcement in announced:
+            announcement.close()
         if stack is not None and ray.is_initialized():
             stack.stop()
+        if observed is not None:
+            try:
+                forget_run(observed.redis_url, observed.run)
+            except Exception as exc:  # noqa: BLE001 - Redis may be gone; entries expire
+                progress(f"could not remove the metrics targets: {exc}")
         if ray.is_initialized():
             ray.shutdown()
         services.stop()

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from consolerl.errors import ConfigError
 from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
+from infra.observability.discovery import PublishConfig, publish
 
 from .accounts import PoolConfig
 from .leases import AccountPool, Heartbeat, Lease, NoAccountAvailable, PoolError
@@ -49,10 +50,11 @@ class EnvPoolConfig:
     pool: PoolConfig | None = None          # required; None only as a dataclass default
     num_cpus_per_worker: float = 0.5
     max_restarts: int = -1                  # -1: restart a crashed worker forever
+    # Ray placement: DEFAULT packs workers, SPREAD puts them on distinct nodes.
+    scheduling_strategy: str = "DEFAULT"
     # Each worker serves its Prometheus metrics (consolerl_env_worker_*, consolerl_env_pool_*)
-    # on this port of its node (0: a free port, listed by health(); None: not served).
-    metrics_port: int | None = 0
-    metrics_host: str = "127.0.0.1"
+    # on a free port of its node, announced for discovery (listed by health()); None: not served.
+    metrics: PublishConfig | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.workers, int) or self.workers < 1:
@@ -60,28 +62,43 @@ class EnvPoolConfig:
                               f"got {self.workers!r}")
         if self.pool is None:
             raise ConfigError("env pool: field 'pool' (a PoolConfig) is required")
+        if self.scheduling_strategy not in ("DEFAULT", "SPREAD"):
+            raise ConfigError(f"env pool: field 'scheduling_strategy' must be DEFAULT or "
+                              f"SPREAD, got {self.scheduling_strategy!r}")
 
 
 class EnvWorkerBody:
     """The actor's body (kept a plain class so it can be tested without Ray)."""
 
     def __init__(self, worker_config: WorkerConfig, pool_config: PoolConfig, name: str,
-                 metrics_port: int | None = None, metrics_host: str = "127.0.0.1"):
+                 metrics: PublishConfig | None = None):
         self.name = name
         self.registry = CollectorRegistry()
         self.worker = EnvWorker(worker_config, self.registry)
         self.pool = AccountPool.from_config(pool_config, registry=self.registry)
-        self.metrics_url = ""
-        self._metrics_server = None
-        if metrics_port is not None:
-            self._metrics_server, _ = start_http_server(metrics_port, addr=metrics_host,
-                                                        registry=self.registry)
-            self.metrics_url = (f"http://{metrics_host}:{self._metrics_server.server_port}"
-                                "/metrics")
         self.heartbeat: Heartbeat | None = None
         self.lease: Lease | None = None
+        self.leased_at: float | None = None
         self.draining = False
         self.episodes = 0
+        self._lease_metrics(worker_config)
+        self._endpoint = publish(metrics, [self.registry], "env_worker", name)
+        self.metrics_url = self._endpoint.url if self._endpoint else ""
+
+    def _lease_metrics(self, worker_config: WorkerConfig) -> None:
+        r = self.registry
+        Gauge("consolerl_env_worker_in_episode", "1 while the worker holds an account lease "
+              "(an episode from lease to release), else 0; the mean over workers is the pool's "
+              "utilisation.", registry=r).set_function(lambda: float(self.lease is not None))
+        Gauge("consolerl_env_worker_lease_held_seconds", "Age of the lease the worker holds "
+              "now (0 when none).", registry=r).set_function(
+            lambda: 0.0 if self.leased_at is None else time.monotonic() - self.leased_at)
+        Gauge("consolerl_env_worker_episode_limit_seconds", "The longest an episode (lease to "
+              "release) is expected to take (worker.episode_limit_s).",
+              registry=r).set(worker_config.episode_limit_s)
+        self.m_hold = Histogram("consolerl_env_pool_lease_hold_seconds", "How long leases "
+                                "were held, acquire to release.", registry=r,
+                                buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 3600))
 
     async def start_episode(self, spec: EpisodeSpec, acquire_timeout_s: float | None = None
                             ) -> EpisodeStart:
@@ -105,7 +122,7 @@ class EnvWorkerBody:
         except PoolError as exc:
             return EpisodeStart(None, EnvError("internal", f"account pool: {exc}"),
                                 worker=self.name)
-        self.lease = lease
+        self.lease, self.leased_at = lease, time.monotonic()
         self.heartbeat = Heartbeat(self.pool, lease).start()
         return EpisodeStart(None, None, lease.account_id, lease.fencing, self.name)
 
@@ -144,7 +161,9 @@ class EnvWorkerBody:
         """Close the episode and release its lease; False when the lease was already lost."""
         await self.worker.close_episode()
         heartbeat, lease = self.heartbeat, self.lease
-        self.heartbeat = self.lease = None
+        if self.leased_at is not None:
+            self.m_hold.observe(time.monotonic() - self.leased_at)
+        self.heartbeat = self.lease = self.leased_at = None
         if heartbeat is not None:
             heartbeat.stop()
         if lease is None:
@@ -161,8 +180,8 @@ class EnvWorkerBody:
         await self.end_episode()
         await self.worker.shutdown()
         self.pool.close()
-        if self._metrics_server is not None:
-            self._metrics_server.shutdown()
+        if self._endpoint is not None:
+            self._endpoint.close()
 
 
 EnvWorkerActor = ray.remote(EnvWorkerBody)
@@ -176,9 +195,9 @@ class EnvPool:
         self.actors = [
             EnvWorkerActor.options(name=None, max_restarts=config.max_restarts,
                                    max_task_retries=0, num_cpus=config.num_cpus_per_worker,
-                                   max_concurrency=4)
-            .remote(config.worker, config.pool, f"env-worker-{i}", config.metrics_port,
-                    config.metrics_host)
+                                   max_concurrency=4,
+                                   scheduling_strategy=config.scheduling_strategy)
+            .remote(config.worker, config.pool, f"env-worker-{i}", config.metrics)
             for i in range(config.workers)]
 
     def health(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:

@@ -56,6 +56,9 @@ class WorkerConfig:
     max_browser_rss_mb: float = 1500.0
     scroll_px: int = 600
     settle_s: float = 0.3          # how long a select or key press may take to start navigating
+    # The longest an episode (lease to release) should take; operators are alerted when a
+    # lease is held past twice it (a stuck worker keeps an account from everyone else).
+    episode_limit_s: float = 600.0
 
     @property
     def console_host(self) -> str:
@@ -88,6 +91,15 @@ class WorkerMetrics:
         self.browser_launches = Counter("consolerl_env_worker_browser_launches_total",
                                         "Chromium launches (first and restarts).",
                                         registry=registry)
+        self.browser_restarts = Counter(
+            "consolerl_env_worker_browser_restarts_total", "Chromium restarts, by reason: "
+            "disconnected (the browser died or crashed), context_failed (a new context could "
+            "not be opened), memory (resident size over worker.max_browser_rss_mb).",
+            ["reason"], registry=registry)
+        for reason in ("disconnected", "context_failed", "memory"):
+            self.browser_restarts.labels(reason)
+        for kind in ("request", "popup", "file_chooser", "goto"):
+            self.blocked.labels(kind)
 
 
 class EnvWorker:
@@ -99,16 +111,22 @@ class EnvWorker:
         self._pw: Playwright | None = None
         self._browser: Browser | None = None
         self._episode: _Episode | None = None
+        self._restart_reason = ""        # why the next launch is a restart ("" = first launch)
 
     # ---- browser ------------------------------------------------------------------------------
     async def _ensure_browser(self) -> Browser:
         if self._browser is not None and self._browser.is_connected():
             return self._browser
+        if self._browser is not None:
+            self._restart_reason = "disconnected"
         if self._pw is None:
             self._pw = await async_playwright().start()
         self._browser = await self._pw.chromium.launch(
             executable_path=self.config.chromium or chromium_path(), args=list(CHROMIUM_ARGS))
         self.metrics.browser_launches.inc()
+        if self._restart_reason:
+            self.metrics.browser_restarts.labels(self._restart_reason).inc()
+        self._restart_reason = ""
         return self._browser
 
     def browser_rss_mb(self) -> float:
@@ -143,6 +161,7 @@ class EnvWorker:
                 viewport={"width": self.config.viewport[0], "height": self.config.viewport[1]})
         except PlaywrightError as exc:
             self._browser = None
+            self._restart_reason = "context_failed"
             self.metrics.episodes.labels("browser_failed").inc()
             return EnvError("browser_crashed", f"could not open a browser context: {exc}")
         context.set_default_timeout(self.config.action_timeout_s * 1000)
@@ -195,6 +214,7 @@ class EnvWorker:
                 log.info("restarting Chromium: %.0f MB resident", pss_mb)
                 await self._browser.close()
                 self._browser = None
+                self._restart_reason = "memory"
 
     # ---- sandbox --------------------------------------------------------------------------------
     def _allowed(self, url: str) -> bool:

@@ -157,6 +157,12 @@ class TrailMetrics:
         self.foreign_events = Counter("consolerl_reward_trail_foreign_events_total",
                                       "Events of another account that LookupEvents returned "
                                       "and the client dropped.", registry=registry)
+        self.query_seconds = Histogram(
+            "consolerl_reward_trail_query_seconds", "Time of one LookupEvents request "
+            "(every attempt, throttled ones included).", registry=registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        for outcome in ("ok", "throttled", "server_error", "error"):
+            self.queries.labels(outcome)
         self.wait = Histogram("consolerl_reward_trail_wait_seconds", "wait_for duration, by "
                               "status (complete, pending).", ["status"], registry=registry,
                               buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900))
@@ -295,8 +301,12 @@ class TrailClient:
 
         def attempt() -> Any:
             counter[0] += 1
-            body = client.call(client.actiontrail.lookup_events_with_options, request,
-                               "LookupEvents")
+            t0 = time.perf_counter()
+            try:
+                body = client.call(client.actiontrail.lookup_events_with_options, request,
+                                   "LookupEvents")
+            finally:
+                self.metrics.query_seconds.observe(time.perf_counter() - t0)
             self.metrics.queries.labels("ok").inc()
             return body
         return call_with_retry(attempt, self.config, before=self.bucket.acquire,

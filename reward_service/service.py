@@ -98,9 +98,22 @@ class RewardMetrics:
         self.judge_votes = Counter("consolerl_reward_judge_votes_total", "Judge votes, by "
                                    "verdict (success, failure, invalid).", ["verdict"],
                                    registry=registry)
+        self.judge_agreement = Counter("consolerl_reward_judge_agreement_total", "Episodes "
+                                       "the judges voted on, by agreement: unanimous (every "
+                                       "valid vote the same) or split.", ["agreement"],
+                                       registry=registry)
         self.judge_verdicts = Counter("consolerl_reward_judge_verdicts_total", "Judge channel "
                                       "verdicts (success, failure, undetermined).", ["verdict"],
                                       registry=registry)
+        # Every label value from the start: a rate over a series that exists reads 0, one
+        # over a series that never appeared reads "no data".
+        for child, values in ((self.undetermined, ("pending", "undecided")),
+                              (self.errors, ("unknown_name", "cloud_error", "internal")),
+                              (self.judge_votes, ("success", "failure", "invalid")),
+                              (self.judge_verdicts, ("success", "failure", "undetermined")),
+                              (self.judge_agreement, ("unanimous", "split"))):
+            for value in values:
+                child.labels(value)
 
     def record(self, result: RewardResult) -> None:
         self.scores.labels(result.verdict, result.decided_by).inc()
@@ -113,6 +126,9 @@ class RewardMetrics:
         self.judge_verdicts.labels(verdict.verdict).inc()
         for vote in verdict.votes:
             self.judge_votes.labels(vote.verdict).inc()
+        valid = {vote.verdict for vote in verdict.votes if vote.verdict != "invalid"}
+        if valid:
+            self.judge_agreement.labels("unanimous" if len(valid) == 1 else "split").inc()
 
     @contextmanager
     def scoring(self) -> Iterator[None]:

@@ -112,6 +112,11 @@ class RolloutMetrics:
                                       registry=registry)
         self.busy_workers = Gauge("consolerl_rollout_busy_workers", "Workers inside an "
                                   "episode now.", registry=registry)
+        for end in ("stop", "report_infeasible", "max_steps", "token_limit", "env_limit",
+                    "env_error"):
+            self.episodes.labels(end)
+        for outcome in ("pushed", "dropped_uniform", "abandoned"):
+            self.groups.labels(outcome)
         self.trainer_version = Gauge("consolerl_rollout_trainer_version", "The trainer "
                                      "version the admission control last read.",
                                      registry=registry)
@@ -148,6 +153,9 @@ class Orchestrator:
         self.stream = stream
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = RolloutMetrics(self.registry)
+        Gauge("consolerl_rollout_max_staleness", "The staleness bound (orchestrator."
+              "max_staleness): versions a sample may lag the trainer.",
+              registry=self.registry).set(config.max_staleness)
         self.groups_opened = 0
         self.groups_pushed = 0
         self.groups_dropped = 0

@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from consolerl.config import check_int
 from consolerl.errors import ConfigError
+from infra.observability.discovery import PublishConfig, publish
 
 from .agent import Generation, SamplingParams
 from .models import resolve_model
@@ -55,6 +56,8 @@ class PolicyConfig:
     max_model_len: int = 8192
     num_cpus_per_replica: float = 1.0
     num_gpus_per_replica: float = 0.0
+    # Ray placement of the replicas: DEFAULT packs them, SPREAD puts them on distinct nodes.
+    scheduling_strategy: str = "DEFAULT"
     vllm_python: str = ""
     gpu_memory_utilization: float = 0.9
     kv_cache_gib: float = 0.0
@@ -232,7 +235,8 @@ class PolicyServerBody:
     given."""
 
     def __init__(self, config: PolicyConfig | None = None, engine: Engine | None = None,
-                 registry: CollectorRegistry | None = None, name: str = "policy-0"):
+                 registry: CollectorRegistry | None = None, name: str = "policy-0",
+                 metrics: PublishConfig | None = None):
         self.config = config or PolicyConfig()
         self.engine = engine if engine is not None else make_engine(self.config)
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -256,13 +260,27 @@ class PolicyServerBody:
                                 "weights in place.", ["server"], registry=self.registry,
                                 buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60))
         self.m_version.labels(name).set(self.engine.version)
+        self.running = 0
+        Gauge("consolerl_policy_requests_running", "Generate requests inside the engine now.",
+              registry=self.registry).set_function(lambda: float(self.running))
+        Gauge("consolerl_policy_requests_waiting", "Generate requests accepted and waiting for "
+              "a slot in the engine.", registry=self.registry).set_function(
+            lambda: float(self.in_flight - self.running))
+        self._endpoint = publish(metrics, [self.registry], "policy", name)
+
+    def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
+        self.running += 1
+        try:
+            return self.engine.generate(prompt_ids, sampling)
+        finally:
+            self.running -= 1
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         self.in_flight += 1
         t0 = time.perf_counter()
         try:
             gen = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self.engine.generate, list(prompt_ids), sampling)
+                self._pool, self._generate, list(prompt_ids), sampling)
         finally:
             self.in_flight -= 1
         self.m_requests.labels(self.name).inc()
@@ -292,6 +310,9 @@ class PolicyServerBody:
 
     async def shutdown(self) -> None:
         """Stop the engine's processes (vLLM); a no-op for in-process engines."""
+        if self._endpoint is not None:
+            self._endpoint.close()
+            self._endpoint = None
         close = getattr(self.engine, "close", None)
         if close is not None:
             await asyncio.to_thread(close)

@@ -205,6 +205,7 @@ class TrainerWorkerBody:
             for k, v in metrics.items():
                 share = k in _SHARE_METRICS
                 sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if share else weight)
+        t_optim = time.perf_counter()
         clip = self.engine_config.optim.grad_clip
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip)) if clip \
             else float(torch.norm(torch.stack([p.grad.norm() for p in self.params
@@ -215,6 +216,7 @@ class TrainerWorkerBody:
         out = {k: (v if k in _SHARE_METRICS else v / tokens) for k, v in sums.items()}
         out.update(grad_norm=grad_norm, tokens=float(shard.num_tokens()),
                    rows=float(shard.input_ids_BT.shape[0]), micro_batches=float(len(micro)),
+                   fwd_bwd_s=t_optim - t0, optim_s=time.perf_counter() - t_optim,
                    step_s=time.perf_counter() - t0)
         return out
 

@@ -44,6 +44,9 @@ class NoExperienceError(ConsoleRLError, TimeoutError):
     """The stream gave no trainable group within ``trainer.read_timeout_s``."""
 
 
+PHASES = ("read", "forward_backward", "optimizer", "publish", "checkpoint")
+
+
 class TrainerMetrics:
     def __init__(self, registry: CollectorRegistry):
         r = registry
@@ -72,6 +75,22 @@ class TrainerMetrics:
                                    buckets=(0, 1, 2, 3, 4, 8, 16))
         self.skipped = Counter("consolerl_trainer_groups_skipped_total", "Groups delivered "
                                "again after a crash and already trained.", registry=r)
+        self.phase_s = Histogram("consolerl_trainer_phase_seconds", "Time of each part of a "
+                                 "step: read (waiting for experience), forward_backward, "
+                                 "optimizer (clip and step; slowest rank), publish (weights to "
+                                 "the PolicyServers), checkpoint.", ["phase"], registry=r,
+                                 buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+                                          900))
+        for phase in PHASES:
+            self.phase_s.labels(phase)
+        self.kl = Gauge("consolerl_trainer_kl", "Approximate KL between the sampling and the "
+                        "trained policy on the last step's tokens (ppo_kl).", registry=r)
+        self.clip_fraction = Gauge("consolerl_trainer_clip_fraction", "Share of the last "
+                                   "step's tokens whose ratio was clipped.", registry=r)
+        self.grad_norm = Gauge("consolerl_trainer_grad_norm", "Gradient norm of the last step "
+                               "(before clipping).", registry=r)
+        self.last_step = Gauge("consolerl_trainer_last_step_timestamp_seconds", "Unix time of "
+                               "the last optimizer step (0 before the first).", registry=r)
 
 
 class GRPOTrainer:
@@ -190,6 +209,13 @@ class GRPOTrainer:
         self.metrics.success.set(out["success_rate"])
         self.metrics.loss.set(out["loss"])
         self.metrics.tokens.inc(tokens)
+        self.metrics.grad_norm.set(out["grad_norm"])
+        self.metrics.kl.set(out.get("ppo_kl", 0.0))
+        self.metrics.clip_fraction.set(out.get("pg_clipfrac", 0.0))
+        self.metrics.last_step.set(time.time())
+        for phase, key in (("forward_backward", "fwd_bwd_s"), ("optimizer", "optim_s")):
+            if all(key in m for m in per_rank):
+                self.metrics.phase_s.labels(phase).observe(max(m[key] for m in per_rank))
         return out
 
     def publish(self, version: int) -> float:
@@ -204,6 +230,7 @@ class GRPOTrainer:
         seconds = time.perf_counter() - t0
         if version > 0:
             self.metrics.sync_s.observe(seconds)
+            self.metrics.phase_s.labels("publish").observe(seconds)
             self.sync_times.append(seconds)
         return seconds
 
@@ -215,6 +242,7 @@ class GRPOTrainer:
             {"trained_groups": sorted(self.trained), "unacked": list(self.unacked)}))
         seconds = time.perf_counter() - t0
         self.metrics.ckpt_s.observe(seconds)
+        self.metrics.phase_s.labels("checkpoint").observe(seconds)
         return seconds
 
     def ack(self) -> None:
@@ -238,6 +266,7 @@ class GRPOTrainer:
                 break
             t0 = time.monotonic()
             deliveries = self.collect(time.monotonic() + self.config.read_timeout_s, deadline)
+            self.metrics.phase_s.labels("read").observe(time.monotonic() - t0)
             if not deliveries:                   # the budget ran out waiting for experience
                 self.stopped_by = "time_budget"
                 log.info("time budget: stopping after step %d (no group arrived)", self.step)

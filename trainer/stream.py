@@ -131,6 +131,10 @@ class _Metrics:
                              registry=registry)
         for kind in ("new", "redelivered"):
             self.delivered.labels(kind=kind)
+        self.backlog = Gauge("consolerl_trainer_stream_backlog",
+                             "Entries in the stream not yet delivered to the trainer's consumer "
+                             "group (read on scrape; NaN when Redis does not answer).",
+                             registry=registry)
 
 
 class ExperienceConsumer:
@@ -155,6 +159,7 @@ class ExperienceConsumer:
         self.redis = client
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = _Metrics(self.registry)
+        self.metrics.backlog.set_function(self.backlog)
         self.stream = stream_config.stream
         self.dead_letter_stream = stream_config.stream + config.dead_letter_suffix
         # Entry ids handed out by this object and not acknowledged: a rescan of the pending
@@ -205,6 +210,19 @@ class ExperienceConsumer:
         self.metrics.acked.inc(n)
         self._refresh_pending()
         return n
+
+    def backlog(self) -> float:
+        """Entries not yet delivered to the group (Redis 7's XINFO GROUPS ``lag``); NaN when
+        Redis does not answer or cannot tell."""
+        try:
+            for info in self.redis.xinfo_groups(self.stream):
+                name = info.get("name", b"")
+                if (name.decode() if isinstance(name, bytes) else name) == self.config.group:
+                    lag = info.get("lag")
+                    return float(lag) if lag is not None else float("nan")
+        except redis.RedisError:
+            pass
+        return float("nan")
 
     def pending(self) -> int:
         """Entries delivered to the group (any consumer) and not acknowledged."""

@@ -53,6 +53,8 @@ class CloudApp:
         self.metrics = SimMetrics()
         self.service.on_event.append(
             lambda e: self.metrics.events.labels(e["serviceName"], e["eventType"]).inc())
+        self.service.runtime["on_delivery"] = \
+            lambda delays: [self.metrics.delivery.observe(d) for d in delays]
         self.oss = oss.OssApi(self.service, self.accounts, config)
         self.console, self.console_routes = build_console(
             self.service, self.accounts, self.metrics.registry, self.oss.handle)

@@ -23,6 +23,11 @@ class SimMetrics:
         self.events = Counter(
             "consolerl_cloud_sim_audit_events_total", "Audit events appended, by service and "
             "event type.", ["service", "event_type"], registry=self.registry)
+        self.delivery = Histogram(
+            "consolerl_cloud_sim_audit_delivery_seconds", "From an audit event's time to the "
+            "first LookupEvents answer that returned it (the delivery delay plus how soon "
+            "someone asked).", registry=self.registry,
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600, 1800))
         self.resources = Gauge(
             "consolerl_cloud_sim_resources", "Resources stored, by type (updated on scrape).",
             ["type"], registry=self.registry)

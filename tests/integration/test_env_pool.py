@@ -16,6 +16,7 @@ from env_workers.driver import ScriptedDriver
 from env_workers.leases import AccountPool
 from env_workers.pool import EnvPool, EnvPoolConfig
 from env_workers.worker import WorkerConfig
+from infra.observability.discovery import PublishConfig, targets
 from tests.conftest import CloudServer, _server, wait_for
 from tests.integration.redis_server import RedisServer
 from tests.conftest import run_async
@@ -46,6 +47,7 @@ def ray_cluster() -> Iterator[None]:
 
 def _config(cloud: CloudServer, redis_url: str, workers: int) -> EnvPoolConfig:
     return EnvPoolConfig(workers=workers, worker=WorkerConfig(console_url=cloud.url),
+                         metrics=PublishConfig(redis_url, run="test-env-pool"),
                          pool=PoolConfig(redis_url=redis_url, key_prefix="test:envpool",
                                          lease_ttl_s=TTL, acquire_timeout_s=20))
 
@@ -92,6 +94,15 @@ def test_pool_runs_episodes_restarts_a_killed_worker_and_drains(pool_cloud, redi
         scraped = httpx.get(health[0]["metrics_url"], timeout=5).text
         assert 'consolerl_env_worker_steps_total{outcome="ok"} 3.0' in scraped
         assert "consolerl_env_pool_leases_acquired_total" in scraped
+        assert "consolerl_env_worker_in_episode 1.0" in scraped
+        # Every worker announced its endpoint for Prometheus (the restarted one again).
+        import redis as redis_lib
+        announced = targets(redis_lib.Redis.from_url(redis_url), "test-env-pool")
+        by_name = {g["labels"]["name"]: g for g in announced}
+        assert set(by_name) >= {"env-worker-0", "env-worker-1"}
+        assert by_name["env-worker-0"]["targets"] == [
+            health[0]["metrics_url"].removeprefix("http://").removesuffix("/metrics")]
+        assert all(g["labels"]["component"] == "env_worker" for g in announced)
     finally:
         pool.drain()
     assert leases.status().leased == 0

@@ -5,6 +5,7 @@ import base64
 import hashlib
 import json
 import time
+from collections import OrderedDict
 from typing import Any
 
 from ..errors import CloudError, invalid
@@ -141,6 +142,29 @@ def lookup_events(ctx: CallContext, p: Params) -> dict[str, Any]:
     rows = ctx.store.db.execute(" ".join(sql), args).fetchall()
     more = len(rows) > max_results
     rows = rows[:max_results]
+    _note_delivery(ctx, rows)
     next_token = _encode_token(rows[-1][1], rows[-1][0], scope) if more else ""
     return {"StartTime": iso(start), "EndTime": iso(end), "NextToken": next_token,
             "Events": [json.loads(r[2]) for r in rows]}
+
+
+_DELIVERED_MAX = 100_000
+
+
+def _note_delivery(ctx: Any, rows: list[Any]) -> None:
+    """Report, once per event, how long after it happened LookupEvents first returned it
+    (``runtime["on_delivery"]``: the server's metrics hook)."""
+    hook = ctx.runtime.get("on_delivery")
+    if hook is None or not rows:
+        return
+    seen: OrderedDict[int, None] = ctx.runtime.setdefault("delivered", OrderedDict())
+    delays = []
+    for seq, event_ms, _body in rows:
+        if seq in seen:
+            continue
+        seen[seq] = None
+        delays.append(max(0.0, (ctx.now_ms - event_ms) / 1000))
+    while len(seen) > _DELIVERED_MAX:
+        seen.popitem(last=False)
+    if delays:
+        hook(delays)
