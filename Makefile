@@ -6,6 +6,8 @@
 #   make test-slow   the slow tests (run before resolving an issue)
 #   make cloud       serve the local cloud on $(CLOUD_PORT)
 #   make serve       the jobs API for other teams on 127.0.0.1:8000 (prints a token the first time)
+#   make observe     Prometheus on 127.0.0.1:19090 scraping a running job (CONFIG=configs/demo.yaml)
+#   make observability  regenerate the dashboards and the metrics inventory from the code
 #   make bench       every benchmark, python -m benchmarks.NAME --json, one JSON object each: cloud_api,
 #                    cloud_console, env_workers, reward, rollout, suite, reward_validate, api (~17 min)
 #   make validate    the reward channels on the labelled validation set (174 episodes, ~15 min)
@@ -17,10 +19,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 CLOUD_PORT ?= 18080
 STATE_DIR ?= var/console_sim
-APT_PACKAGES := redis-server chromium
+APT_PACKAGES := redis-server chromium prometheus prometheus-redis-exporter
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup setup-system setup-python setup-vllm demo learning-check test test-slow test-all bench validate cloud serve clean
+.PHONY: setup setup-system setup-python setup-vllm demo learning-check test test-slow test-all bench validate cloud serve observe observability clean
 
 setup: setup-system setup-python setup-vllm
 
@@ -28,6 +30,8 @@ setup-system:
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v prometheus-redis-exporter >/dev/null || missing="$$missing prometheus-redis-exporter"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && \
@@ -75,6 +79,14 @@ test-all: $(PY)
 
 serve: $(PY)
 	$(PY) -m cluster.serve --config configs/serve.yaml $(ARGS)
+
+CONFIG ?= configs/demo.yaml
+observe: $(PY)
+	$(PY) -m infra.observability.observe --config $(CONFIG) $(ARGS)
+
+observability: $(PY)
+	$(PY) -m infra.observability.dashboards
+	$(PY) -m infra.observability.inventory
 
 bench: $(PY)
 	$(PY) -m benchmarks.cloud_api --json
