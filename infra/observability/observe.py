@@ -190,6 +190,10 @@ def _redis_url(args: argparse.Namespace) -> tuple[str, str]:
     return url, f"{stream.get('stream', 'consolerl:experience')}*"
 
 
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt       # SIGTERM stops everything the way Ctrl-C does
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.observability.observe",
                                      description=__doc__.split("\n\n")[0])
@@ -209,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ObserveError, subprocess.CalledProcessError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    signal.signal(signal.SIGTERM, _interrupt)
     print(f"""Prometheus is scraping console-rl (targets announced in {url}):
   targets:    {obs.url}/targets
   alerts:     {obs.url}/alerts

@@ -4,6 +4,7 @@ replicas are spread over both nodes (SPREAD) has every one of them discovered an
 Prometheus, with no port configured anywhere. Slow (two raylets and a training job)."""
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -22,6 +23,7 @@ from infra.observability.observe import ObserveConfig, Observatory
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "observe-two-nodes"
 RAY = str(Path(sys.executable).with_name("ray"))
+AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     shutil.which("prometheus") is None or shutil.which("prometheus-redis-exporter") is None,
@@ -55,7 +57,7 @@ def _kill_cluster(temp_dir: str) -> None:
 def two_nodes():
     temp_dir = f"/tmp/rn{secrets.token_hex(3)}"
     port = free_port()
-    env = {**os.environ, "RAY_TMPDIR": temp_dir}
+    env = {**os.environ, "RAY_TMPDIR": temp_dir, "RAY_ADDRESS": "", **AUTH}
     common = ["--temp-dir", temp_dir, "--disable-usage-stats"]
     try:
         subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=3",
@@ -64,14 +66,14 @@ def two_nodes():
         subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", "--num-cpus=3",
                         "--resources={\"second_node\": 1}", *common],
                        check=True, capture_output=True, env=env, timeout=120)
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", env
     finally:
         _kill_cluster(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_actors_on_both_nodes_are_discovered_and_scraped(two_nodes, tmp_path):
-    import ray
+    address, env = two_nodes
     obs = Observatory(ObserveConfig("redis://127.0.0.1:6391/0", tmp_path / "observe",
                                     free_port(), free_port(), "1s", "2s",
                                     streams="consolerl:smoke:experience*",
@@ -80,10 +82,10 @@ def test_actors_on_both_nodes_are_discovered_and_scraped(two_nodes, tmp_path):
         started = time.time()
         proc = subprocess.run(
             [sys.executable, "-m", "cluster.job", "--config", "configs/smoke.yaml",
-             "--run-dir", str(tmp_path / "run"), f"run.ray_address={two_nodes}",
+             "--run-dir", str(tmp_path / "run"), f"run.ray_address={address}",
              "env.scheduling_strategy=SPREAD", "policy.scheduling_strategy=SPREAD",
              "policy.replicas=2", f"observe.run={RUN}"],
-            cwd=ROOT, capture_output=True, text=True, timeout=1200)
+            cwd=ROOT, capture_output=True, text=True, timeout=1200, env=env)
         ended = time.time()
         assert proc.returncode == 0, proc.stderr[-4000:]
         ups = obs.query(f'up{{job="consolerl", run="{RUN}"}}', start=started,
@@ -94,16 +96,23 @@ def test_actors_on_both_nodes_are_discovered_and_scraped(two_nodes, tmp_path):
     for s in ups:
         if any(v == "1" for _, v in s["values"]):
             scraped[(s["metric"]["component"], s["metric"]["name"])] = s["metric"]["node"]
+    artifacts = ROOT / "test-artifacts" / "observability"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    (artifacts / "targets-two-nodes.txt").write_text("".join(
+        f"{m['component']:<12} {m['name']:<14} {m['instance']:<22} node {m['node'][:12]}\n"
+        for m in sorted((s["metric"] for s in ups), key=lambda m: (m["component"],
+                                                                   m["name"]))))
     workers = {n: node for (c, n), node in scraped.items() if c == "env_worker"}
     policies = {n: node for (c, n), node in scraped.items() if c == "policy"}
     assert set(workers) == {"env-worker-0", "env-worker-1"}, scraped
     assert set(policies) == {"policy-0", "policy-1"}, scraped
     # Both nodes of the cluster host some of them, and every node id is a real Ray node.
-    ray.init(address=two_nodes, log_to_driver=False)
-    try:
-        nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-    finally:
-        ray.shutdown()
+    listed = subprocess.run(
+        [sys.executable, "-c", "import json, ray; ray.init(log_to_driver=False); "
+         "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive']]))"],
+        capture_output=True, text=True, timeout=120, env={**env, "RAY_ADDRESS": address})
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    nodes = set(json.loads(listed.stdout.strip().splitlines()[-1]))
     assert len(nodes) == 2
     assert set(workers.values()) == nodes, (workers, nodes)
     assert set(policies.values()) == nodes, (policies, nodes)
