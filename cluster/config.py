@@ -4,6 +4,7 @@ only place that sees the whole tree; :mod:`cluster.builders` hands each componen
 section."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,7 +89,7 @@ class ObserveSection:
     """Prometheus discovery (:mod:`infra.observability.discovery`): every component serves its
     metrics on a free port of its node and announces it in the stream's Redis, labelled with
     ``run`` ("" = the run folder's name). ``host``: the address to serve on ("" = the Ray
-    node's IP); ``ttl_s``: how long a dead process stays listed (shown down)."""
+    node's IP on a cluster, 127.0.0.1 with an embedded one); ``ttl_s``: how long a dead process stays listed (shown down)."""
 
     enabled: bool = True
     run: str = ""
@@ -152,5 +153,8 @@ def metrics_publish(config: JobConfig, run: str | None = None) -> PublishConfig 
     if not config.observe.enabled:
         return None
     name = run or config.observe.run or Path(config.run.dir).name or "default"
-    return PublishConfig(redis_url=config.stream.url, run=name, host=config.observe.host,
+    host = config.observe.host
+    if not host and not (config.run.ray_address or os.environ.get("RAY_ADDRESS")):
+        host = "127.0.0.1"      # an embedded cluster is this machine: stay off the network
+    return PublishConfig(redis_url=config.stream.url, run=name, host=host,
                          ttl_s=config.observe.ttl_s)

@@ -23,6 +23,8 @@ import httpx
 import redis as redis_lib
 import yaml
 
+from consolerl.errors import ConsoleRLError
+
 from .discovery import write_sd_file
 
 HERE = Path(__file__).resolve().parent
@@ -33,8 +35,8 @@ PACKAGES = {"prometheus": "prometheus", "promtool": "prometheus",
             "prometheus-redis-exporter": "prometheus-redis-exporter"}
 
 
-class ObserveError(RuntimeError):
-    pass
+class ObserveError(ConsoleRLError, RuntimeError):
+    """Prometheus or the exporter could not be installed or started."""
 
 
 def ensure_binaries(install: bool = True) -> None:

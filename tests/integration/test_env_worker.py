@@ -223,6 +223,9 @@ def test_a_crashed_browser_is_an_env_error_and_is_relaunched(env_cloud, accounts
             again = expect_observation(await worker.reset(EpisodeSpec("/console/ram/users"),
                                                           accounts[6]))
             assert "# Users" in again.text
+            restarts = {reason: worker.metrics.browser_restarts.labels(reason)._value.get()
+                        for reason in ("disconnected", "context_failed", "memory")}
+            assert sum(restarts.values()) == 1 and restarts["memory"] == 0, restarts
         finally:
             await worker.shutdown()
     run(flow())
@@ -240,6 +243,7 @@ def test_wall_clock_limit_and_browser_restart_past_the_memory_limit(env_cloud, a
             launches = worker.metrics.browser_launches._value.get()
             expect_observation(await worker.reset(EpisodeSpec("/console/"), accounts[7]))
             assert worker.metrics.browser_launches._value.get() == launches + 1
+            assert worker.metrics.browser_restarts.labels("memory")._value.get() == 1
         finally:
             await worker.shutdown()
     run(flow())

@@ -6,11 +6,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from consolerl.errors import ConfigError
 from trainer.checkpoint import CheckpointConfig, CheckpointManager
 from trainer.config import TrainerConfig
-from trainer.grpo import GRPOTrainer, NoExperienceError
+from trainer.grpo import GRPOTrainer, NoExperienceError, TrainerMetrics
 from cluster.job import explain_no_experience
 
 
@@ -42,6 +43,7 @@ def _trainer(clock: _Clock, step_s: float, publish_every: int = 1, every_steps: 
     t.step = t.version = 0
     t.trained, t.unacked, t.history = set(), [], []
     t.run_dir = tmp_path
+    t.metrics = TrainerMetrics(CollectorRegistry())
     n = iter(range(10**6))
 
     def collect(deadline, budget=None):
