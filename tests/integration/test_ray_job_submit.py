@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -48,13 +49,19 @@ def head():
 
 def test_trainer_main_runs_under_ray_job_submit(head, tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [RAY, "job", "submit", "--address", head, "--working-dir", ".",
-         "--runtime-env", "cluster/deploy/runtime-env.yaml", "--",
-         sys.executable, "-m", "cluster.job", "--config", "configs/smoke.yaml",
-         "--run-dir", str(run_dir)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1200,
-        env={**os.environ, "RAY_ADDRESS": "", **AUTH})
+    for _attempt in range(4):
+        proc = subprocess.run(
+            [RAY, "job", "submit", "--address", head, "--working-dir", ".",
+             "--runtime-env", "cluster/deploy/runtime-env.yaml", "--",
+             sys.executable, "-m", "cluster.job", "--config", "configs/smoke.yaml",
+             "--run-dir", str(run_dir)],
+            cwd=ROOT, capture_output=True, text=True, timeout=1200,
+            env={**os.environ, "RAY_ADDRESS": "", **AUTH})
+        # A fresh head's job agent may not have registered yet: the submission is refused
+        # before anything runs, and Ray's own message says to try again.
+        if "No available agent to submit job" not in proc.stderr:
+            break
+        time.sleep(5)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     assert "succeeded" in proc.stdout.lower()
     summary = json.loads((run_dir / "summary.json").read_text())
