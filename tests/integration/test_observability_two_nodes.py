@@ -32,14 +32,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 
 def _kill_cluster(temp_dir: str) -> None:
     """Stop only this test's raylets and workers (ray stop would stop every cluster here)."""
-    procs = []
+    found: dict[int, psutil.Process] = {}
     for p in psutil.process_iter(["cmdline"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
             if temp_dir in cmd or temp_dir in p.environ().get("RAY_TMPDIR", ""):
-                procs.append(p)
+                # With their children: the agents rename themselves (ray::DashboardAgent).
+                for q in [p, *p.children(recursive=True)]:
+                    found[q.pid] = q
         except psutil.Error:
             continue
+    procs = list(found.values())
     for p in procs:
         try:
             p.send_signal(signal.SIGTERM)
