@@ -89,7 +89,8 @@ class ObserveSection:
     """Prometheus discovery (:mod:`infra.observability.discovery`): every component serves its
     metrics on a free port of its node and announces it in the stream's Redis, labelled with
     ``run`` ("" = the run folder's name). ``host``: the address to serve on ("" = the Ray
-    node's IP on a cluster, 127.0.0.1 with an embedded one); ``ttl_s``: how long a dead process stays listed (shown down)."""
+    node's IP on a cluster, 127.0.0.1 with an embedded one); ``ttl_s``: how long a dead
+    process stays listed (shown down)."""
 
     enabled: bool = True
     run: str = ""

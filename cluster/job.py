@@ -42,11 +42,10 @@ from cluster.builders import rollout_parts
 from cluster.config import JobConfig, metrics_publish
 from cluster.export import ExportConfig, run_export
 from cluster.rollout import RolloutActor, start_policy
-from cluster.runtime import (LocalServices, PeakMemory, TrainingBeacon, progress,
+from cluster.runtime import (LocalServices, Observed, PeakMemory, TrainingBeacon, progress,
                              raise_interrupt, ray_init, stop_actors)
 from consolerl.config import load_config, to_dict
 from consolerl.errors import ConfigError
-from infra.observability.discovery import announce, forget_run, publish
 from rollout_service.experience import ExperienceStream
 from rollout_service.models import HFChatTokenizer, resolve_model
 from trainer.curves import plot_curves
@@ -78,14 +77,11 @@ def run(config: JobConfig) -> dict[str, Any]:
     workers: list[Any] = []
     summary: dict[str, Any] = {"run_dir": str(run_dir), "completed": False}
     trainer: GRPOTrainer | None = None
-    observed = metrics_publish(config)
-    endpoints: list[Any] = []
+    observed = Observed(metrics_publish(config))
     try:
         services.start()
         ray_init(config.run)
-        if observed is not None and config.cloud.local:
-            # The local cloud serves its own /metrics; announced here on its behalf.
-            endpoints.append(announce(observed, config.cloud.endpoint, "cloud", "local-cloud"))
+        observed.local_cloud(config.cloud)
         stream = ExperienceStream(config.stream)
         if not config.run.resume:
             # A fresh run starts from an empty stream: groups of an earlier run were sampled
@@ -101,17 +97,17 @@ def run(config: JobConfig) -> dict[str, Any]:
                  f"groups x {config.orchestrator.group_size}; {config.env.workers} env workers; "
                  f"policy {config.policy.backend} x{config.policy.replicas}; "
                  f"{config.trainer.engine.workers} trainer worker(s)")
-        servers, _router = start_policy(replace(config.policy, model=model_path), observed)
+        servers, _router = start_policy(replace(config.policy, model=model_path), observed.config)
         workers = start_workers(model_path, config.trainer.engine, config.trainer.algo)
         pad = HFChatTokenizer(model_path).tokenizer.pad_token_id
         trainer = GRPOTrainer(config.trainer, config.stream, config.orchestrator.groups_per_step,
                               workers, lambda v, ref: ray.get(
                                   [s.update_weights.remote(v, ref) for s in servers]),
                               pad if pad is not None else 0, run_dir)
-        endpoints.append(publish(observed, [trainer.registry], "trainer", "trainer"))
-        if endpoints[-1] is not None:
-            progress(f"metrics announced for Prometheus as run={observed.run} "
-                     f"(trainer: {endpoints[-1].url}; make observe scrapes them)")
+        url = observed.publish([trainer.registry], "trainer", "trainer")
+        if url:
+            progress(f"metrics announced for Prometheus as run={observed.config.run} "
+                     f"(trainer: {url}; make observe scrapes them)")
         if config.run.resume and trainer.restore():
             progress(f"resumed at step {trainer.step} (version {trainer.version})")
         trainer.start()                 # the trainer version before the orchestrator reads it
@@ -138,14 +134,7 @@ def run(config: JobConfig) -> dict[str, Any]:
         if trainer is not None:
             summary.update(_final_checks(trainer, servers, config.env.lease_prefix))
         stop_actors(workers + servers)
-        for endpoint in endpoints:
-            if endpoint is not None:
-                endpoint.close()
-        if observed is not None:
-            try:
-                forget_run(observed.redis_url, observed.run)   # the killed actors' entries
-            except Exception as exc:  # noqa: BLE001 - Redis may be gone already; entries expire
-                log.debug("could not forget the run's metrics targets: %s", exc)
+        observed.close()
         if ray.is_initialized():
             ray.shutdown()       # stops an embedded cluster; disconnects from an external one
         services.stop()

@@ -19,6 +19,7 @@ import redis as redis_lib
 from cluster.config import CloudSection, RunSection
 from consolerl.errors import ConfigError
 from infra.local_cloud import LocalCloud
+from infra.observability.discovery import PublishConfig, announce, forget_run, publish
 from infra.redis_local import RedisServer
 
 
@@ -60,6 +61,44 @@ class LocalServices:
             self.cloud.stop()
         if self.redis is not None:
             self.redis.stop()
+
+
+class Observed:
+    """The announcements the composition root makes for a run (the local cloud's, the
+    trainer's, the jobs API's), ended together by :meth:`close`, which also forgets the
+    entries of the run's actors (they are killed, not stopped). A no-op when ``config`` is
+    None (``observe.enabled`` off)."""
+
+    def __init__(self, config: PublishConfig | None):
+        self.config = config
+        self.items: list[Any] = []
+
+    def local_cloud(self, cloud: CloudSection) -> None:
+        """The embedded local cloud serves its own /metrics: announced on its behalf."""
+        if self.config is not None and cloud.local:
+            self.items.append(announce(self.config, cloud.endpoint, "cloud", "local-cloud"))
+
+    def announce(self, address: str, component: str, name: str) -> None:
+        if self.config is not None:
+            self.items.append(announce(self.config, address, component, name))
+
+    def publish(self, registries: list[Any], component: str, name: str) -> str:
+        """Serve and announce ``registries`` from this process; returns the URL ("" if not)."""
+        endpoint = publish(self.config, registries, component, name)
+        if endpoint is None:
+            return ""
+        self.items.append(endpoint)
+        return endpoint.url
+
+    def close(self) -> None:
+        for item in self.items:
+            item.close()
+        self.items = []
+        if self.config is not None:
+            try:
+                forget_run(self.config.redis_url, self.config.run)
+            except redis_lib.RedisError as exc:     # Redis already gone: the entries expire
+                progress(f"could not remove the run's metrics targets: {exc}")
 
 
 class TrainingBeacon:

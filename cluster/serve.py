@@ -21,14 +21,13 @@ import ray
 from cluster.api import (SCHEDULER_NAME, HttpParts, HttpServerActor, SchedulerActor,
                          SchedulerParts)
 from cluster.config import JobConfig, metrics_publish
-from cluster.runtime import LocalServices, progress, ray_init
+from cluster.runtime import LocalServices, Observed, progress, ray_init
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
 from consolerl.tasks import TASKS_DIR
 from env_workers.accounts import PoolConfig
 from env_workers.pool import EnvPoolConfig
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
-from infra.observability.discovery import announce, forget_run
 from rollout_service.jobs.auth import TokenBook
 from rollout_service.jobs.schema import SCOPES
 
@@ -126,23 +125,19 @@ def serve(config: JobConfig) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     services = LocalServices(config.cloud, config.stream.url, config.run.redis, run_dir)
     stack: Stack | None = None
-    observed = metrics_publish(config)
-    announced = []
+    observed = Observed(metrics_publish(config))
     try:
         services.start()
         ray_init(config.run)
-        if observed is not None and config.cloud.local:
-            announced.append(announce(observed, config.cloud.endpoint, "cloud", "local-cloud"))
+        observed.local_cloud(config.cloud)
         token = first_token(config)
         stack = Stack(config)
         progress(f"starting the scheduler: policy {config.policy.model} "
                  f"({config.policy.backend}), {config.api.workers} env workers")
         stack.start_scheduler()
         url = stack.start_http()
-        if observed is not None:
-            # Its /metrics carry the scheduler's and the reward service's as well.
-            announced.append(announce(observed, url.removeprefix("http://"), "jobs_api",
-                                      "jobs-api"))
+        # Its /metrics carry the scheduler's and the reward service's as well.
+        observed.announce(url.removeprefix("http://"), "jobs_api", "jobs-api")
         progress(f"the jobs API is on {url} (OpenAPI: {url}/openapi.json, docs: {url}/docs)")
         if token:
             progress(f"a token for team {config.api.default_team!r} (shown once; only its hash "
@@ -158,15 +153,9 @@ def serve(config: JobConfig) -> int:
     except KeyboardInterrupt:
         progress("stopping: running episodes end, accounts are released")
     finally:
-        for announcement in announced:
-            announcement.close()
         if stack is not None and ray.is_initialized():
             stack.stop()
-        if observed is not None:
-            try:
-                forget_run(observed.redis_url, observed.run)
-            except Exception as exc:  # noqa: BLE001 - Redis may be gone; entries expire
-                progress(f"could not remove the metrics targets: {exc}")
+        observed.close()
         if ray.is_initialized():
             ray.shutdown()
         services.stop()
