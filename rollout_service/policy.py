@@ -261,6 +261,7 @@ class PolicyServerBody:
                                 buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60))
         self.m_version.labels(name).set(self.engine.version)
         self.running = 0
+        self._running_lock = threading.Lock()
         Gauge("consolerl_policy_requests_running", "Generate requests inside the engine now.",
               registry=self.registry).set_function(lambda: float(self.running))
         Gauge("consolerl_policy_requests_waiting", "Generate requests accepted and waiting for "
@@ -269,11 +270,13 @@ class PolicyServerBody:
         self._endpoint = publish(metrics, [self.registry], "policy", name)
 
     def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        self.running += 1
+        with self._running_lock:                 # executor threads count concurrently
+            self.running += 1
         try:
             return self.engine.generate(prompt_ids, sampling)
         finally:
-            self.running -= 1
+            with self._running_lock:
+                self.running -= 1
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         self.in_flight += 1

@@ -99,6 +99,7 @@ class Observatory:
         self.dir = config.dir.resolve()
         self.url = f"http://127.0.0.1:{config.port}"
         self.procs: list[subprocess.Popen] = []
+        self.logs: list[Any] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -116,13 +117,15 @@ class Observatory:
         self._thread = threading.Thread(target=self._discover, daemon=True,
                                         name="observe-discovery")
         self._thread.start()
-        log = open(self.dir / "redis-exporter.log", "ab")
+        log = open(self.dir / "redis-exporter.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.logs.append(log)
         self.procs.append(subprocess.Popen(
             ["prometheus-redis-exporter", "-redis.addr", self.config.redis_url,
              "-check-streams", self.config.streams,
              "-web.listen-address", f"127.0.0.1:{self.config.exporter_port}"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        log = open(self.dir / "prometheus.log", "ab")
+        log = open(self.dir / "prometheus.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.logs.append(log)
         self.procs.append(subprocess.Popen(
             ["prometheus", f"--config.file={config_file}",
              f"--storage.tsdb.path={self.dir / 'data'}",
@@ -181,6 +184,9 @@ class Observatory:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self.procs = []
+        for log in self.logs:
+            log.close()
+        self.logs = []
 
 
 def _redis_url(args: argparse.Namespace) -> tuple[str, str]:
