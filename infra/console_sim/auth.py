@@ -186,12 +186,19 @@ class Authenticator:
                      "SignatureMethod", "SignatureVersion"):
             if not params.get(name):
                 raise missing(name)
-        action = params.get("Action") or headers.get("x-acs-action", "")
-        version = params.get("Version") or headers.get("x-acs-version", "")
+        # The signature covers the query only: the action and version must be in it. The
+        # x-acs-* headers the SDK also sends are unsigned, so they may only repeat them.
+        action, version = params.get("Action", ""), params.get("Version", "")
         if not action:
             raise missing("Action")
         if not version:
             raise missing("Version")
+        for header, signed_value in (("x-acs-action", action), ("x-acs-version", version)):
+            given = headers.get(header)
+            if given is not None and given != signed_value:
+                raise CloudError("InvalidParameter", f'The header "{header}" does not match '
+                                 "the signed parameter "
+                                 f'"{header.removeprefix("x-acs-").capitalize()}".', 400)
         if params["SignatureMethod"] != "HMAC-SHA1":
             raise CloudError("InvalidParameter", 'The specified parameter "SignatureMethod" is '
                              "not valid: allowed value is HMAC-SHA1.", 400)

@@ -154,3 +154,46 @@ def test_state_survives_restart(tmp_path, make_client, monkeypatch):
         assert err.code == "SignatureNonceUsed"
     finally:
         server.stop()
+
+
+def _signed_v1(account, params: dict[str, str]) -> dict[str, str]:
+    """An RPC v1 (HMAC-SHA1) query over exactly ``params`` plus the signing envelope."""
+    import secrets as _secrets
+    from datetime import UTC, datetime
+
+    from infra.console_sim.signing import rpc_v1_signature
+    query = {**params, "Format": "json", "AccessKeyId": account.access_key_id,
+             "SignatureMethod": "HMAC-SHA1", "SignatureVersion": "1.0",
+             "SignatureNonce": _secrets.token_hex(16),
+             "Timestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    query["Signature"] = rpc_v1_signature("POST", query, account.access_key_secret)
+    return query
+
+
+def test_rpc_v1_runs_only_the_signed_action(cloud, accounts):
+    """The action and version are part of what an RPC v1 signature covers: a request signed
+    without them is refused, whatever the (unsigned) x-acs-action / x-acs-version headers say,
+    and headers that disagree with the signed ones are refused too."""
+    import httpx
+    account = accounts[0]
+    url = f"http://{cloud.endpoint}/"
+    unsigned_action = _signed_v1(account, {"RegionId": "cn-hangzhou"})
+    r = httpx.post(url, params=unsigned_action, timeout=10,
+                   headers={"x-acs-action": "DescribeSecurityGroups",
+                            "x-acs-version": "2014-05-26"})
+    assert r.status_code == 400 and r.json()["Code"] == "MissingParameter", r.text
+    assert "Action" in r.json()["Message"]
+
+    signed = _signed_v1(account, {"Action": "DescribeSecurityGroups", "Version": "2014-05-26",
+                                  "RegionId": "cn-hangzhou"})
+    r = httpx.post(url, params=signed, timeout=10,
+                   headers={"x-acs-action": "DeleteSecurityGroup", "x-acs-version": "2014-05-26"})
+    assert r.status_code == 400 and r.json()["Code"] == "InvalidParameter", r.text
+    assert "x-acs-action" in r.json()["Message"]
+
+    ok = _signed_v1(account, {"Action": "DescribeSecurityGroups", "Version": "2014-05-26",
+                              "RegionId": "cn-hangzhou"})
+    r = httpx.post(url, params=ok, timeout=10,
+                   headers={"x-acs-action": "DescribeSecurityGroups",
+                            "x-acs-version": "2014-05-26"})
+    assert r.status_code == 200, r.text
