@@ -28,11 +28,12 @@ import ray
 from fastapi import FastAPI, HTTPException, Response
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
                                Histogram, generate_latest)
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from consolerl.errors import CloudAPIError, ConfigError, ConsoleRLError
 from consolerl.types import EnvError
 from infra.cloud import CloudClient, CloudConfig, Credentials
+from infra.http_errors import install_validation_handler
 from consolerl.accounts import Account
 from consolerl.tasks import Task
 
@@ -49,6 +50,8 @@ FUTURE_SLACK_S = 300.0              # clock skew allowed between a caller and th
 
 class ScoreRequest(BaseModel):
     """``POST /v1/score``: one finished episode."""
+
+    model_config = ConfigDict(allow_inf_nan=False)   # NaN / Infinity are not times
 
     task_id: str = Field(min_length=3, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]+$")
     account_id: str = Field(min_length=6, max_length=20, pattern=r"^\d+$")
@@ -285,6 +288,7 @@ def build_app(service: RewardService, max_concurrent_scores: int = 64) -> FastAP
         pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="console-rl reward service", version="1", lifespan=lifespan)
+    install_validation_handler(app)
 
     @app.post("/v1/score")
     async def score(request: ScoreRequest) -> Mapping[str, Any]:

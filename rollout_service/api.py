@@ -16,7 +16,9 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.http_errors import install_validation_handler
 
 from .agent import ChatTokenizer, SamplingParams
 from .policy import PolicyRouter
@@ -28,6 +30,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)   # NaN / Infinity are not sampling values
     model: str = Field(default="", max_length=200)
     messages: list[ChatMessage] = Field(min_length=1, max_length=200)
     max_tokens: int | None = Field(default=None, ge=1, le=8192)
@@ -46,6 +49,7 @@ def build_api(router: PolicyRouter, tokenizer: ChatTokenizer, model_name: str,
     requests = Counter("consolerl_policy_api_requests_total", "Chat completion requests, by "
                        "outcome.", ["outcome"], registry=registry)
     app = FastAPI(title="console-rl policy", version="1")
+    install_validation_handler(app)
 
     @app.post("/v1/chat/completions")
     async def chat(request: ChatRequest) -> Mapping[str, Any]:

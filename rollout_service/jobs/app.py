@@ -31,6 +31,7 @@ from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from consolerl.errors import ConfigError
 from consolerl.tasks import Task, parse_task
+from infra.http_errors import install_validation_handler
 
 from .auth import Principal, TokenBook
 from .report import build_report, render_html
@@ -131,6 +132,7 @@ def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *
                   description="Run documented console procedures with a trained agent, K "
                               "samples each, and learn which still work and where they "
                               "break.")
+    install_validation_handler(app)
     v1 = APIRouter(prefix="/v1", responses=_ERRORS)
 
     app.add_middleware(_Measure, metrics=metrics)

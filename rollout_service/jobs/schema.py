@@ -52,7 +52,8 @@ def spec_tasks(spec: dict[str, Any], catalog: Mapping[str, Task]) -> dict[str, T
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and Infinity (JSON literals Python accepts) pass range checks: refused as floats.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class TaskSelection(_Strict):
