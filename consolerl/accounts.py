@@ -41,7 +41,7 @@ def parse_accounts(data: object, source: str = "<accounts>") -> list[Account]:
             if value is None or not str(value).strip():
                 raise ConfigError(f"{where}: field '{name}' is required")
             values[name] = str(value)
-        if not re.fullmatch(r"\d{6,20}", values["account_id"]):
+        if not re.fullmatch(r"[0-9]{6,20}", values["account_id"]):
             raise ConfigError(f"{where}: field 'account_id' must be 6-20 digits")
         if not re.fullmatch(r"[A-Za-z0-9_.@-]{1,64}", values["login_name"]):
             raise ConfigError(f"{where}: field 'login_name' must be 1-64 of [A-Za-z0-9_.@-]")

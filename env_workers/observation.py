@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from consolerl.text import ascii_digits
+
 INTERACTIVE = frozenset({
     "button", "link", "textbox", "searchbox", "combobox", "checkbox", "radio", "menuitem",
     "menuitemcheckbox", "menuitemradio", "tab", "switch", "spinbutton", "slider", "option",
@@ -149,7 +151,7 @@ class _Renderer:
             return
         if role == "heading":
             level = node.attrs.get("level", "2")
-            self.lines.append(f"{pad}{'#' * int(level if level.isdigit() else 2)} "
+            self.lines.append(f"{pad}{'#' * int(level if ascii_digits(level) else 2)} "
                               f"{node.name or self.inline(node.children)}")
             return
         if role == "row":

@@ -16,6 +16,7 @@ from consolerl.errors import CloudAPIError
 from infra.cloud import CloudClient
 from consolerl.resources import fill
 from consolerl.tasks import EventRule, Predicate, StateCheck, SuccessRule
+from consolerl.text import ascii_digits
 
 
 @dataclass
@@ -29,7 +30,7 @@ class RuleVerdict:
 def dotted(value: Any, path: str) -> Any:
     """``requestParameters.UserName`` / ``Instances.Instance.0.Status`` into nested data."""
     for part in path.split("."):
-        if isinstance(value, list) and part.isdigit():
+        if isinstance(value, list) and ascii_digits(part):
             index = int(part)
             value = value[index] if index < len(value) else None
         elif isinstance(value, dict):

@@ -54,7 +54,7 @@ class ScoreRequest(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False)   # NaN / Infinity are not times
 
     task_id: str = Field(min_length=3, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]+$")
-    account_id: str = Field(min_length=6, max_length=20, pattern=r"^\d+$")
+    account_id: str = Field(min_length=6, max_length=20, pattern=r"^[0-9]+$")
     started_at: float = Field(gt=0, description="epoch seconds when the episode began")
     ended_at: float = Field(gt=0)
     values: dict[str, str] = Field(default_factory=dict, max_length=64)

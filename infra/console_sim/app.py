@@ -16,6 +16,7 @@ from starlette.routing import BaseRoute, Route
 
 from . import ids
 from consolerl.accounts import Account, load_accounts
+from consolerl.text import ascii_digits
 from .auth import Authenticator
 from .config import SimConfig
 from .console.shell import build_console
@@ -61,7 +62,7 @@ class CloudApp:
 
     async def _read_body(self, request: Request) -> bytes:
         declared = request.headers.get("content-length")
-        if declared and (not declared.isdigit() or int(declared) > self.config.max_body_bytes):
+        if declared and (not ascii_digits(declared) or int(declared) > self.config.max_body_bytes):
             raise CloudError("InvalidParameter", f"The request body is larger than "
                              f"{self.config.max_body_bytes} bytes.", 400)
         chunks, size = [], 0

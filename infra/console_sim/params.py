@@ -9,6 +9,8 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 
+from consolerl.text import ascii_digits
+
 from .errors import CloudError, invalid, missing
 
 _MAX_LIST = 100
@@ -52,7 +54,7 @@ class Params:
             if required:
                 raise missing(name)
             return default
-        if not re.fullmatch(r"-?\d{1,12}", value):
+        if not re.fullmatch(r"-?[0-9]{1,12}", value):
             raise invalid(name, "must be an integer")
         number = int(value)
         if not lo <= number <= hi:
@@ -72,7 +74,7 @@ class Params:
         items: dict[int, str] = {}
         prefix = name + "."
         for key, value in self.raw.items():
-            if key.startswith(prefix) and key[len(prefix):].isdigit():
+            if key.startswith(prefix) and ascii_digits(key[len(prefix):]):
                 index = int(key[len(prefix):])
                 if not 1 <= index <= _MAX_LIST:
                     raise invalid(key, f"list index must be between 1 and {_MAX_LIST}")
@@ -88,7 +90,7 @@ class Params:
             if not key.startswith(prefix):
                 continue
             index, dot, field = key[len(prefix):].partition(".")
-            if not dot or not index.isdigit():
+            if not dot or not ascii_digits(index):
                 continue
             if not 1 <= int(index) <= _MAX_LIST:
                 raise invalid(key, f"list index must be between 1 and {_MAX_LIST}")

@@ -4,7 +4,8 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 
-_ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d{1,6})?)?Z")
+_ISO = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2})"
+                  r"(?::([0-9]{2})(?:\.[0-9]{1,6})?)?Z")
 
 
 def iso(ms: int) -> str:

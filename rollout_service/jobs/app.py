@@ -31,6 +31,7 @@ from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from consolerl.errors import ConfigError
 from consolerl.tasks import Task, parse_task
+from consolerl.text import ascii_digits
 from infra.http_errors import install_validation_handler
 
 from .auth import Principal, TokenBook
@@ -108,7 +109,7 @@ def unprocessable(where: str, message: str) -> HTTPException:
     """A 422 shaped like FastAPI's own validation errors (one documented error body):
     ``loc`` names the field, ``msg`` says what is wrong."""
     loc = ["body", *where.replace("[", ".").replace("]", "").split(".")] if where else ["body"]
-    return HTTPException(422, [{"loc": [int(p) if p.isdigit() else p for p in loc],
+    return HTTPException(422, [{"loc": [int(p) if ascii_digits(p) else p for p in loc],
                                 "msg": message, "type": "value_error"}])
 
 
@@ -317,7 +318,7 @@ def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *
         stream ends after ``job.completed``, or after a while (reconnect)."""
         await own_job(job_id, who)
         start = last_event_id or after or "0"
-        if not re.fullmatch(r"\d{1,20}(-\d{1,20})?", start):
+        if not re.fullmatch(r"[0-9]{1,20}(-[0-9]{1,20})?", start):
             raise HTTPException(422, [{"loc": ["header", "Last-Event-ID"], "type": "value_error",
                                        "msg": "must be an event id from this stream"}])
 

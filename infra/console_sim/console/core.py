@@ -31,6 +31,7 @@ from consolerl.errors import ConsoleRLError
 from ..errors import CloudError
 from ..service import Caller, CloudService
 from consolerl.drift import Drift
+from consolerl.text import ascii_digits
 from .metrics import ConsoleMetrics
 from .sessions import COOKIE, Session, SessionStore
 from .ui import STATUS_TONE, TRANSITIONAL, Button, Column, Field, FormSpec
@@ -427,4 +428,4 @@ class ConsoleApp:
 
 
 def _int(text: str | None, default: int) -> int:
-    return int(text) if text and text.isdigit() and len(text) < 9 else default
+    return int(text) if text and ascii_digits(text) and len(text) < 9 else default

@@ -90,7 +90,7 @@ def _port_range(protocol: str, value: str | None) -> str:
         raise CloudError("MissingParameter",
                          'The input parameter "PortRange" that is mandatory for processing this '
                          "request is not supplied.", 400)
-    m = re.fullmatch(r"(\d{1,5})/(\d{1,5})", value)
+    m = re.fullmatch(r"([0-9]{1,5})/([0-9]{1,5})", value)
     if not m or not (1 <= int(m[1]) <= int(m[2]) <= 65535):
         raise CloudError("InvalidPortRange.Malformed",
                          f"The specified PortRange \"{value[:32]}\" is not valid: use start/end "

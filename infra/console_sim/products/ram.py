@@ -42,7 +42,7 @@ def _profile(p: Params, prefix: str, user: dict[str, Any]) -> None:
             raise CloudError("InvalidParameter.DisplayName.InvalidChars",
                              "The parameter DisplayName contains illegal characters.", 400)
         user["DisplayName"] = display
-    phone = p.str(prefix + "MobilePhone", max_len=32, pattern=r"\d{1,4}-\d{4,15}",
+    phone = p.str(prefix + "MobilePhone", max_len=32, pattern=r"[0-9]{1,4}-[0-9]{4,15}",
                   why="use the format countrycode-number, like 86-18600008888")
     if phone is not None:
         user["MobilePhone"] = phone
