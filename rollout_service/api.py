@@ -24,6 +24,9 @@ from .agent import ChatTokenizer, SamplingParams
 from .policy import PolicyRouter
 
 
+CHARS_PER_TOKEN_MAX = 32
+
+
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant"]
     content: str = Field(max_length=200_000)
@@ -51,8 +54,18 @@ def build_api(router: PolicyRouter, tokenizer: ChatTokenizer, model_name: str,
     app = FastAPI(title="console-rl policy", version="1")
     install_validation_handler(app)
 
+    # No tokenizer makes fewer tokens than one per CHARS_PER_TOKEN_MAX characters of text:
+    # a request above this many characters is over the token limit for sure, and is refused
+    # before the (costly) tokenisation.
+    max_chars = max_prompt_tokens * CHARS_PER_TOKEN_MAX
+
     @app.post("/v1/chat/completions")
     async def chat(request: ChatRequest) -> Mapping[str, Any]:
+        chars = sum(len(m.content) for m in request.messages)
+        if chars > max_chars:
+            requests.labels("too_long").inc()
+            raise HTTPException(400, detail=f"the messages have {chars} characters; the limit "
+                                            f"is {max_chars} ({max_prompt_tokens} tokens)")
         prompt = tokenizer.apply_chat_template([m.model_dump() for m in request.messages])
         if len(prompt) > max_prompt_tokens:
             requests.labels("too_long").inc()

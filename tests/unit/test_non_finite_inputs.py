@@ -71,3 +71,20 @@ def test_a_422_does_not_echo_the_input():
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == ["body", "messages", 0, "content"]
     assert len(r.content) < 2_000
+
+
+def test_an_oversized_request_is_refused_before_tokenising():
+    """Within every field limit, 200 messages could carry 40 MB; a request that cannot fit the
+    token limit is refused from its size alone, without tokenising it."""
+    class Tokenizer:
+        calls = 0
+
+        def apply_chat_template(self, _messages):
+            Tokenizer.calls += 1
+            raise AssertionError("tokenised")
+
+    client = TestClient(build_api(None, Tokenizer(), "m", max_prompt_tokens=1000))
+    messages = [{"role": "user", "content": "x" * 20_000}] * 2          # 40,000 > 32,000
+    r = client.post("/v1/chat/completions", json={"messages": messages})
+    assert r.status_code == 400 and "40000 characters" in r.json()["detail"]
+    assert Tokenizer.calls == 0
