@@ -26,7 +26,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,6 @@ from prometheus_client.registry import Collector
 log = logging.getLogger("infra.observability.discovery")
 
 KEY_PREFIX = "consolerl:metrics:target:"
-LABELS = ("component", "name", "run", "node", "node_ip")
 
 
 @dataclass(frozen=True)
@@ -199,6 +197,33 @@ def write_sd_file(redis: redis_lib.Redis, path: Path) -> list[dict[str, Any]]:
     return groups
 
 
+def refresh_sd_file(redis: redis_lib.Redis, path: Path) -> list[dict[str, Any]] | None:
+    """:func:`write_sd_file`, or None when Redis does not answer: the last file stays and
+    Prometheus keeps scraping what it lists."""
+    try:
+        return write_sd_file(redis, path)
+    except redis_lib.RedisError:
+        return None
+
+
+def keep_sd_file(redis: redis_lib.Redis, path: Path, interval_s: float,
+                 stop: threading.Event) -> None:
+    """Refresh ``path`` every ``interval_s`` until ``stop`` is set; says when the number of
+    targets changes and when Redis goes away or comes back (not at every try)."""
+    seen, reachable = -1, True
+    while True:
+        groups = refresh_sd_file(redis, path)
+        if (groups is not None) != reachable:
+            reachable = groups is not None
+            log.warning("discovery: Redis %s; %s", "answers again" if reachable else
+                        "does not answer, keeping the last file", path)
+        if groups is not None and len(groups) != seen:
+            seen = len(groups)
+            log.info("%d target(s) in %s", seen, path)
+        if stop.wait(interval_s):
+            return
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m infra.observability.discovery",
@@ -210,18 +235,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     client = redis_lib.Redis.from_url(args.redis, socket_timeout=5)
-    seen = -1
-    while True:
-        try:
-            groups = write_sd_file(client, args.out)
-            if len(groups) != seen:
-                seen = len(groups)
-                log.info("%d target(s) in %s", seen, args.out)
-        except redis_lib.RedisError as exc:      # keep the last file; Prometheus keeps going
-            log.warning("discovery: Redis unavailable (%s); keeping %s", exc, args.out)
-        if args.once:
-            return
-        time.sleep(args.interval)
+    if args.once:
+        if refresh_sd_file(client, args.out) is None:
+            raise SystemExit(f"discovery: no Redis answers at {args.redis}")
+        return
+    keep_sd_file(client, args.out, args.interval, threading.Event())
 
 
 if __name__ == "__main__":

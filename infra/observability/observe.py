@@ -25,7 +25,7 @@ import yaml
 
 from consolerl.errors import ConsoleRLError
 
-from .discovery import write_sd_file
+from .discovery import keep_sd_file, refresh_sd_file
 
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE / "prometheus.yml"
@@ -110,12 +110,11 @@ class Observatory:
         config_file = self.dir / "prometheus.yml"
         config_file.write_text(yaml.safe_dump(render_config(self.config), sort_keys=False))
         self.redis = redis_lib.Redis.from_url(self.config.redis_url, socket_timeout=5)
-        try:
-            write_sd_file(self.redis, self.dir / "sd" / "consolerl.json")
-        except redis_lib.RedisError:
-            pass                         # no Redis yet (a job starts its own): written later
-        self._thread = threading.Thread(target=self._discover, daemon=True,
-                                        name="observe-discovery")
+        sd_file = self.dir / "sd" / "consolerl.json"
+        refresh_sd_file(self.redis, sd_file)     # None without Redis yet: a job starts its own
+        self._thread = threading.Thread(
+            target=keep_sd_file, args=(self.redis, sd_file, self.config.sd_interval_s,
+                                       self._stop), daemon=True, name="observe-discovery")
         self._thread.start()
         log = open(self.dir / "redis-exporter.log", "ab")  # noqa: SIM115 - closed in stop()
         self.logs.append(log)
@@ -149,14 +148,6 @@ class Observatory:
                 raise ObserveError(f"Prometheus not ready within {timeout_s:g} s; see "
                                    f"{self.dir / 'prometheus.log'}")
             time.sleep(0.25)
-
-    def _discover(self) -> None:
-        path = self.dir / "sd" / "consolerl.json"
-        while not self._stop.wait(self.config.sd_interval_s):
-            try:
-                write_sd_file(self.redis, path)
-            except redis_lib.RedisError:
-                pass                     # Redis restarting: the last file stays
 
     def targets(self) -> list[dict[str, Any]]:
         """Prometheus's active targets (its /api/v1/targets)."""

@@ -96,3 +96,30 @@ def test_redis_down_at_start_does_not_stop_the_component(tmp_path):
             server.stop()
     finally:
         endpoint.close()
+
+
+def test_the_sd_file_keeper_waits_out_a_missing_redis(tmp_path):
+    """The loop make observe and the discovery command run: no Redis yet (a job starts its own)
+    leaves the file as it is; once Redis answers, the file lists the announcements."""
+    import threading
+
+    from infra.observability.discovery import keep_sd_file, refresh_sd_file
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis_lib.Redis.from_url(url, socket_timeout=2)
+    sd = tmp_path / "sd.json"
+    assert refresh_sd_file(client, sd) is None and not sd.exists()
+    stop = threading.Event()
+    keeper = threading.Thread(target=keep_sd_file, args=(client, sd, 0.2, stop), daemon=True)
+    keeper.start()
+    server = RedisServer(tmp_path / "redis", port=port).start()
+    try:
+        a = announce(PublishConfig(url, run="k"), "127.0.0.1:7", "trainer", "trainer")
+        wait_for(lambda: sd.exists() and len(json.loads(sd.read_text())) == 1, timeout=10)
+        a.close()
+        wait_for(lambda: json.loads(sd.read_text()) == [], timeout=10)
+    finally:
+        stop.set()
+        keeper.join(5)
+        server.stop()
+    assert not keeper.is_alive()
