@@ -1,7 +1,9 @@
 """An OpenAI-compatible ``POST /v1/chat/completions`` over the policy replicas, for external
 callers (judges, ResourceCoder, other teams), plus ``GET /v1/models`` and ``GET /metrics``.
 
-The request's messages go through the model's chat template; the completion comes from the same
+The request's messages go through the model's chat template, their content as plain text (a
+control string such as ``<|im_end|>`` in it is ordinary tokens, never a turn boundary: see
+:class:`rollout_service.models.HFChatTokenizer`); the completion comes from the same
 router the agent loop uses (least-loaded replica). Supported: ``messages``, ``max_tokens``
 (or ``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``n`` = 1, no streaming.
 The response carries the usual fields and, under ``consolerl``, the weight version that

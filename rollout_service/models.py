@@ -11,11 +11,15 @@ configured instead.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import re
+import secrets
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from consolerl.errors import ConfigError
 
@@ -122,27 +126,134 @@ def cached_tiny_model() -> Path:
     return target
 
 
+# Private-use characters delimit the placeholders that stand for control strings of message
+# content while the chat template renders; a per-call nonce keeps page text from forging one.
+_OPEN, _CLOSE = "\ue000", "\ue001"
+
+
 class HFChatTokenizer:
     """A Hugging Face tokenizer as the agent loop's :class:`ChatTokenizer` (prompt ids as a
-    list; transformers 5 returns a BatchEncoding from ``apply_chat_template``)."""
+    list; transformers 5 returns a BatchEncoding from ``apply_chat_template``).
+
+    Message content is plain text (issue 23): page text, task instructions, the history, an
+    echoed ``last_action_error`` and policy-API messages carry what anyone typed. The chat
+    template's own markers are control tokens; a control string inside a message's content
+    (``<|im_end|>``, or any other added token of the tokenizer, special or not) becomes the
+    ordinary tokens of its characters, so the model reads the text and no turn is forged:
+
+    1. each control string in the content is swapped for a placeholder; a content that begins
+       with the tail of a control string, ends with its head or lies inside one gets an empty
+       placeholder at that edge, so template text beside it cannot complete one;
+    2. the template renders the messages to text: every control token the tokenizer finds in
+       that text is now the template's own;
+    3. the text is cut at those tokens (the tokenizer's own offsets, so its strip rules hold)
+       and each piece between them, placeholders put back, is encoded by a copy of the
+       tokenizer that matches no added token.
+
+    A prompt whose content holds no control string skips all this: it is the tokenizer's
+    ``apply_chat_template``, id for id. Rejected: neutralising control strings in the content
+    (a word joiner inside ``<|im_end|>``) changes the text, and a model that copies a value
+    from the page would type the joiner into the console. :meth:`encode` (a completion to
+    train on) is plain text the same way: the ordinary tokens the policy samples to write it.
+    Engines get only these ids (vLLM a ``TokensPrompt``), and trajectories and SFT exports
+    carry them, so the trainer sees the ids the policy sampled from."""
 
     def __init__(self, path: str | Path):
         from transformers import AutoTokenizer
         self.tokenizer = AutoTokenizer.from_pretrained(str(path),
                                                        clean_up_tokenization_spaces=False)
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise ConfigError(f"model {path}: the tokenizer is not a fast (tokenizers) one; "
+                              "message text cannot be kept plain without it")
+        added = self.tokenizer.added_tokens_decoder
+        self.control_ids = frozenset(int(i) for i in added)
+        self._strings = sorted({t.content for t in added.values() if t.content},
+                               key=len, reverse=True)
+        self._control = (re.compile("|".join(map(re.escape, self._strings)))
+                         if self._strings else None)
+        self._heads = tuple({s[:i] for s in self._strings for i in range(1, len(s))})
+        self._tails = tuple({s[i:] for s in self._strings for i in range(1, len(s))})
+        self._plain = _plain_tokenizer(backend)
 
     def apply_chat_template(self, messages: list[dict[str, str]], *, tokenize: bool = True,
                             add_generation_prompt: bool = True) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, tokenize=True,
-                                                 add_generation_prompt=add_generation_prompt)
-        ids = out["input_ids"] if hasattr(out, "keys") else out
-        return [int(i) for i in ids]
+        nonce, literals = secrets.token_hex(4), []
+        safe = [{**m, "content": self._hide(m.get("content"), literals, nonce)}
+                for m in messages]
+        if not literals:
+            out = self.tokenizer.apply_chat_template(safe, tokenize=True,
+                                                     add_generation_prompt=add_generation_prompt)
+            ids = out["input_ids"] if hasattr(out, "keys") else out
+            return [int(i) for i in ids]
+        text = self.tokenizer.apply_chat_template(safe, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+        marked = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
+                                split_special_tokens=False)
+        placeholder = re.compile(f"{_OPEN}{nonce}:(\\d+){_CLOSE}")
+
+        def piece(start: int, end: int) -> list[int]:
+            return self._plain_ids(placeholder.sub(lambda m: literals[int(m[1])],
+                                                   text[start:end]))
+
+        ids: list[int] = []
+        start = 0
+        for token, (begin, end) in zip(marked["input_ids"], marked["offset_mapping"]):
+            if token in self.control_ids:
+                ids += piece(start, begin)
+                ids.append(int(token))
+                start = end
+        return ids + piece(start, len(text))
+
+    def _hide(self, content: object, literals: list[str], nonce: str) -> str:
+        """``content`` with its control strings (and risky edges) as placeholders; the
+        strings they stand for appended to ``literals``."""
+        if not isinstance(content, str):
+            raise TypeError(f"message content: must be a string, got {type(content).__name__}")
+
+        def swap(literal: str) -> str:
+            literals.append(literal)
+            return f"{_OPEN}{nonce}:{len(literals) - 1}{_CLOSE}"
+
+        if self._control is None or not content:
+            return content
+        text = self._control.sub(lambda m: swap(m.group()), content)
+        inside = len(text) < len(self._strings[0]) and any(text in s for s in self._strings)
+        if inside or text.startswith(self._tails):
+            text = swap("") + text
+        if inside or text.endswith(self._heads):
+            text = text + swap("")
+        return text
+
+    def _plain_ids(self, text: str) -> list[int]:
+        if not text:
+            return []
+        ids = self._plain.encode(text, add_special_tokens=False).ids
+        if self.control_ids.intersection(ids):
+            raise ConfigError(f"the tokenizer's vocabulary encodes the plain text {text[:80]!r} "
+                              "with a control token; message text cannot be kept plain")
+        return list(ids)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def encode(self, text: str) -> list[int]:
+        """``text`` as plain text: a control string in it becomes ordinary tokens."""
+        if self._control is not None and self._control.search(text):
+            return self._plain_ids(text)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _plain_tokenizer(backend: Any) -> Any:
+    """A copy of a ``tokenizers.Tokenizer`` that reads every added token's string as ordinary
+    text (all of them marked special, and special ones not matched)."""
+    from tokenizers import Tokenizer
+    spec = json.loads(backend.to_str())
+    for token in spec.get("added_tokens") or []:
+        token["special"] = True
+    plain = Tokenizer.from_str(json.dumps(spec))
+    plain.encode_special_tokens = True
+    return plain
 
 
 if __name__ == "__main__":      # `python -m rollout_service.models`: convert the default once

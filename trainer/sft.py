@@ -12,8 +12,10 @@ the ids on the response tokens, where
   as it is;
 - a turn with only ``messages`` and ``completion`` (another OpenAI-compatible teacher) is
   tokenized here: ``messages`` through the chat template with the generation prompt, then the
-  completion's tokens and the template's end-of-turn token (SmolLM2: ``<|im_end|>``, what the
-  policy samples to stop; :func:`end_of_turn_id` finds it).
+  completion's tokens (both as plain text: a control string in them is ordinary tokens, as
+  :class:`rollout_service.models.HFChatTokenizer` encodes it) and the template's end-of-turn
+  token (SmolLM2: ``<|im_end|>``, what the policy samples to stop; :func:`end_of_turn_id`
+  finds it).
 
 Turns whose recorded ``action_error`` is not empty (the teacher's own mistakes) and turns longer
 than ``max_seq_len`` are skipped and counted. A malformed line is a :class:`DataError` naming
