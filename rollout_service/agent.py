@@ -8,9 +8,11 @@ Each turn builds one chat prompt from
   accessibility text, cut to ``max_observation_chars``; cut further while the prompt is over
   ``max_prompt_tokens``).
 
-The prompt is tokenized once with the tokenizer's chat template; the policy samples from those
-ids; the sampled ids are decoded only to find the action (the env worker parses the text
-strictly, an unparsable output becomes ``last_action_error`` in the next observation). Each
+The prompt is tokenized once with the tokenizer's chat template, message content as plain text
+(a control string in page text, the task or the history is ordinary tokens, see
+:class:`ChatTokenizer`); the policy samples from those ids; the sampled ids are decoded only to
+find the action (the env worker parses the text strictly, an unparsable output becomes
+``last_action_error`` in the next observation). Each
 :class:`Turn` keeps exactly the prompt ids, the sampled ids, their log-probs, a loss mask (1 on
 every sampled token) and the policy version that sampled them: the trainer never re-tokenizes.
 
@@ -104,6 +106,11 @@ class Policy(Protocol):
 
 
 class ChatTokenizer(Protocol):
+    """``apply_chat_template``: the prompt ids, the template's markers as control tokens and
+    every message's content as plain text: a control string in it (``<|im_end|>``, any added
+    token) comes out as ordinary tokens, never as a control token. ``decode``: the sampled ids
+    as text. :class:`rollout_service.models.HFChatTokenizer` is the real one (issue 23)."""
+
     def apply_chat_template(self, messages: list[dict[str, str]], *, tokenize: bool = True,
                             add_generation_prompt: bool = True) -> list[int]: ...
 
