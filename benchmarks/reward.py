@@ -198,7 +198,9 @@ def _console_create_user(base_url: str, account: Account, user_name: str,
                          display_name: str) -> None:
     """Sign in and submit the RAM "Create User" form, as a browser would."""
     with httpx.Client(base_url=base_url, follow_redirects=False, timeout=30) as web:
-        r = web.post("/console/signin", data={"login_name": account.login_name,
+        # The form's CSRF token: a cookie and the same value in a hidden field.
+        csrf = re.search(r'name="_csrf" value="([^"]+)"', web.get("/console/signin").text)[1]
+        r = web.post("/console/signin", data={"_csrf": csrf, "login_name": account.login_name,
                                               "password": account.password})
         if r.status_code != 303:
             raise RuntimeError(f"console sign-in as {account.login_name}: {r.status_code}")

@@ -64,8 +64,9 @@ def parse(text: str | None) -> frozenset[str]:
         return frozenset(KINDS)
     unknown = sorted(wanted - set(KINDS))
     if unknown:
-        raise ConfigError(f"unknown drift kind(s) {', '.join(repr(u[:32]) for u in unknown)}; "
-                          f"allowed: {', '.join(KINDS)} or all")
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise ConfigError(f"unknown drift kind(s) {', '.join(repr(u[:32]) for u in unknown[:5])}"
+                          f"{more}; allowed: {', '.join(KINDS)} or all")
     return frozenset(wanted)
 
 

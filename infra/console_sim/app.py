@@ -58,7 +58,7 @@ class CloudApp:
             lambda delays: [self.metrics.delivery.observe(d) for d in delays]
         self.oss = oss.OssApi(self.service, self.accounts, config)
         self.console, self.console_routes = build_console(
-            self.service, self.accounts, self.metrics.registry, self.oss.handle)
+            self.service, self.accounts, self.metrics.registry, self.oss.handle, config.signin)
 
     async def _read_body(self, request: Request) -> bytes:
         declared = request.headers.get("content-length")

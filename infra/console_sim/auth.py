@@ -3,13 +3,13 @@ nonce replay, unknown AccessKeys. Raises :class:`CloudError` with the real codes
 from __future__ import annotations
 
 import hashlib
-import hmac
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
 from consolerl.accounts import Account
+from consolerl.text import same_secret
 from .errors import CloudError, missing
 from .signing import (ACS3, acs3_signature, acs3_string_to_sign, parse_acs3_authorization,
                       rpc_v1_signature)
@@ -159,13 +159,13 @@ class Authenticator:
         account = self._account(access_key_id)
         self._check_time(headers["x-acs-date"], "x-acs-date", now_ms)
         payload_hash = headers["x-acs-content-sha256"]
-        if not hmac.compare_digest(payload_hash, hashlib.sha256(body).hexdigest()):
+        if not same_secret(payload_hash, hashlib.sha256(body).hexdigest()):
             raise CloudError("SignatureDoesNotMatch", "x-acs-content-sha256 does not match the "
                              "SHA-256 of the request body.", 400)
         string_to_sign = acs3_string_to_sign(method, path, params, headers, signed_headers,
                                              payload_hash)
         expected = acs3_signature(account.access_key_secret, string_to_sign)
-        if not hmac.compare_digest(expected, signature):
+        if not same_secret(signature, expected):
             raise CloudError("SignatureDoesNotMatch",
                              "The request signature does not conform to Aliyun standards. "
                              f"server string to sign is:{string_to_sign}", 400)
@@ -212,7 +212,7 @@ class Authenticator:
         self._check_time(params["Timestamp"], "Timestamp", now_ms)
         signed = {k: v for k, v in params.items() if k != "Signature"}
         expected = rpc_v1_signature(method, signed, account.access_key_secret)
-        if not hmac.compare_digest(expected, params["Signature"]):
+        if not same_secret(params["Signature"], expected):
             raise CloudError("SignatureDoesNotMatch",
                              "Specified signature is not matched with our calculation.", 400)
         self._use_nonce(params["SignatureNonce"], now_ms)

@@ -1,10 +1,37 @@
 """Typed configuration of the local cloud server."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from consolerl.errors import ConfigError
+
 DEFAULT_ACCOUNTS_FILE = Path(__file__).with_name("default_accounts.yaml")
+
+
+@dataclass(frozen=True)
+class SigninLimits:
+    """When wrong passwords lock sign-in. Defaults: 5 wrong passwords for one name, or 100
+    from one address, within 5 minutes lock it for 5 minutes, then 10, 20, ... up to 1 hour
+    for further locks in a row."""
+
+    account_failures: int = 5
+    address_failures: int = 100
+    window_s: float = 300.0
+    lockout_s: float = 300.0
+    max_lockout_s: float = 3600.0
+    max_tracked: int = 10_000
+
+    def __post_init__(self) -> None:
+        for name in ("account_failures", "address_failures", "max_tracked"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"SigninLimits.{name} must be an integer >= 1, got {value!r}")
+        for name in ("window_s", "lockout_s", "max_lockout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"SigninLimits.{name} must be a number > 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -15,7 +42,8 @@ class SimConfig:
     ActionTrail takes up to ~10 minutes); ``lookup_qps`` is the per-account LookupEvents limit
     (0 disables it); ``transition_s`` is how long instance status transitions take
     (Pending → Running, Stopping → Stopped, Starting → Running), ``network_ready_s`` how
-    long a new VPC or vSwitch stays Pending before it is Available.
+    long a new VPC or vSwitch stays Pending before it is Available; ``signin`` when wrong
+    console passwords lock sign-in (``console/signin.py``).
     """
 
     host: str = "127.0.0.1"
@@ -29,3 +57,4 @@ class SimConfig:
     network_ready_s: float = 0.5
     max_query_bytes: int = 32 * 1024
     max_body_bytes: int = 1024 * 1024
+    signin: SigninLimits = field(default_factory=SigninLimits)

@@ -14,6 +14,45 @@ from consolerl.text import ascii_digits
 from .errors import CloudError, invalid, missing
 
 _MAX_LIST = 100
+_MAX_JSON_CHARS = 16 * 1024      # 100 ids of 128 characters, quoted, with commas
+
+
+def json_depth(text: str) -> int:
+    """How deeply the arrays and objects of a JSON text nest (0 for a scalar), counted without
+    parsing, so that a deep text is refused before a recursive parser overflows the stack."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def json_value(name: str, text: str, *, max_len: int, max_depth: int, why: str) -> object:
+    """Parse the JSON text of parameter ``name``; InvalidParameter naming it (and ``why``)
+    when it is longer than ``max_len`` characters, nests deeper than ``max_depth``, or is
+    not JSON. Never a RecursionError."""
+    if len(text) > max_len:
+        raise invalid(name, f"at most {max_len} characters; {why}")
+    if json_depth(text) > max_depth:
+        raise invalid(name, f"nested more than {max_depth} level{'s' if max_depth > 1 else ''} "
+                            f"deep; {why}")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise invalid(name, why) from None
 
 
 class Params:
@@ -100,15 +139,14 @@ class Params:
         return [groups[i] for i in sorted(groups)]
 
     def json_list(self, name: str) -> list[str] | None:
+        """A JSON array of strings (``["i-xxx", ...]``), at most 100 of them."""
         value = self.raw.get(name)
         if value is None or value == "":
             return None
-        try:
-            items = json.loads(value)
-        except ValueError:
-            raise invalid(name, 'must be a JSON array of strings, like ["i-xxx"]') from None
+        shape = 'must be a JSON array of strings, like ["i-xxx"]'
+        items = json_value(name, value, max_len=_MAX_JSON_CHARS, max_depth=1, why=shape)
         if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise invalid(name, 'must be a JSON array of strings, like ["i-xxx"]')
+            raise invalid(name, shape)
         if len(items) > _MAX_LIST:
             raise invalid(name, f"at most {_MAX_LIST} items")
         return items

@@ -56,7 +56,9 @@ class Principal:
 
 
 def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    """A token's SHA-256: what the file keeps and what a presented token is looked up by (a
+    dict lookup of a hash, so no text comparison of secrets). Any text hashes, never raises."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass

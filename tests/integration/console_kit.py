@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 from alibabacloud_actiontrail20200706 import models as at
 from playwright.sync_api import Locator, Page, expect
 
@@ -73,6 +74,23 @@ class Console:
 
     def alert(self) -> str:
         return " ".join(self.page.get_by_role("alert").all_inner_texts())
+
+
+def signin_token(web: httpx.Client) -> str:
+    """Open the sign-in form as a browser does: ``web`` keeps its CSRF cookie; returns the
+    form's hidden ``_csrf`` token."""
+    page = web.get("/console/signin")
+    assert page.status_code == 200, page.status_code
+    return re.search(r'name="_csrf" value="([^"]+)"', page.text)[1]
+
+
+def sign_in_http(web: httpx.Client, account: Account, password: str | None = None,
+                 **fields: str) -> httpx.Response:
+    """Fill in and submit the sign-in form with ``web`` (an httpx client on the cloud's base
+    URL): the answer is a 303 to ``next`` with the session cookie set, or the form again."""
+    return web.post("/console/signin", data={
+        "_csrf": signin_token(web), "login_name": account.login_name,
+        "password": account.password if password is None else password, **fields})
 
 
 def audit_events(client: CloudClient) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Authentication and the listed error codes, through the official SDK clients."""
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from alibabacloud_ecs20140526 import models as ecs
@@ -197,3 +197,88 @@ def test_rpc_v1_runs_only_the_signed_action(cloud, accounts):
                    headers={"x-acs-action": "DescribeSecurityGroups",
                             "x-acs-version": "2014-05-26"})
     assert r.status_code == 200, r.text
+
+
+# ---- issue 23: non-ASCII signatures, hashes and tokens are refused, never a 500 -----------
+
+def _assert_refused(r, code: str) -> None:
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
+    if r.headers.get("content-type", "").startswith("application/xml"):
+        assert f"<Code>{code}</Code>" in r.text, r.text[:300]
+    else:
+        body = r.json()
+        assert {"RequestId", "HostId", "Code", "Message", "Recommend"} <= body.keys()
+        assert body["Code"] == code, body
+
+
+@pytest.mark.parametrize("signature", ["é", "\u6d4b\u8bd5", "\U0001F600" * 10, "é" * 28])
+def test_non_ascii_rpc_v1_signature_is_refused(cloud, accounts, signature):
+    import httpx
+    query = _signed_v1(accounts[0], {"Action": "DescribeVpcs", "Version": "2016-04-28",
+                                     "RegionId": "cn-hangzhou"})
+    query["Signature"] = signature
+    r = httpx.post(f"{cloud.url}/", params=query, timeout=10)
+    _assert_refused(r, "SignatureDoesNotMatch")
+
+
+def _acs3_headers(account, signature: bytes, content_sha256: bytes) -> dict[str, bytes]:
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    signed = "host;x-acs-action;x-acs-content-sha256;x-acs-date;x-acs-signature-nonce;x-acs-version"
+    return {"authorization": f"ACS3-HMAC-SHA256 Credential={account.access_key_id},"
+                             f"SignedHeaders={signed},Signature=".encode() + signature,
+            "x-acs-action": b"DescribeVpcs", "x-acs-version": b"2016-04-28",
+            "x-acs-date": now.encode(), "x-acs-content-sha256": content_sha256,
+            "x-acs-signature-nonce": _nonce().encode()}
+
+
+def _nonce() -> str:
+    import secrets as _secrets
+    return _secrets.token_hex(16)
+
+
+# Header bytes above 0x7F are legal HTTP (obs-text); the server reads them as Latin-1 text.
+@pytest.mark.parametrize("signature,content_sha256", [
+    (b"\xc3\xa9" * 32, b"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"),
+    (b"00", b"\xc3\xa9" * 32),
+    (b"\xff", b"\xe9"),
+])
+def test_non_ascii_acs3_signature_or_content_hash_is_refused(cloud, accounts, signature,
+                                                             content_sha256):
+    import httpx
+    r = httpx.post(f"{cloud.url}/", timeout=10,
+                   headers=_acs3_headers(accounts[0], signature, content_sha256))
+    _assert_refused(r, "SignatureDoesNotMatch")
+
+
+@pytest.mark.parametrize("signature", [b"\xc3\xa9", b"\xe9" * 28, b"abc\xff"])
+def test_non_ascii_oss_signature_is_refused(cloud, accounts, signature):
+    from email.utils import formatdate
+
+    import httpx
+    r = httpx.get(f"{cloud.url}/", timeout=10, headers={
+        "authorization": f"OSS {accounts[0].access_key_id}:".encode() + signature,
+        "date": formatdate(usegmt=True)})
+    _assert_refused(r, "SignatureDoesNotMatch")
+
+
+@pytest.mark.parametrize("data", [
+    {"m": 10 ** 30, "s": 1}, {"m": 1, "s": 2 ** 64}, {"m": -1, "s": -1}, {"m": 1.5, "s": 1},
+    {"m": True, "s": 1}, {"m": "1", "s": "1"}, b"inf", b"[]", b"\xff\xfe", "é",
+    "!!!not base64!!!", b'{"m":1e999,"s":1,"q":"%s"}', b'{"m":NaN,"s":1,"q":"%s"}',
+])
+def test_crafted_next_tokens_are_invalid_parameter(make_client, data):
+    """Tokens made to look like ours (right scope: no lookup attributes, default times,
+    BACKWARD), with the wrong types or out-of-range numbers, and plain garbage."""
+    import base64
+    import hashlib
+    import json
+    scope = hashlib.sha256(json.dumps([[], None, None, "BACKWARD"]).encode()).hexdigest()[:16]
+    if isinstance(data, dict):
+        raw = json.dumps({**data, "q": scope}).encode()
+    elif isinstance(data, bytes):
+        raw = data.replace(b"%s", scope.encode())
+    else:
+        raw = None
+    token = data if raw is None else base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    err = error_of(make_client(0).rpc, "Actiontrail", "LookupEvents", {"NextToken": token})
+    assert (err.code, err.status) == ("InvalidParameter", 400) and "NextToken" in err.message

@@ -26,7 +26,7 @@ text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size
 htext = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=40)
 huge = st.integers(min_value=1, max_value=9_000).map(lambda n: "x" * n)
 values = st.one_of(text, huge, st.sampled_from(["", "-1", "1e9", "null", "[]", '["i-1"]',
-                                                "%zz", "0.0.0.0/0", "true"]))
+                                                "%zz", "0.0.0.0/0", "true", "[" * 3000]))
 keys = st.one_of(text.filter(bool), st.sampled_from([
     "RegionId", "Action", "Version", "Signature", "AccessKeyId", "SignatureNonce", "Timestamp",
     "SignatureMethod", "SignatureVersion", "PageSize", "Tag.1.Key", "LookupAttribute.9.Key"]))
@@ -122,3 +122,44 @@ def test_metrics_count_requests(cloud, make_client):
     assert "consolerl_cloud_sim_request_duration_seconds_bucket" in text_
     assert "LocalSecret" not in text_
     json.dumps(text_)
+
+
+def _json_parameters() -> list[str]:
+    """Every parameter the products read as JSON (``p.json_list("Name")``)."""
+    import re
+    from pathlib import Path
+
+    from infra.console_sim import products
+    found = set()
+    for path in Path(products.__file__).parent.glob("*.py"):
+        found |= set(re.findall(r'json_list\(\s*"(\w+)"', path.read_text()))
+    return sorted(found)
+
+
+JSON_PARAMS = _json_parameters()
+# Each under the 32 KiB query limit once URL-encoded, so the JSON parser is what sees them.
+DEEP = ["[" * 8_000, "[" * 2_000 + "]" * 2_000, '{"a":' * 1_000 + "1" + "}" * 1_000,
+        "[" + '"x",' * 2_500 + '"x"]']
+
+
+def test_json_parameters_are_found():
+    assert {"InstanceIds", "SecurityGroupIds"} <= set(JSON_PARAMS)
+
+
+@pytest.mark.parametrize("value", DEEP, ids=["open", "closed", "objects", "many"])
+def test_deep_or_huge_json_parameters_are_400_naming_them(make_client, value):
+    """Every action gets every JSON-valued parameter, deeply nested or huge: a clear 4xx, the
+    parameter named where the action reads it, and the value never echoed."""
+    client = make_client(6, "v3")
+    named = set()
+    for product, action in ACTIONS:
+        for name in JSON_PARAMS:
+            try:
+                client.rpc(product, action, {"RegionId": "cn-hangzhou", name: value})
+            except CloudAPIError as err:
+                assert 400 <= err.status < 500 and err.code != "InternalError", (action, err)
+                assert len(err.message) < 500, (action, err.message[:200])
+                if err.code == "InvalidParameter" and f'"{name}"' in err.message:
+                    named.add((action, name))
+    assert {("DescribeInstances", "InstanceIds"),
+            ("DescribeSecurityGroups", "SecurityGroupIds")} <= named

@@ -1,18 +1,28 @@
 """Unit tests of the local cloud's pure parts: signing, parameters, accounts, errors."""
 from __future__ import annotations
 
+import base64
+import hmac
+import json
 import pickle
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from alibabacloud_tea_openapi.utils import Utils as SdkUtils
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from consolerl.errors import CloudAPIError, ConfigError
 from infra.cloud import CloudConfig, Credentials
 from consolerl.accounts import load_accounts, parse_accounts
 from infra.console_sim.auth import parse_params
+from consolerl.text import same_secret
+from infra.console_sim.config import SigninLimits
+from infra.console_sim.console.signin import Lock, SigninGuard
 from infra.console_sim.errors import CloudError
-from infra.console_sim.params import Params
+from infra.console_sim.params import Params, json_depth
+from infra.console_sim.products.actiontrail import _decode_token, _encode_token, _token_scope
 from infra.console_sim.service import redact
 from infra.console_sim.signing import (acs3_signature, acs3_string_to_sign, canonical_query,
                                        parse_acs3_authorization, rpc_v1_signature)
@@ -135,3 +145,189 @@ def test_time_round_trip():
     ms = parse_iso("2026-11-21T19:50:51Z")
     assert ms is not None and iso(ms) == "2026-11-21T19:50:51Z"
     assert parse_iso("2026-13-01T00:00:00Z") is None and parse_iso("yesterday") is None
+
+
+# ---- issue 23: secrets, tokens and JSON from outside never give a 500 -----------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("given,expected,equal", [
+    ("abc", "abc", True), ("é", "é", True), ("é", "e", False), ("abc", "é", False),
+    ("\ud800", "\ud800", True), ("\ud800", "x", False), (b"\xc3\xa9", "é", True),
+    ("", "", True), (None, "x", False), ("x", None, False), (None, None, False), (1, 1, False),
+])
+def test_same_secret_compares_utf8_bytes_and_never_raises(given, expected, equal):
+    assert same_secret(given, expected) is equal
+
+
+def test_stdlib_compare_digest_raises_on_non_ascii_text():
+    """Why the helper exists: what auth, OSS and the console called before (issue 23)."""
+    with pytest.raises(TypeError):
+        hmac.compare_digest("é", "e")
+
+
+def test_secrets_are_compared_only_through_same_secret():
+    """Every secret comparison of the repository goes through ``consolerl.text.same_secret``:
+    a direct ``compare_digest`` on text is the 500 of issue 23 waiting to happen."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0].startswith((".venv", ".")) or rel.parts[0] == "tests" or \
+                rel == Path("consolerl/text.py"):
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if "compare_digest" in line:
+                found.append(f"{rel}:{number}: {line.strip()}")
+    assert not found, "use consolerl.text.same_secret:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("value", ["[" * 5_000, "[" * 5_000 + "]" * 5_000,
+                                   '[["i-1"]]', '{"a": ["i-1"]}', "[" * 20_000])
+def test_json_list_refuses_nested_or_huge_json_naming_the_parameter(value):
+    with pytest.raises(CloudError) as info:
+        Params({"InstanceIds": value}).json_list("InstanceIds")
+    assert info.value.code == "InvalidParameter" and '"InstanceIds"' in info.value.message
+    assert len(info.value.message) < 300
+
+
+def test_json_depth_ignores_brackets_inside_strings():
+    assert json_depth('["[[[", "{\\"]]", "x"]') == 1
+    assert json_depth('"no"') == 0 and json_depth('[{"a": [1]}]') == 3
+    assert Params({"Ids": '["[[[[", "a\\\\"]'}).json_list("Ids") == ["[[[[", "a\\"]
+
+
+def _token(data: object) -> str:
+    raw = data if isinstance(data, bytes) else json.dumps(data).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+SCOPE = _token_scope([], None, None, "BACKWARD")
+
+
+@pytest.mark.parametrize("token", [
+    "!!!", "é" * 8, "a", "abcde", _token(b"\xff\xfe\xfd"), _token(b"not json"),
+    _token([1, 2]), _token("m"), _token(None), _token({"m": 1, "s": 1}),
+    _token({"m": 1, "s": 1, "q": SCOPE, "x": 0}),
+    _token({"m": "1", "s": 1, "q": SCOPE}), _token({"m": True, "s": 1, "q": SCOPE}),
+    _token({"m": 1.5, "s": 1, "q": SCOPE}), _token({"m": 1, "s": 1, "q": 7}),
+    _token({"m": 10 ** 30, "s": 1, "q": SCOPE}), _token({"m": 1, "s": 2 ** 63, "q": SCOPE}),
+    _token({"m": -1, "s": 1, "q": SCOPE}), _token({"m": 1, "s": -5, "q": SCOPE}),
+    _token(b'{"m":1e999,"s":1,"q":"' + SCOPE.encode() + b'"}'),
+    _token(b'{"m":NaN,"s":1,"q":"' + SCOPE.encode() + b'"}'),
+    _token(b'{"m":[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]],"s":1,"q":"x"}'),
+    _token({"m": 1, "s": 1, "q": "\ud800"}),
+])
+def test_crafted_next_tokens_are_invalid_parameter(token):
+    with pytest.raises(CloudError) as info:
+        _decode_token(token, SCOPE)
+    assert (info.value.code, info.value.status) == ("InvalidParameter", 400)
+    assert '"NextToken"' in info.value.message
+
+
+def test_next_tokens_round_trip():
+    assert _decode_token(_encode_token(1_700_000_000_000, 42, SCOPE), SCOPE) == \
+        (1_700_000_000_000, 42)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=80), st.binary(max_size=300).map(_token),
+                 st.recursive(st.none() | st.booleans() | st.integers() | st.floats() |
+                              st.text(max_size=8),
+                              lambda inner: st.lists(inner, max_size=3) |
+                              st.dictionaries(st.sampled_from("msqx"), inner, max_size=4),
+                              max_leaves=8).map(_token)))
+def test_any_next_token_is_a_round_trip_or_invalid_parameter(token):
+    try:
+        ms, seq = _decode_token(token, SCOPE)
+    except CloudError as err:
+        assert err.code == "InvalidParameter" and '"NextToken"' in err.message
+    else:
+        assert 0 <= ms < 2 ** 63 and 0 <= seq < 2 ** 63
+
+
+# ---- sign-in lockout ----------------------------------------------------------------------
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _guard(**limits) -> tuple[SigninGuard, FakeClock, list[str]]:
+    clock, locks = FakeClock(), []
+    return SigninGuard(SigninLimits(**limits), clock, locks.append), clock, locks
+
+
+def test_five_wrong_passwords_lock_the_name_for_five_minutes():
+    guard, clock, locks = _guard()
+    assert [guard.failed("heidi", "10.0.0.1") for _ in range(4)] == [None] * 4
+    assert guard.locked("heidi", "10.0.0.1") is None
+    lock = guard.failed("heidi", "10.0.0.1")
+    assert lock == Lock("account", 300.0) and locks == ["account"]
+    clock.now += 299
+    # From any address, and whatever the password: the caller does not even check it.
+    assert guard.locked("heidi", "10.9.9.9") == Lock("account", 1.0)
+    assert guard.locked("alice", "10.0.0.1") is None
+    clock.now += 1
+    assert guard.locked("heidi", "10.0.0.1") is None
+
+
+def test_failures_age_out_of_the_window():
+    guard, clock, _ = _guard()
+    for _ in range(4):
+        guard.failed("heidi", "a")
+    clock.now += 301
+    assert guard.failed("heidi", "a") is None and guard.locked("heidi", "a") is None
+
+
+def test_locks_in_a_row_double_up_to_an_hour_and_success_resets_them():
+    guard, clock, _ = _guard()
+    seconds = []
+    for _ in range(6):
+        lock = None
+        for _ in range(5):
+            lock = guard.failed("heidi", f"addr{len(seconds)}")
+        seconds.append(lock.seconds)
+        clock.now += lock.seconds
+    assert seconds == [300, 600, 1200, 2400, 3600, 3600]
+    guard.succeeded("heidi")
+    for _ in range(5):
+        lock = guard.failed("heidi", "addr-x")
+    assert lock.seconds == 300
+
+
+def test_wrong_passwords_from_one_address_lock_the_address():
+    guard, _, locks = _guard(address_failures=10)
+    for i in range(9):
+        assert guard.failed(f"name{i}", "10.0.0.7") is None
+    assert guard.failed("name9", "10.0.0.7") == Lock("address", 300.0)
+    assert guard.locked("alice", "10.0.0.7").scope == "address"
+    assert guard.locked("alice", "10.0.0.8") is None and locks == ["address"]
+    assert "your network address" in Lock("address", 61).message()
+    assert "try again in 2 minutes" in Lock("address", 61).message()
+
+
+def test_the_guard_keeps_a_bounded_number_of_names():
+    guard, _, _ = _guard(max_tracked=50)
+    for i in range(1_000):
+        guard.failed(f"name{i}", f"10.0.{i // 250}.{i % 250}")
+    assert len(guard._records) == 50
+
+
+@pytest.mark.parametrize("field,value", [("account_failures", 0), ("address_failures", True),
+                                         ("window_s", float("nan")), ("lockout_s", -1)])
+def test_signin_limits_refuse_nonsense(field, value):
+    with pytest.raises(ConfigError, match=field):
+        SigninLimits(**{field: value})
+
+
+@pytest.mark.parametrize("token", ["é", "\ud800", "Ã©" * 40, "crl_" + "é" * 43])
+def test_jobs_api_tokens_of_any_text_are_unknown_not_errors(tmp_path, token):
+    """The jobs API looks a bearer token up by its SHA-256; odd text is just no team's."""
+    from rollout_service.jobs.auth import TokenBook
+    book = TokenBook(tmp_path / "tokens.json")
+    real = book.create("docs", ["jobs:read"])
+    assert book.verify(token) is None and book.verify(real).team == "docs"

@@ -22,8 +22,11 @@ class ConsoleMetrics:
             "consolerl_console_sim_operation_duration_seconds", "Time of one console change "
             "through the service layer.", ["product"], registry=registry, buckets=_BUCKETS)
         self.signins = Counter(
-            "consolerl_console_sim_signins_total", "Sign-in attempts, by outcome.", ["outcome"],
-            registry=registry)
+            "consolerl_console_sim_signins_total", "Sign-in attempts, by outcome (success, "
+            "failed, missing, locked, bad_token).", ["outcome"], registry=registry)
+        self.signin_lockouts = Counter(
+            "consolerl_console_sim_signin_lockouts_total", "Sign-in locks started by repeated "
+            "wrong passwords, by scope (account or address).", ["scope"], registry=registry)
         self.sessions = Gauge(
             "consolerl_console_sim_sessions", "Console sessions not yet expired.",
             registry=registry)

@@ -4,12 +4,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import time
 from collections import OrderedDict
 from typing import Any
 
 from ..errors import CloudError, invalid
-from ..params import Params
+from ..params import Params, json_value
 from ..service import CallContext, Product
 from ..timeutil import iso, parse_iso
 
@@ -72,12 +73,31 @@ def _token_scope(attrs: list[tuple[str, str]], start: str | None, end: str | Non
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
+_TOKEN_TEXT = re.compile(r"[A-Za-z0-9_-]{2,512}")     # unpadded URL-safe base64
+_MAX_CURSOR = 2 ** 63 - 1                              # SQLite's INTEGER
+
+
 def _decode_token(token: str, scope: str) -> tuple[int, int]:
+    """The (event time, seq) cursor of a token from :func:`_encode_token`. Anything else,
+    however it was made, is InvalidParameter naming NextToken: never a 500."""
+    not_ours = invalid("NextToken", "not a token returned by a previous LookupEvents call")
+    if not _TOKEN_TEXT.fullmatch(token):
+        raise not_ours
     try:
-        data = json.loads(base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4)))
-        ms, seq, token_scope = int(data["m"]), int(data["s"]), str(data["q"])
-    except (ValueError, KeyError, TypeError, UnicodeError):
-        raise invalid("NextToken", "not a token returned by a previous LookupEvents call") from None
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    except ValueError:          # binascii.Error: a length no base64 text has
+        raise not_ours from None
+    try:
+        data = json_value("NextToken", raw.decode("utf-8"), max_len=512, max_depth=1, why="")
+    except (CloudError, UnicodeDecodeError):
+        raise not_ours from None
+    if not isinstance(data, dict) or set(data) != {"m", "s", "q"}:
+        raise not_ours
+    ms, seq, token_scope = data["m"], data["s"], data["q"]
+    # type() is int: not a bool, not a float (1e999 is inf), and in the range SQLite holds.
+    if not (type(ms) is int and type(seq) is int and 0 <= ms <= _MAX_CURSOR and
+            0 <= seq <= _MAX_CURSOR and isinstance(token_scope, str)):
+        raise not_ours
     if token_scope != scope:
         raise invalid("NextToken", "the other request parameters must be the same as in the "
                       "call that returned this token")

@@ -20,6 +20,7 @@ from starlette.responses import Response
 
 from .. import ids
 from consolerl.accounts import Account
+from consolerl.text import same_secret
 from ..catalog import RT_BUCKET
 from ..config import SimConfig
 from ..errors import CloudError
@@ -208,7 +209,7 @@ class OssApi:
                              "and the current time is too large.", 403)
         expected = sign(account.access_key_secret,
                         string_to_sign(request.method, headers, resource))
-        if not hmac.compare_digest(expected, m[2]):
+        if not same_secret(m[2], expected):
             raise CloudError("SignatureDoesNotMatch", "The request signature we calculated does "
                              "not match the signature you provided. Check your key and signing "
                              "method.", 403)
