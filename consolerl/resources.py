@@ -186,6 +186,12 @@ def creation_levels(specs: list[ResourceSpec], source: str = "<prerequisites>"
     return levels
 
 
+def placeholders(value: str) -> set[str]:
+    """The ``{name}`` placeholders :func:`fill` would replace in ``value`` (not ``${ref}``)."""
+    return {m[1] for m in _PLACEHOLDER.finditer(value)
+            if not (m.start() > 0 and value[m.start() - 1] == "$")}
+
+
 def fill(value: Any, values: Mapping[str, str]) -> Any:
     """Replace ``{name}`` placeholders (not ``${ref}``) in a string from ``values``."""
     if not isinstance(value, str):

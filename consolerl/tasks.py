@@ -56,7 +56,7 @@ import yaml
 from consolerl.errors import ConfigError
 from consolerl.drift import parse as parse_drift
 
-from consolerl.resources import parse_resources
+from consolerl.resources import parse_resources, placeholders as text_placeholders
 
 SCHEMA_VERSION = 1
 PRODUCTS = ("ecs", "vpc", "ram", "oss")
@@ -69,6 +69,7 @@ _ID = re.compile(r"[a-z0-9][a-z0-9-]{2,63}")
 
 
 PREDICATE_OPS = ("eq", "in", "prefix", "contains", "regex", "exists", "ref")
+FILLED_OPS = ("eq", "in", "prefix", "contains")   # whose operands take {name} placeholders
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,16 @@ class SuccessRule:
     required_events: tuple[EventRule, ...] = ()
     forbidden_events: tuple[EventRule, ...] = ()
     end_state: tuple[StateCheck, ...] = ()
+
+    def placeholders(self) -> frozenset[str]:
+        """The ``{name}`` placeholders the rule fills from an episode's values when it is
+        evaluated (predicates of :data:`FILLED_OPS`, end-state params and expectations): an
+        episode's values must name every one."""
+        texts = [v for rule in (*self.required_events, *self.forbidden_events)
+                 for _, p in rule.where if p.op in FILLED_OPS
+                 for v in ((p.value,) if isinstance(p.value, str) else p.value)]
+        texts += [v for check in self.end_state for _, v in (*check.params, *check.expect)]
+        return frozenset(name for text in texts for name in text_placeholders(text))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Redis keys, all under ``<prefix>`` (one Redis instance, not Cluster: the scripts
 they compute themselves):
 
 - ``lease:<account_id>`` a random token with a TTL (``SET NX PX``); it exists while leased;
-- ``fencing`` a counter; every lease takes the next number, atomically with its ``SET``;
+- ``fencing`` the last fencing number granted; every lease takes a higher one, atomically with
+  its ``SET``;
 - ``fence`` a hash account_id -> fencing number of that account's newest lease;
 - ``last_leased`` a sorted set, so the least recently leased free account is handed out;
 - ``waiters`` a sorted set of waiter tickets in arrival order (score from ``waiter_seq``), and
@@ -23,6 +24,14 @@ any waiter prunes it, so a dead waiter blocks the queue at most ``waiter_ttl_s``
 Fencing: fencing numbers increase strictly across the pool. A resource that a holder writes
 to can remember the highest number it has seen and refuse an older one, which stops a holder
 whose lease silently expired (a long GC pause, a partition) from acting after a new holder.
+A lease's number is ``max(last + 1, Redis TIME in microseconds)``, so they stay increasing
+even when Redis loses its data (no AOF, a hard kill, FLUSHALL) and the counter restarts from
+nothing: a new lease is still fenced above every earlier one, provided the Redis host's clock
+has not gone back past the moment the earlier number was granted (a clock stepped back, or a
+failover to a host whose clock lags, could break that). The numbers (~1.8e15 now) stay exact
+below 2**53 (Lua numbers are doubles) until about the year 2255. A holder whose lease Redis
+forgot learns it at its next renewal (:class:`LeaseLost`, saying that Redis lost the pool's
+state).
 """
 from __future__ import annotations
 
@@ -114,6 +123,7 @@ class PoolStatus:
 
 
 _ACQUIRE = """
+if redis.replicate_commands then redis.replicate_commands() end  -- TIME before writes (Redis < 5)
 local prefix, ticket, token = ARGV[1], ARGV[2], ARGV[3]
 local ttl_ms, waiter_ttl_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
 local queue = prefix .. ':waiters'
@@ -144,9 +154,15 @@ end
 if not redis.call('SET', prefix .. ':lease:' .. best, token, 'NX', 'PX', ttl_ms) then
   return false
 end
-local fencing = redis.call('INCR', prefix .. ':fencing')
-redis.call('HSET', prefix .. ':fence', best, fencing)
-redis.call('ZADD', prefix .. ':last_leased', fencing, best)
+-- Never below the clock (microseconds; exact as a double until ~2255): a Redis that lost the
+-- counter still fences above the numbers it granted before.
+local now = redis.call('TIME')
+local fencing = math.max(redis.call('INCR', prefix .. ':fencing'),
+                         tonumber(now[1]) * 1000000 + tonumber(now[2]))
+local digits = string.format('%.0f', fencing)
+redis.call('SET', prefix .. ':fencing', digits)
+redis.call('HSET', prefix .. ':fence', best, digits)
+redis.call('ZADD', prefix .. ':last_leased', digits, best)
 redis.call('ZREM', queue, ticket)
 redis.call('DEL', prefix .. ':waiter:' .. ticket)
 return {best, fencing}
@@ -157,10 +173,18 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 return redis.call('DEL', KEYS[2])
 """
 
+# 1: renewed; 0: expired; -1: a newer lease took the account; -2: Redis has no record of a
+# lease this new on the account, so it lost its data (restarted empty, flushed).
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+local newest, mine = tonumber(redis.call('HGET', KEYS[2], ARGV[3]) or '0'), tonumber(ARGV[4])
+if newest < mine then return -2 end
+if newest > mine then return -1 end
 return 0
 """
+_RENEW_LOST = {0: "expired (not renewed within its TTL)",
+               -1: "taken over: the account was leased again",
+               -2: "Redis lost the pool's state (restarted without persistence, or flushed)"}
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -310,11 +334,13 @@ class AccountPool:
         """Extend the lease to a full TTL from now (a heartbeat). Raises :class:`LeaseLost`
         when it expired or another holder has the account now."""
         with self._errors():
-            ok = self._renew(keys=[self._lease_key(lease.account_id)],
-                             args=[lease.token, _ms(lease.ttl_s)])
-        if not ok:
+            code = int(self._renew(keys=[self._lease_key(lease.account_id), f"{self._p}:fence"],
+                                   args=[lease.token, _ms(lease.ttl_s), lease.account_id,
+                                         lease.fencing]))
+        if code != 1:
             self._metrics.lost.inc()
-            raise LeaseLost(lease.account_id, lease.fencing)
+            raise LeaseLost(lease.account_id, lease.fencing,
+                            _RENEW_LOST.get(code, f"renewal answered {code}"))
         return replace(lease, renewed_at=time.time())
 
     def release(self, lease: Lease) -> bool:

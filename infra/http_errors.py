@@ -8,6 +8,7 @@ the input.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,6 +23,13 @@ def validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:
     return [{"loc": [part if isinstance(part, int) else str(part) for part in e.get("loc", ())],
              "msg": str(e.get("msg", ""))[:MAX_MSG_CHARS], "type": str(e.get("type", ""))}
             for e in exc.errors()]
+
+
+def field_error(loc: Sequence[str | int], msg: str, type_: str = "value_error"
+                ) -> dict[str, Any]:
+    """One entry of a 422's ``detail``, for a check made after validation (one that needs the
+    service's state): the same shape as :func:`validation_detail`'s."""
+    return {"loc": list(loc), "msg": msg[:MAX_MSG_CHARS], "type": type_}
 
 
 def install_validation_handler(app: FastAPI) -> None:

@@ -1,6 +1,6 @@
-"""A local ``redis-server`` process on a free loopback port, with AOF (fsync every second):
-for tests, benchmarks and the embedded single-machine setup. Never port 6379, which Ray's GCS
-takes."""
+"""A local ``redis-server`` process on a free loopback port, with AOF (fsync every second)
+unless ``persistent=False``: for tests, benchmarks and the embedded single-machine setup.
+Never port 6379, which Ray's GCS takes."""
 from __future__ import annotations
 
 import shutil
@@ -20,10 +20,13 @@ REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 @dataclass
 class RedisServer:
-    """``start()`` / ``stop()`` a redis-server whose files live in ``data_dir``."""
+    """``start()`` / ``stop()`` a redis-server whose files live in ``data_dir``.
+    ``persistent=False``: no AOF and no snapshots, so a restart begins empty (what a Redis
+    without persistence does after a crash)."""
 
     data_dir: Path
     port: int = 0
+    persistent: bool = True
     proc: subprocess.Popen | None = None
 
     @property
@@ -41,7 +44,8 @@ class RedisServer:
         log = open(self.data_dir / "redis.log", "ab")
         self.proc = subprocess.Popen(
             [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+             "--save", "", "--appendonly", "yes" if self.persistent else "no",
+             "--appendfsync", "everysec",
              "--dir", str(self.data_dir)],
             stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s

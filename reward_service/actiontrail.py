@@ -35,6 +35,8 @@ LOOKUP_KEYS = ("EventName", "ServiceName", "User", "EventId", "ResourceType", "R
                "EventRW", "EventAccessKeyId")
 _RETRY_CODES = ("ServiceUnavailable", "InternalError")
 _END_PAD_S = 1.0        # the window ends a little after "now" so the newest second is included
+# ActionTrail keeps 90 days of events, and one LookupEvents window spans at most 90 days.
+LOOKUP_MAX_WINDOW_S = 90 * 86_400.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,12 @@ class TrailConfig:
             raise ConfigError(f"TrailConfig.burst must be >= 1, got {self.burst!r}")
         if not 1 <= self.max_results <= 50:
             raise ConfigError(f"TrailConfig.max_results must be 1 to 50, got {self.max_results!r}")
+
+    def oldest_start(self, now: float) -> float:
+        """The earliest episode start :meth:`TrailClient.wait_for` can query at ``now``: its
+        window (``clock_skew_s`` before the start to just after now, for up to ``settle_s``)
+        must stay within :data:`LOOKUP_MAX_WINDOW_S`; 2 s for rounding both ends to seconds."""
+        return now + _END_PAD_S + 2 + self.settle_s + self.clock_skew_s - LOOKUP_MAX_WINDOW_S
 
 
 @dataclass(frozen=True)
@@ -363,7 +371,9 @@ class TrailClient:
         ("complete") or ``deadline_s`` (default ``config.settle_s``) passes ("pending").
 
         ``events`` are the whole window's, skew margin included; narrow them to the episode
-        with :func:`episode_events`. Errors other than throttling propagate.
+        with :func:`episode_events`. A ``start`` ahead of this machine's clock (the caller's
+        clock runs ahead) polls from now. A ``start`` before :meth:`TrailConfig.oldest_start`
+        makes a window the cloud refuses. Errors other than throttling propagate.
         """
         settle = self.config.settle_s if deadline_s is None else deadline_s
         t0 = time.monotonic()
@@ -371,7 +381,8 @@ class TrailClient:
         lo = _epoch(start) - self.config.clock_skew_s
         counter = [0]
         while True:
-            events = self._events(lo, time.time() + _END_PAD_S, [], counter)
+            hi = time.time() + _END_PAD_S
+            events = self._events(min(lo, hi), hi, [], counter)
             if predicate(events):
                 status: Literal["complete", "pending"] = "complete"
                 break

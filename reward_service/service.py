@@ -9,9 +9,16 @@ service and never appear in a response.
 
 Metrics (``consolerl_reward_*``, in the service's ``registry``, served at ``GET /metrics``):
 scores by verdict and decider, score latency, scores in flight, undetermined episodes by cause,
-errors by kind, judge votes and verdicts, and the ActionTrail client's query counters. A cloud
-failure while scoring (ActionTrail down, credentials refused) answers HTTP 503 naming the
-failed action and error code: the episode was not scored, it did not fail.
+errors by kind, judge votes and verdicts, and the ActionTrail client's query counters.
+
+HTTP answers: a request that is malformed, or does not fit its task (a placeholder the rule
+needs has no value, the episode began before the audit log's 90 days), is a 422 naming the
+field (``detail``: ``loc``, ``msg``, ``type``, as :mod:`infra.http_errors` answers); an
+unknown task or account is a 404. A cloud failure while scoring is the service's, not the
+caller's, and the episode was not scored (it did not fail): an outage (no answer, 5xx,
+throttling after the retries) is a 503, come back later; a refusal (any other 4xx, e.g. the
+account's AccessKey unknown or not allowed) is a 502 naming the account, which retrying will
+not fix. Both name the failed action and error code.
 """
 from __future__ import annotations
 
@@ -22,22 +29,24 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict
-from typing import Any
+from typing import Annotated, Any
 
 import ray
 from fastapi import FastAPI, HTTPException, Response
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
                                Histogram, generate_latest)
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, \
+    model_validator
 
 from consolerl.errors import CloudAPIError, ConfigError, ConsoleRLError
 from consolerl.types import EnvError
 from infra.cloud import CloudClient, CloudConfig, Credentials
-from infra.http_errors import install_validation_handler
+from infra.http_errors import field_error, install_validation_handler
 from consolerl.accounts import Account
 from consolerl.tasks import Task
 
-from .actiontrail import TrailClient, TrailConfig, TrailMetrics
+from .actiontrail import LOOKUP_MAX_WINDOW_S, TrailClient, TrailConfig, TrailMetrics, \
+    is_retryable
 from .fusion import RewardConfig, fuse
 from consolerl.rewards import RewardResult
 from .judges import JudgeChannel
@@ -46,32 +55,62 @@ from .verifier import EpisodeRecord, RuleVerifier
 
 
 FUTURE_SLACK_S = 300.0              # clock skew allowed between a caller and the service
+MAX_ACTIONS = 500
+MAX_ACTION_CHARS = 10_000           # a valid action line is at most 8,192 (env_workers.actions)
+MAX_VALUE_CHARS = 2_000
+
+_Name = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+_Value = Annotated[str, StringConstraints(max_length=MAX_VALUE_CHARS)]
+_Action = Annotated[str, StringConstraints(max_length=MAX_ACTION_CHARS)]
 
 
 class ScoreRequest(BaseModel):
-    """``POST /v1/score``: one finished episode."""
+    """``POST /v1/score``: one finished episode. Unknown fields are refused (a misspelt
+    ``values`` would otherwise score the episode without them)."""
 
-    model_config = ConfigDict(allow_inf_nan=False)   # NaN / Infinity are not times
+    # NaN / Infinity are not times; strict: neither are true or "1700000000".
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
     task_id: str = Field(min_length=3, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]+$")
     account_id: str = Field(min_length=6, max_length=20, pattern=r"^[0-9]+$")
-    started_at: float = Field(gt=0, description="epoch seconds when the episode began")
-    ended_at: float = Field(gt=0)
-    values: dict[str, str] = Field(default_factory=dict, max_length=64)
-    actions: list[str] = Field(default_factory=list, max_length=500)
+    started_at: float = Field(gt=0, strict=True,
+                              description="epoch seconds when the episode began")
+    ended_at: float = Field(gt=0, strict=True)
+    values: dict[_Name, _Value] = Field(
+        default_factory=dict, max_length=64,
+        description="the episode's placeholder values; every {name} of the task's rule")
+    actions: list[_Action] = Field(default_factory=list, max_length=MAX_ACTIONS)
     final_observation: str = Field(default="", max_length=200_000)
     answer: str | None = Field(default=None, max_length=4_000)
     infeasible_reason: str | None = Field(default=None, max_length=4_000)
-    env_error: str | None = Field(default=None, max_length=2_000,
+    env_error: str | None = Field(default=None, min_length=1, max_length=2_000,
                                   description="the episode failed for infrastructure reasons")
+
+    @field_validator("started_at", "ended_at")
+    @classmethod
+    def _not_in_the_future(cls, value: float) -> float:
+        if value > time.time() + FUTURE_SLACK_S:
+            raise ValueError(f"is in the future (more than {FUTURE_SLACK_S:g} s ahead of the "
+                             "service's clock)")
+        return value
 
     @model_validator(mode="after")
     def _window(self) -> "ScoreRequest":
         if self.ended_at < self.started_at:
             raise ValueError("ended_at must not be before started_at")
-        if self.started_at > time.time() + FUTURE_SLACK_S:
-            raise ValueError("started_at is in the future")
         return self
+
+
+class ScoreRequestError(ConsoleRLError, ValueError):
+    """A well-formed request that does not fit its task or the audit log; ``field`` names the
+    request field at fault."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+    def __reduce__(self):
+        return (type(self), (self.field, self.message))
 
 
 class UnknownName(ConsoleRLError, LookupError):
@@ -96,8 +135,9 @@ class RewardMetrics:
                                     "had not arrived before the settle deadline) or undecided "
                                     "(no channel could decide).", ["cause"], registry=registry)
         self.errors = Counter("consolerl_reward_errors_total", "Score requests that raised, by "
-                              "kind (unknown_name, cloud_error, internal).", ["kind"],
-                              registry=registry)
+                              "kind (unknown_name, bad_request, cloud_error: a cloud outage, "
+                              "cloud_refused: the cloud refused the service's call, internal).",
+                              ["kind"], registry=registry)
         self.judge_votes = Counter("consolerl_reward_judge_votes_total", "Judge votes, by "
                                    "verdict (success, failure, invalid).", ["verdict"],
                                    registry=registry)
@@ -111,7 +151,8 @@ class RewardMetrics:
         # Every label value from the start: a rate over a series that exists reads 0, one
         # over a series that never appeared reads "no data".
         for child, values in ((self.undetermined, ("pending", "undecided")),
-                              (self.errors, ("unknown_name", "cloud_error", "internal")),
+                              (self.errors, ("unknown_name", "bad_request", "cloud_error",
+                                             "cloud_refused", "internal")),
                               (self.judge_votes, ("success", "failure", "invalid")),
                               (self.judge_verdicts, ("success", "failure", "undetermined")),
                               (self.judge_agreement, ("unanimous", "split"))):
@@ -143,8 +184,11 @@ class RewardMetrics:
         except UnknownName:
             self.errors.labels("unknown_name").inc()
             raise
-        except CloudAPIError:
-            self.errors.labels("cloud_error").inc()
+        except ScoreRequestError:
+            self.errors.labels("bad_request").inc()
+            raise
+        except CloudAPIError as exc:
+            self.errors.labels("cloud_error" if cloud_outage(exc) else "cloud_refused").inc()
             raise
         except Exception:
             self.errors.labels("internal").inc()
@@ -218,7 +262,8 @@ class RewardService:
 
     def score(self, request: ScoreRequest, task: Task | None = None) -> RewardResult:
         """The reward of one finished episode. Raises :class:`UnknownName` for an unknown task
-        or account, :class:`CloudAPIError` when the cloud fails (the episode is not scored).
+        or account, :class:`ScoreRequestError` for a request that does not fit its task or the
+        audit log, :class:`CloudAPIError` when the cloud fails (the episode is not scored).
         ``task``: a task that is not in the suite (an API job's inline definition)."""
         with self.metrics.scoring():
             result = self._score(request, task)
@@ -236,6 +281,7 @@ class RewardService:
         if request.env_error:
             return fuse(task.expected, None, None, EnvError("env_error", request.env_error),
                         self.reward_config)
+        self._check(request, task)
         episode = EpisodeRecord(account.account_id, request.started_at, request.ended_at,
                                 tuple(sorted(request.values.items())))
         rule = RuleVerifier(self._trail(account), self._client(account)).verify(task, episode)
@@ -248,16 +294,42 @@ class RewardService:
             self.metrics.record_judges(verdict)
         return fuse(task.expected, rule, verdict, None, self.reward_config)
 
+    def _check(self, request: ScoreRequest, task: Task) -> None:
+        """What the rule channel needs of a request beyond its shape."""
+        missing = sorted(task.success.placeholders() - set(request.values))
+        if missing:
+            raise ScoreRequestError("values", f"task {task.id!r} needs a value for "
+                                    f"{', '.join('{' + m + '}' for m in missing)}; given: "
+                                    f"{', '.join(sorted(request.values)) or 'none'}")
+        if request.started_at < self.trail_config.oldest_start(time.time()):
+            raise ScoreRequestError(
+                "started_at", f"the episode began more than {LOOKUP_MAX_WINDOW_S / 86_400:g} "
+                "days ago (less the trail's clock-skew and settle margins); the audit log "
+                "(ActionTrail) keeps 90 days of events")
+
 
 def result_json(result: RewardResult) -> dict[str, Any]:
     return asdict(result)
 
 
-def cloud_error_detail(exc: CloudAPIError) -> dict[str, Any]:
-    """The 503 body for a cloud failure. The cloud's or SDK's message is left out: for a
-    transport error it quotes the request URL (with a v2 signature, the AccessKey id and
-    signature)."""
+def cloud_outage(exc: CloudAPIError) -> bool:
+    """Whether a cloud failure is an outage that may pass (no HTTP answer, a 5xx, throttling
+    that outlasted the retries) rather than a refusal of the call (any other 4xx)."""
+    return exc.status == 0 or is_retryable(exc)
+
+
+def cloud_error_detail(exc: CloudAPIError, account_id: str) -> dict[str, Any]:
+    """The 503 (outage) or 502 (refusal) body for a cloud failure. The cloud's or SDK's message
+    is left out: for a transport error it quotes the request URL (with a v2 signature, the
+    AccessKey id and signature)."""
     action = exc.action or "(unknown)"
+    if not cloud_outage(exc):
+        return {"error": "cloud_refused", "action": exc.action or "unknown", "code": exc.code,
+                "status": exc.status, "request_id": exc.request_id,
+                "message": f"the cloud refused {action} for account {account_id} with "
+                           f"{exc.code} (HTTP {exc.status}) while scoring; the episode was not "
+                           "scored, and retrying will not help until the account's "
+                           "credentials or permissions (or the service) are fixed"}
     # Status 0: no HTTP answer at all (connection refused or reset, timeout).
     what = (f"the cloud did not answer {action} (connection failed or timed out)"
             if exc.status == 0 else f"the cloud call {action} failed with {exc.code}")
@@ -298,8 +370,12 @@ def build_app(service: RewardService, max_concurrent_scores: int = 64) -> FastAP
                 pool, service.score, request)
         except UnknownName as exc:
             raise HTTPException(status_code=404, detail=str(exc)) from None
+        except ScoreRequestError as exc:
+            raise HTTPException(status_code=422, detail=[
+                field_error(("body", exc.field), exc.message)]) from None
         except CloudAPIError as exc:
-            raise HTTPException(status_code=503, detail=cloud_error_detail(exc)) from None
+            raise HTTPException(status_code=503 if cloud_outage(exc) else 502,
+                                detail=cloud_error_detail(exc, request.account_id)) from None
         return result_json(result)
 
     @app.get("/metrics")

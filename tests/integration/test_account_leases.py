@@ -23,7 +23,7 @@ from prometheus_client import generate_latest
 from consolerl.errors import ConfigError, ConsoleRLError
 from env_workers.accounts import PoolConfig, environment_accounts, secrets_file_accounts
 from env_workers.leases import (AccountPool, Heartbeat, Lease, LeaseLost, NoAccountAvailable,
-                                PoolStatus, UnknownAccount, _Wait)
+                                PoolStatus, PoolUnavailable, UnknownAccount, _Wait)
 from consolerl.accounts import Account
 from tests.conftest import ROOT, run_async, wait_for
 from tests.integration.redis_server import RedisServer
@@ -314,6 +314,58 @@ def test_heartbeat_renews_and_records_loss(make_pool, rclient):
         assert beat.lost_at is not None and lost and lost[0] is beat.error
         with pytest.raises(LeaseLost):
             beat.check()
+
+
+# -- Redis losing its data ------------------------------------------------------------------
+
+@pytest.mark.parametrize("loss", ["killed_without_persistence", "flushall"])
+def test_fencing_stays_monotonic_when_redis_loses_its_data(accounts, tmp_path, loss):
+    # A redis-server without AOF or snapshots restarts empty after a hard kill (FLUSHALL
+    # empties one in place): the pool's counter is gone, yet a new lease must still be fenced
+    # above every lease granted before, and the old holder must learn its lease is gone.
+    server = RedisServer(tmp_path / "volatile", persistent=False).start()
+    pool = AccountPool(accounts[:1], PoolConfig(redis_url=server.url, **FAST))
+    try:
+        granted = []
+        for i in range(5):
+            granted.append(pool.acquire(f"early-{i}", timeout_s=0))
+            assert pool.release(granted[-1])
+        old = pool.acquire("old-holder", timeout_s=0)
+        granted.append(old)
+        with Heartbeat(pool, old, interval_s=0.05) as beat:
+            if loss == "flushall":
+                with server.client() as client:
+                    client.flushall()
+            else:
+                server.proc.send_signal(signal.SIGKILL)
+                server.proc.wait(5)
+                server.start()   # same port, nothing on disk: an empty Redis
+                with server.client() as client:
+                    assert client.dbsize() == 0
+            wait_for(lambda: beat.lost, timeout=5)
+            assert "lost the pool's state" in str(beat.error)
+        new = wait_for(lambda: _try_acquire(pool, "new-holder"), timeout=5)
+        assert new.account_id == old.account_id
+        assert new.fencing > max(g.fencing for g in granted)
+        assert pool.current_fencing(new.account_id) == new.fencing
+        with pytest.raises(LeaseLost, match=f"fencing {old.fencing}"):
+            pool.renew(old)
+        assert pool.release(old) is False and pool.holds(new)
+        # The numbers keep increasing after the loss, and stay exact integers below 2**53
+        # (Lua numbers are doubles).
+        assert pool.release(new)
+        after = pool.acquire("later", timeout_s=0)
+        assert new.fencing < after.fencing < 2 ** 53
+    finally:
+        pool.close()
+        server.stop()
+
+
+def _try_acquire(pool: AccountPool, holder: str) -> Lease | None:
+    try:
+        return pool.acquire(holder, timeout_s=0)
+    except PoolUnavailable:   # the client's connection from before the restart
+        return None
 
 
 # -- fairness -------------------------------------------------------------------------------

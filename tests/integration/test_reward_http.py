@@ -1,6 +1,7 @@
 """POST /v1/score against the local cloud: a console action scores 1, bad requests get clear
-4xx answers, an env_error is not trainable, a cloud that is down is a 503 (not a 500), GET
-/metrics counts what happened, and no secret is in a response."""
+4xx answers naming the field, an env_error is not trainable, a cloud that is down is a 503 (not
+a 500) and one that refuses the service's call a 502, GET /metrics counts what happened, and
+no secret is in a response."""
 from __future__ import annotations
 
 import re
@@ -11,11 +12,14 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from infra.local_cloud import free_port
+from consolerl.errors import CloudAPIError
 from consolerl.tasks import parse_task
+from infra.cloud import CloudClient, CloudConfig, Credentials
+from infra.local_cloud import free_port
 from reward_service.actiontrail import TrailConfig
 from reward_service.service import RewardService, build_app
 from tests.conftest import CloudServer, _server
+from tests.integration.console_kit import sign_in_http
 
 TASK = parse_task({
     "schema": 1, "id": "ram-create-http", "product": "ram", "title": "Create a RAM user",
@@ -40,8 +44,7 @@ def api(http_cloud, accounts) -> TestClient:
 
 def create_user_in_console(cloud: CloudServer, account, user_name: str) -> None:
     with httpx.Client(base_url=cloud.url, follow_redirects=False) as web:
-        web.post("/console/signin", data={"login_name": account.login_name,
-                                          "password": account.password})
+        sign_in_http(web, account)
         page = web.get("/console/ram/users/create").text
         form = {k: re.search(rf'name="{k}" value="([^"]+)"', page)[1]
                 for k in ("_csrf", "_form_token")}
@@ -210,3 +213,116 @@ def test_metrics_count_judge_votes_and_pending_episodes(http_cloud, accounts):
     assert metric(text, 'consolerl_reward_scores_total{decided_by="judges",verdict="success"}') == 1
     assert metric(text, 'consolerl_reward_undetermined_total{cause="pending"}') == 1
     assert metric(text, 'consolerl_reward_trail_wait_seconds_count{status="pending"}') == 1
+
+
+# -- issue 23: every user mistake is a 4xx naming its field; only an outage is a 503 ----------
+
+def valid_request(account_id: str = "1000000000000001", **changes) -> dict:
+    now = time.time()
+    return {"task_id": TASK.id, "account_id": account_id, "started_at": now - 5,
+            "ended_at": now, "values": {"user_name": "u-valid"}, **changes}
+
+
+def field_locs(r) -> list[list]:
+    return [e["loc"] for e in r.json()["detail"]]
+
+
+@pytest.mark.parametrize("values", [{}, None, {"user": "u-typo"}])
+def test_values_without_a_placeholder_the_rule_needs_is_a_422_naming_values(api, values):
+    payload = valid_request(values=values)
+    if values is None:
+        del payload["values"]
+    r = api.post("/v1/score", json=payload)
+    assert r.status_code == 422, r.text
+    assert field_locs(r) == [["body", "values"]]
+    assert "{user_name}" in r.text
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"started_at": True, "ended_at": True}, "started_at"),         # a bool is not a time
+    ({"started_at": "1700000000"}, "started_at"),                    # nor is a string
+    ({"ended_at": time.time() + 10**9}, "ended_at"),                 # ends far in the future
+    ({"env_error": ""}, "env_error"),                                # "" says nothing
+    ({"value": {"user_name": "u-typo"}}, "value"),                   # an unknown field
+    ({"values": {"user_name": "u" * 5_000}}, "values"),
+    ({"values": {"k" * 100: "v", "user_name": "u"}}, "values"),
+    ({"actions": ["click('x')" * 2_000]}, "actions"),
+])
+def test_each_malformed_field_is_a_422_naming_it(api, change, field):
+    r = api.post("/v1/score", json=valid_request(**change))
+    assert r.status_code == 422, r.text
+    assert field in {loc[1] for loc in field_locs(r)}, r.text
+
+
+@pytest.mark.parametrize("started_at", [1e-300, 1.0, 86_400.0])
+def test_a_start_older_than_the_audit_log_is_a_422_naming_started_at(api, started_at):
+    # ActionTrail keeps (and LookupEvents spans) 90 days: the cloud would refuse the query.
+    r = api.post("/v1/score", json=valid_request(started_at=started_at))
+    assert r.status_code == 422, r.text
+    assert field_locs(r) == [["body", "started_at"]] and "90 days" in r.text
+
+
+def test_a_start_ahead_of_the_service_clock_within_the_allowance_is_scored(http_cloud, accounts):
+    # The caller's clock runs 60 s ahead (FUTURE_SLACK_S allows 300), more than the trail's
+    # clock_skew_s: the audit log cannot have caught up with the episode, so it is pending.
+    service = RewardService([TASK], accounts, http_cloud.endpoint,
+                            TrailConfig(qps=50, settle_s=0.5, poll_s=0.1, clock_skew_s=5))
+    api = TestClient(build_app(service), raise_server_exceptions=False)
+    ahead = time.time() + 60
+    r = api.post("/v1/score", json=valid_request(accounts[7].account_id, started_at=ahead,
+                                                 ended_at=ahead + 1))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["verdict"], body["trainable"]) == ("undetermined", False)
+    assert body["rule_verdict"]["pending"] is True
+
+
+class RefusingClient:
+    """Stands in for an account's SDK client: every call raises ``error``."""
+
+    actiontrail = type("ActionTrail", (), {"lookup_events_with_options": None})()
+
+    def __init__(self, error: CloudAPIError):
+        self.error = error
+
+    def call(self, *_args, **_kwargs):
+        raise self.error
+
+
+@pytest.mark.parametrize("code, status, http_status, kind", [
+    ("Throttling.User", 400, 503, "cloud_error"),          # retries ran out: come back later
+    ("ServiceUnavailable", 503, 503, "cloud_error"),
+    ("InternalError", 500, 503, "cloud_error"),
+    ("ConnectionError", 0, 503, "cloud_error"),            # no HTTP answer at all
+    ("InvalidAccessKeyId.NotFound", 404, 502, "cloud_refused"),
+    ("Forbidden.RAM", 403, 502, "cloud_refused"),
+    ("InvalidParameter", 400, 502, "cloud_refused"),
+])
+def test_only_an_outage_is_a_503(accounts, code, status, http_status, kind):
+    error = CloudAPIError(code, "refused", status, "req-1", "LookupEvents")
+    service = RewardService([TASK], accounts, None,
+                            TrailConfig(qps=50, max_retries=0, settle_s=1, poll_s=0.1),
+                            client_factory=lambda _account: RefusingClient(error))
+    api = TestClient(build_app(service), raise_server_exceptions=False)
+    r = api.post("/v1/score", json=valid_request(accounts[0].account_id))
+    assert r.status_code == http_status, r.text
+    detail = r.json()["detail"]
+    assert (detail["error"], detail["action"], detail["code"]) == (kind, "LookupEvents", code)
+    assert metric(api.get("/metrics").text, f'consolerl_reward_errors_total{{kind="{kind}"}}') == 1
+
+
+def test_credentials_the_cloud_refuses_are_a_502_naming_the_account(http_cloud, accounts):
+    account = accounts[4]
+    service = RewardService(
+        [TASK], accounts, http_cloud.endpoint, TrailConfig(qps=50, settle_s=1, poll_s=0.1),
+        client_factory=lambda a: CloudClient(CloudConfig(endpoint=http_cloud.endpoint),
+                                             Credentials("LTAI5tNoSuchKey0000000", "x" * 30)))
+    api = TestClient(build_app(service), raise_server_exceptions=False)
+    r = api.post("/v1/score", json=valid_request(account.account_id))
+    assert r.status_code == 502, r.text
+    detail = r.json()["detail"]
+    assert (detail["error"], detail["action"]) == ("cloud_refused", "LookupEvents")
+    assert 400 <= detail["status"] < 500 and account.account_id in detail["message"]
+    assert "retrying will not help" in detail["message"]
+    for secret in (account.password, account.access_key_secret, "x" * 30):
+        assert secret not in r.text

@@ -13,6 +13,7 @@ from consolerl.tasks import parse_task
 from reward_service.actiontrail import TrailClient, TrailConfig
 from reward_service.verifier import RuleVerifier, record
 from tests.conftest import CloudServer, _server
+from tests.integration.console_kit import sign_in_http
 
 TASK = parse_task({
     "schema": 1, "id": "ram-create-x", "product": "ram", "title": "Create a RAM user",
@@ -34,8 +35,7 @@ def late_cloud(tmp_path_factory) -> Iterator[CloudServer]:
 def console_create_user(server: CloudServer, account, name: str) -> None:
     """What an agent does in the browser, as the console's own form posts."""
     with httpx.Client(base_url=server.url, follow_redirects=False) as web:
-        web.post("/console/signin", data={"login_name": account.login_name,
-                                          "password": account.password})
+        sign_in_http(web, account)
         page = web.get("/console/ram/users/create").text
         form = {k: re.search(rf'name="{k}" value="([^"]+)"', page)[1]
                 for k in ("_csrf", "_form_token")}
@@ -119,8 +119,7 @@ def test_a_forbidden_event_is_counted(fast_cloud, make_client, accounts):
     started = time.time()
     console_create_user(fast_cloud, account, "u-forbid")
     with httpx.Client(base_url=fast_cloud.url, follow_redirects=False) as web:
-        web.post("/console/signin", data={"login_name": account.login_name,
-                                          "password": account.password})
+        sign_in_http(web, account)
         csrf = re.search(r'name="_csrf" value="([^"]+)"', web.get("/console/ram/users").text)[1]
         web.post("/console/ram/users/u-forbid/delete", data={"_csrf": csrf})
     episode = record(account.account_id, started, {"user_name": "u-forbid"})

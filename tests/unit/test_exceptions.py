@@ -56,6 +56,8 @@ ARGS: dict[str, Callable[[], tuple]] = {
     "env_workers.leases.NoAccountAvailable": lambda: (
         "rollout-worker-3", 2.5, "4 accounts leased, 0 cooling down"),
     "env_workers.leases.LeaseLost": lambda: ("acct-07", 42, "taken over by rollout-worker-2"),
+    "reward_service.service.ScoreRequestError": lambda: (
+        "values", "task 'ram-create-user-0' needs a value for {user_name}"),
     "trainer.checkpoint.CheckpointCorrupt": lambda: (
         "/runs/r1/checkpoints/step-000010", "state.json is truncated"),
     "trainer.stream.StreamUnavailable": lambda: (

@@ -2,6 +2,7 @@
 call, scoping and ordering with a fake SDK. Nothing running."""
 from __future__ import annotations
 
+import math
 import pickle
 import random
 import threading
@@ -261,6 +262,29 @@ def test_wait_for_window_starts_clock_skew_before_start():
     result = client.wait_for(start, lambda events: True)
     assert result.status == "complete" and result.queries == 1
     assert sdk.requests[0].start_time == "2024-05-01T09:59:05Z"
+
+
+def test_wait_for_a_start_ahead_of_this_clock_polls_from_now():
+    # A caller whose clock runs ahead (within the service's allowance) reports a start after
+    # now + clock_skew_s: the window must not start after it ends (that raised ConfigError).
+    sdk = FakeSdk([[]])
+    client = fake_client(sdk, clock_skew_s=5, settle_s=0.05, poll_s=0.01)
+    before = time.time()
+    result = client.wait_for(before + 120, lambda events: False)
+    assert result.status == "pending" and result.queries >= 1
+    for request in sdk.requests:
+        assert request.start_time <= request.end_time
+        assert request.start_time >= time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(before))
+
+
+def test_oldest_start_keeps_the_whole_window_within_90_days():
+    config = TrailConfig(clock_skew_s=60, settle_s=30)
+    now = 1_800_000_000.25
+    oldest = config.oldest_start(now)
+    # The last poll, settle_s later, asks from floor(start - skew) to ceil(now + pad).
+    first, last = math.floor(oldest - 60), math.ceil(now + 30 + 1.0)
+    assert last - first <= 90 * 86_400
+    assert now - oldest > 90 * 86_400 - 60 - 30 - 5
 
 
 def test_episode_events_floors_start_and_filters_account():
