@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class EnvError:
     """An infrastructure failure (not the agent's): the episode is marked env_error and kept
-    out of the training signal. ``kind``: signin_failed | browser_crashed | navigation_failed |
-    timeout | lease_lost | provision_failed | score_failed | internal."""
+    out of the training signal. ``kind``: signin_failed | signin_locked | browser_crashed |
+    navigation_failed | timeout | lease_lost | provision_failed | score_failed |
+    worker_failed | policy_failed | internal."""
 
     kind: str
     message: str

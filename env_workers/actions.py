@@ -26,11 +26,13 @@ Finding the action in the model output (the model may reason first)
     (``click(a12); import os`` is refused). A code block left open is an error.
 
 The parser never evaluates model text (no eval/exec/literal_eval): it is a hand tokenizer whose
-work is linear and bounded -- outputs longer than ``MAX_OUTPUT_CHARS`` and action lines longer
-than ``MAX_ACTION_CHARS`` are refused before tokenizing. :func:`parse_action` never raises on
-text: a bad action comes back as an :class:`ActionError` value, which the worker shows to the
-agent as ``last_action_error``. Host allow-listing of ``goto`` is the worker's job, with
-:func:`host_allowed`.
+work is linear and bounded -- outputs longer than ``MAX_OUTPUT_CHARS`` are refused before
+anything else is looked at, action lines longer than ``MAX_ACTION_CHARS`` before tokenizing.
+:func:`parse_action` never raises on text: a bad action comes back as an :class:`ActionError`
+value, which the worker shows to the agent as ``last_action_error``; a ``goto`` refused for
+where its URL points (not http/https, credentials, no host) carries the URL in
+``ActionError.refused_url``, so the worker counts it as a blocked navigation. Host
+allow-listing of ``goto`` is the worker's job, with :func:`host_allowed`.
 """
 from __future__ import annotations
 
@@ -43,7 +45,11 @@ from urllib.parse import SplitResult, urlsplit
 
 from consolerl.errors import ConsoleRLError
 
-MAX_OUTPUT_CHARS = 100_000
+# A whole model reply. Replies are max_new_tokens long at most: 12 to 256 in the configs, 512
+# the jobs API's ceiling; even at 32 characters a token that is 16,384. The longest valid
+# action line (a fill of 2,000 escaped characters, about 4,030) fits four times. Parsing is
+# linear: the slowest reply of this size (all newlines) takes about 10 ms on a busy core.
+MAX_OUTPUT_CHARS = 16_384
 MAX_ACTION_CHARS = 8_192   # the longest valid action (2,000 escaped chars) fits with room
 MAX_TEXT_CHARS = 2_000
 MAX_OPTION_CHARS = 500
@@ -76,11 +82,27 @@ class InvalidActionError(ConsoleRLError, ValueError):
     :func:`parse_action` returns an :class:`ActionError` value instead."""
 
 
+class RefusedURLError(InvalidActionError):
+    """A ``goto`` URL refused for where it points: not http/https (``javascript:``,
+    ``file:``, ``data:``), user credentials, no host, a malformed host or port, spaces or
+    backslashes. ``url``: the refused URL."""
+
+    def __init__(self, message: str, url: str):
+        super().__init__(message)
+        self.url = url
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.url))
+
+
 @dataclass(frozen=True)
 class ActionError:
-    """Why a model output is not a valid action (data for ``last_action_error``, not raised)."""
+    """Why a model output is not a valid action (data for ``last_action_error``, not raised).
+    ``refused_url``: set when the output was a ``goto`` refused for where it points (see
+    :class:`RefusedURLError`); the worker counts those as blocked navigations."""
 
     message: str
+    refused_url: str = ""
 
     def __str__(self) -> str:
         return self.message
@@ -163,6 +185,15 @@ class Goto(Action):
     name: ClassVar[str] = "goto"
     usage: ClassVar[str] = 'goto("https://host/path")'
 
+    def __post_init__(self) -> None:
+        # A string that is a string (type, length, control characters) but not a URL the
+        # sandbox lets through is a refused navigation, not a grammar slip.
+        if _check_string("url", self.url, MAX_URL_CHARS, allow_empty=False) is None:
+            problem = _url_problem(self.url)
+            if problem:
+                raise RefusedURLError(f"{self.name}: {problem}; usage: {self.usage}", self.url)
+        super().__post_init__()
+
 
 @dataclass(frozen=True)
 class GoBack(Action):
@@ -208,6 +239,8 @@ def parse_action(text: str) -> Action | ActionError:
         return ActionError(f"the model output is not text; expected one of: {ALLOWED_FORMS}")
     try:
         return _parse_line(_find_action_line(text))
+    except RefusedURLError as e:
+        return ActionError(str(e), refused_url=e.url)
     except InvalidActionError as e:
         return ActionError(str(e))
 
@@ -267,6 +300,11 @@ def _check_url(url: object) -> str | None:
     problem = _check_string("url", url, MAX_URL_CHARS, allow_empty=False)
     if problem or not isinstance(url, str):
         return problem
+    return _url_problem(url)
+
+
+def _url_problem(url: str) -> str | None:
+    """What is wrong with where a string (checked by :func:`_check_string`) points."""
     if any(ch.isspace() for ch in url) or "\\" in url:
         return "url must not contain spaces or backslashes"
     try:

@@ -13,6 +13,15 @@ Sandbox: the page may only reach the console's own pages (``/console/...`` on th
 and port). Everything else — other hosts, the OpenAPI and OSS on the same port, ActionTrail —
 is aborted and counted; popups are closed, downloads refused, native dialogs dismissed,
 permission prompts denied (no permissions are granted), file pickers left empty.
+
+The request filter sits on the browser's own DevTools session (``Fetch`` on the browser
+target), not on Playwright's ``route``: Chromium pauses there every request of every page,
+frame and worker, and every hop of a redirect, whereas Playwright's route handler sees only
+the first request of a redirect chain and lets the browser follow ``Location`` unchecked.
+Paths are judged as the most lenient server may read them (:func:`_server_path`: decoded,
+backslashes as slashes, dot segments resolved), so ``/console/%2e%2e/metrics`` is ``/metrics``.
+A ``goto`` refused for where it points (another host, a path outside the console, a scheme
+such as ``javascript:`` that the action parser refuses) is counted as a blocked ``goto``.
 """
 from __future__ import annotations
 
@@ -20,10 +29,12 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from urllib.parse import quote, urlsplit
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 import psutil
-from playwright.async_api import Browser, BrowserContext, Page, Playwright, async_playwright
+from playwright.async_api import (Browser, BrowserContext, CDPSession, Page, Playwright,
+                                  async_playwright)
 from playwright.async_api import Error as PlaywrightError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -112,6 +123,9 @@ class EnvWorker:
         self._browser: Browser | None = None
         self._episode: _Episode | None = None
         self._restart_reason = ""        # why the next launch is a restart ("" = first launch)
+        # The filter's pending answers: the loop holds only weak references to tasks, and a
+        # task collected before it answers leaves its request paused for good.
+        self._answers: set[asyncio.Task] = set()
 
     # ---- browser ------------------------------------------------------------------------------
     async def _ensure_browser(self) -> Browser:
@@ -121,8 +135,14 @@ class EnvWorker:
             self._restart_reason = "disconnected"
         if self._pw is None:
             self._pw = await async_playwright().start()
-        self._browser = await self._pw.chromium.launch(
+        browser = await self._pw.chromium.launch(
             executable_path=self.config.chromium or chromium_path(), args=list(CHROMIUM_ARGS))
+        try:
+            await self._start_filter(browser)
+        except PlaywrightError:
+            await browser.close()   # never a browser without the sandbox
+            raise
+        self._browser = browser
         self.metrics.browser_launches.inc()
         if self._restart_reason:
             self.metrics.browser_restarts.labels(self._restart_reason).inc()
@@ -151,12 +171,24 @@ class EnvWorker:
             self._pw = None
 
     # ---- episodes -------------------------------------------------------------------------------
-    async def reset(self, spec: EpisodeSpec, account: Account) -> Observation | EnvError:
-        """Start an episode signed in as ``account`` on ``spec.start_path``."""
+    async def reset(self, spec: EpisodeSpec, account: Account, lease_mark: str = ""
+                    ) -> Observation | EnvError:
+        """Start an episode signed in as ``account`` on ``spec.start_path``. ``lease_mark``
+        (:func:`consolerl.accounts.lease_agent`) goes into the browser's user agent, which
+        the cloud's audit log records for every console call."""
         await self.close_episode()
+        if not self._allowed(self.config.console_url + spec.start_path):
+            # A task whose start page is outside the sandbox (``/console/../metrics``): the
+            # console would quietly send the browser home instead; say so.
+            self.metrics.episodes.labels("navigation_failed").inc()
+            return EnvError("navigation_failed", f"start path {spec.start_path[:200]!r} is "
+                            "not a console page (it must stay under /console/)")
         try:
             browser = await self._ensure_browser()
+            agent = f"Mozilla/5.0 (X11; Linux x86_64) HeadlessChrome/{browser.version} " \
+                    f"console-rl{' ' + lease_mark if lease_mark else ''}"
             context = await browser.new_context(
+                user_agent=agent,
                 accept_downloads=False, permissions=[], service_workers="block",
                 viewport={"width": self.config.viewport[0], "height": self.config.viewport[1]})
         except PlaywrightError as exc:
@@ -169,7 +201,6 @@ class EnvWorker:
         page = await context.new_page()
         episode = _Episode(spec, context, page, time.monotonic())
         self._episode = episode
-        await context.route("**/*", lambda route: self._filter(episode, route))
         context.on("page", lambda popup: asyncio.ensure_future(self._popup(episode, popup)))
         page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.dismiss()))
         page.on("filechooser", lambda _chooser: self._count(episode, "file_chooser", "file"))
@@ -195,9 +226,15 @@ class EnvWorker:
                             f"{response.status if response else 'nothing'}")
         await page.get_by_label("Account name").fill(account.login_name)
         await page.get_by_label("Password").fill(account.password)
-        async with page.expect_navigation():
+        async with page.expect_navigation() as navigation:
             await page.get_by_role("button", name="Sign In").click()
+        answer = await navigation.value
         if "/console/signin" in page.url:
+            if answer is not None and answer.status == 429:
+                # Locked by wrong passwords (an agent that signed out and guessed, say). The
+                # lock ends by itself: no reason to quarantine the account, as signin_failed is.
+                return EnvError("signin_locked", f"the console has locked sign-in for account "
+                                f"{account.account_id} ({account.login_name}) for a while")
             return EnvError("signin_failed", f"the console refused sign-in for account "
                             f"{account.account_id} ({account.login_name})")
         return None
@@ -218,22 +255,49 @@ class EnvWorker:
 
     # ---- sandbox --------------------------------------------------------------------------------
     def _allowed(self, url: str) -> bool:
-        parts = urlsplit(url)
+        """True for the console's pages on its host and port (the path judged as a server may
+        read it, see :func:`_server_path`) and for data:, blob: and about: URLs."""
+        try:
+            parts = urlsplit(url)
+        except ValueError:
+            return False
         if parts.scheme in ("data", "blob", "about"):
             return True
-        return (parts.scheme in ("http", "https") and parts.netloc == self.config.console_host
-                and (parts.path.startswith("/console/") or parts.path in ("/console",
-                                                                          "/favicon.ico")))
+        if parts.scheme not in ("http", "https") or parts.netloc != self.config.console_host:
+            return False
+        path = _server_path(parts.path)
+        return path is not None and (path.startswith("/console/")
+                                     or path in ("/console", "/favicon.ico"))
 
-    async def _filter(self, episode: _Episode, route) -> None:
-        if self._allowed(route.request.url):
-            await route.continue_()
-            return
-        self._count(episode, "request", route.request.url)
-        await route.abort("blockedbyclient")
+    async def _start_filter(self, browser: Browser) -> None:
+        """Pause every request of ``browser`` (all its contexts, pages, frames and workers,
+        each hop of a redirect) until :meth:`_answer` lets it through or fails it."""
+        session = await browser.new_browser_cdp_session()
 
-    def _count(self, episode: _Episode, kind: str, what: str) -> None:
-        episode.blocked.append(f"{kind}: {what[:200]}")
+        def paused(event: dict[str, Any]) -> None:
+            task = asyncio.ensure_future(self._answer(session, event))
+            self._answers.add(task)
+            task.add_done_callback(self._answers.discard)
+        session.on("Fetch.requestPaused", paused)
+        await session.send("Fetch.enable", {"patterns": [{"urlPattern": "*"}]})
+
+    async def _answer(self, session: CDPSession, event: dict[str, Any]) -> None:
+        url = str(event.get("request", {}).get("url", ""))
+        try:
+            if self._allowed(url):
+                await session.send("Fetch.continueRequest", {"requestId": event["requestId"]})
+                return
+            hop = " (a redirect hop)" if event.get("redirectedRequestId") else ""
+            self._count(self._episode, "request", url[:200] + hop)
+            await session.send("Fetch.failRequest", {"requestId": event["requestId"],
+                                                     "errorReason": "BlockedByClient"})
+        except PlaywrightError:
+            pass   # the request went away with its page, its context or the browser
+
+    def _count(self, episode: _Episode | None, kind: str, what: str) -> None:
+        """Record a refusal; ``episode`` None: between episodes (the metric only)."""
+        if episode is not None:
+            episode.blocked.append(f"{kind}: {what[:240]}")
         self.metrics.blocked.labels(kind).inc()
 
     async def _popup(self, episode: _Episode, popup: Page) -> None:
@@ -254,6 +318,8 @@ class EnvWorker:
         error, result = "", None
         if isinstance(action, ActionError):
             error = action.message
+            if action.refused_url:   # a goto refused for where it points, as in _run
+                self._count(episode, "goto", action.refused_url)
         elif isinstance(action, (Stop, ReportInfeasible)):
             episode.done = True
             result = action
@@ -399,6 +465,32 @@ class EnvWorker:
     def blocked(self) -> list[str]:
         """What the sandbox refused in the current episode."""
         return list(self._episode.blocked) if self._episode else []
+
+
+def _server_path(path: str) -> str | None:
+    """``path`` as the most lenient server (or a proxy before it) may read it: percent-decoded
+    until stable, backslashes as slashes, empty segments dropped (``//`` as ``/``), dot
+    segments removed (RFC 3986 section 5.2.4), so ``/console/%2e%2e/metrics``,
+    ``/console/..%2fmetrics`` and ``/console\\..\\metrics`` are all ``/metrics``. None when
+    the path still decodes further after several rounds."""
+    for _ in range(4):
+        decoded = unquote(path)
+        if decoded == path:
+            break
+        path = decoded
+    else:
+        return None
+    segments = path.replace("\\", "/").split("/")
+    kept: list[str] = []
+    for segment in segments[1:]:
+        if segment == "..":
+            if kept:
+                kept.pop()
+        elif segment not in (".", ""):
+            kept.append(segment)
+    if segments[-1] in (".", "..", ""):
+        kept.append("")   # "/a/b/.." is "/a/", a directory
+    return "/" + "/".join(kept)
 
 
 def _describe(action: Action, exc: PlaywrightError) -> str:

@@ -114,8 +114,9 @@ def console_writes(client: CloudClient, account: Account) -> list[tuple[str, str
         if e["eventType"] != "ConsoleOperation":
             continue
         assert e["eventRW"] == "Write", f"a console read was audited: {e['eventName']}"
-        assert e["userAgent"].endswith(".console.aliyun.com"), e["userAgent"]
-        assert e["eventSource"] == e["userAgent"]
+        host = e["userAgent"].split()[0]       # then the browser's user agent, if any
+        assert host.endswith(".console.aliyun.com"), e["userAgent"]
+        assert e["eventSource"] == host
         assert e["sourceIpAddress"] == "127.0.0.1"
         assert e["userIdentity"]["accountId"] == account.account_id
         found.append((e["eventName"], e["errorCode"]))

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import random
 import re
+from urllib.parse import urlsplit
 from collections.abc import Iterator
 
 import psutil
@@ -182,6 +183,155 @@ def test_the_sandbox_blocks_and_reports(env_cloud, accounts):
     run(flow())
 
 
+REDIRECTS_OUT = {"metrics": "/metrics", "openapi": "/?Action=LookupEvents&Version=2020-07-06",
+                 "other": "http://example.invalid/x", "dots": "/console/../metrics"}
+
+
+def _outside(url: str) -> bool:
+    parts = urlsplit(url)   # (a blocked page shows chrome-error://chromewebdata/)
+    return parts.scheme.startswith("http") and (parts.path in ("/metrics", "/")
+                                                or parts.hostname == "example.invalid")
+
+
+def test_redirect_hops_are_filtered_like_first_requests(env_cloud, accounts):
+    """A console page that redirects out (the test plays a buggy console: a route of the
+    browser context answers 302) takes neither the page, nor a script's fetch, nor a popup
+    out of the sandbox: each hop is refused and counted as a first request is. Redirects
+    that stay in the console (the real 307 from /console) still work."""
+    async def flow():
+        worker = worker_for(env_cloud)
+        try:
+            expect_observation(await worker.reset(EpisodeSpec("/console/ram/users"),
+                                                  accounts[4]))
+            page = worker._episode.page
+            responses: list[str] = []
+            page.context.on("response", lambda response: responses.append(response.url))
+
+            async def buggy_console(route) -> None:
+                name = route.request.url.rsplit("/hop-", 1)[1]
+                await route.fulfill(status=302, headers={"location": REDIRECTS_OUT[name]})
+            await page.context.route("**/console/hop-*", buggy_console)
+            for name in REDIRECTS_OUT:
+                result = await worker.step(f'goto("{env_cloud.url}/console/hop-{name}")')
+                assert "ERR_BLOCKED_BY_CLIENT" in result.observation.last_action_error, name
+                assert not _outside(result.observation.url), result.observation.url
+            home = await worker.step(f'goto("{env_cloud.url}/console")')
+            assert not home.observation.last_action_error
+            assert home.observation.url == env_cloud.url + "/console/"
+            outcomes = await page.evaluate("""async (names) => {
+                const out = [];
+                for (const name of names) {
+                    try { const r = await fetch('/console/hop-' + name);
+                          out.push('reached ' + r.url); }
+                    catch (e) { out.push('blocked'); }
+                }
+                window.open('/console/hop-metrics', '_blank');
+                return out; }""", list(REDIRECTS_OUT))
+            assert outcomes == ["blocked"] * len(REDIRECTS_OUT)
+            await asyncio.sleep(0.5)
+            result = await worker.step('scroll("down")')
+            assert not [url for url in responses if _outside(url)], responses
+            blocked = "\n".join(worker.blocked())
+            assert blocked.count("/metrics") >= 4 and "Action=LookupEvents" in blocked
+            assert "example.invalid" in blocked and "popup" in blocked
+            assert result.observation.blocked_requests == len(worker.blocked())
+        finally:
+            await worker.shutdown()
+    run(flow())
+
+
+@pytest.mark.parametrize("url,ok", [
+    ("/console/", True), ("/console", True), ("/console/ram/users?q=a.b", True),
+    ("/console/ecs/../ram/users", True), ("/favicon.ico", True),
+    ("/console/../metrics", False), ("/console/%2e%2e/metrics", False),
+    ("/console/%2E./metrics", False), ("/console/..%2fmetrics", False),
+    ("/console/..%2F..%2F?Action=LookupEvents", False), ("/console\\..\\metrics", False),
+    ("/console/%5c..%5cmetrics", False), ("/console/%252e%252e/metrics", False),
+    ("/console//../metrics", False), ("/console/ram//users", True),
+    ("/console/..", False), ("/metrics", False), ("/", False), ("/consolex", False),
+    ("/console/%25252525252e%25252525252e/metrics", False),   # still encoded after 4 rounds
+])
+def test_the_sandbox_judges_paths_as_a_server_reads_them(url: str, ok: bool):
+    worker = EnvWorker(WorkerConfig(console_url="http://127.0.0.1:18080"))
+    assert worker._allowed("http://127.0.0.1:18080" + url) is ok
+    assert not worker._allowed("http://127.0.0.1:18081" + url)
+
+
+@pytest.mark.parametrize("start_path", ["/console/../metrics", "/console/%2e%2e/metrics",
+                                        "/console/..%2f?Action=LookupEvents", "/metrics"])
+def test_a_start_path_outside_the_console_is_an_env_error(env_cloud, accounts, start_path):
+    async def flow():
+        worker = worker_for(env_cloud)
+        try:
+            return await worker.reset(EpisodeSpec(start_path), accounts[4])
+        finally:
+            await worker.shutdown()
+    error = run(flow())
+    assert isinstance(error, EnvError) and error.kind == "navigation_failed", error
+    assert "not a console page" in error.message
+
+
+def test_a_sign_in_that_redirects_out_is_an_env_error(env_cloud, accounts):
+    """The test plays a console whose sign-in sends the browser to /metrics: the hop is
+    refused, and the episode does not start on whatever page the browser was left on."""
+    async def flow():
+        worker = worker_for(env_cloud)
+        try:
+            browser = await worker._ensure_browser()
+            new_context = browser.new_context
+
+            async def buggy_console(route) -> None:
+                if route.request.method == "POST":
+                    await route.fulfill(status=303, headers={"location": "/metrics"})
+                else:
+                    await route.continue_()
+
+            async def hostile_context(**kwargs):
+                context = await new_context(**kwargs)
+                new_page = context.new_page
+
+                async def hostile_page():
+                    # A page route: it runs before any route of the context.
+                    page = await new_page()
+                    await page.route("**/console/signin*", buggy_console)
+                    return page
+                context.new_page = hostile_page
+                return context
+            browser.new_context = hostile_context
+            blocked_before = worker.metrics.blocked.labels("request")._value.get()
+            error = await worker.reset(EpisodeSpec("/console/"), accounts[4])
+            return error, worker.metrics.blocked.labels("request")._value.get() - blocked_before
+        finally:
+            await worker.shutdown()
+    error, blocked = run(flow())
+    assert isinstance(error, EnvError) and error.kind == "navigation_failed", error
+    assert blocked == 1 and "ERR_BLOCKED_BY_CLIENT" in error.message, error.message
+
+
+def test_gotos_refused_for_their_scheme_or_path_are_counted_as_blocked(env_cloud, accounts):
+    async def flow():
+        worker = worker_for(env_cloud)
+        try:
+            expect_observation(await worker.reset(EpisodeSpec("/console/"), accounts[4]))
+            gotos = worker.metrics.blocked.labels("goto")
+            before = gotos._value.get()
+            refused = ["javascript:alert(1)", "file:///etc/passwd", "data:text/html,hi",
+                       "http://user@127.0.0.1/", env_cloud.url + "/console/../metrics",
+                       env_cloud.url + "/console/..%2fmetrics"]
+            for count, url in enumerate(refused, 1):
+                result = await worker.step(f'goto("{url}")')
+                assert result.observation.last_action_error and not result.done, url
+                assert worker.blocked()[-1] == f"goto: {url}"
+                assert result.observation.blocked_requests == count
+            assert gotos._value.get() == before + len(refused)
+            ok = await worker.step(f'goto("{env_cloud.url}/console/ram/users")')
+            assert not ok.observation.last_action_error
+            assert ok.observation.blocked_requests == len(refused)
+        finally:
+            await worker.shutdown()
+    run(flow())
+
+
 def worker_pages(worker: EnvWorker) -> list:
     return worker._episode.context.pages
 
@@ -204,6 +354,31 @@ def test_step_limit_and_sign_in_failure(env_cloud, accounts):
         finally:
             await worker.shutdown()
     run(flow())
+
+
+def test_a_locked_account_is_signin_locked_not_signin_failed(tmp_path_factory, accounts):
+    """Wrong passwords (an agent that signed out and guessed) lock the account for a while;
+    the worker says so, and the pool does not quarantine the account for it."""
+    import httpx
+
+    from tests.integration.console_kit import sign_in_http
+    gen = _server(tmp_path_factory, "env-lock", [])
+    server = next(gen)
+    try:
+        with httpx.Client(base_url=server.url) as web:
+            codes = [sign_in_http(web, accounts[4], "wrong").status_code for _ in range(5)]
+        assert codes[-1] == 429
+
+        async def flow():
+            worker = worker_for(server)
+            try:
+                return await worker.reset(EpisodeSpec("/console/"), accounts[4])
+            finally:
+                await worker.shutdown()
+        error = run(flow())
+        assert isinstance(error, EnvError) and error.kind == "signin_locked", error
+    finally:
+        next(gen, None)
 
 
 def test_a_crashed_browser_is_an_env_error_and_is_relaunched(env_cloud, accounts):

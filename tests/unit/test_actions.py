@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from consolerl.errors import ConsoleRLError
 from env_workers.actions import (
-    ACTION_HELP, ACTION_TYPES, MAX_OUTPUT_CHARS, MODIFIER_KEYS, NAMED_KEYS, Action,
-    ActionError, Click, Fill, GoBack, Goto, InvalidActionError, Press, ReportInfeasible, Scroll,
-    Select, Stop, host_allowed, parse_action)
+    ACTION_HELP, ACTION_TYPES, MAX_ACTION_CHARS, MAX_OUTPUT_CHARS, MODIFIER_KEYS, NAMED_KEYS,
+    Action, ActionError, Click, Fill, GoBack, Goto, InvalidActionError, Press, RefusedURLError,
+    ReportInfeasible, Scroll, Select, Stop, host_allowed, parse_action)
 
 FENCE = "```"
 
@@ -136,13 +136,58 @@ def test_parses(text: str, expected: Action) -> None:
     (f"{FENCE}\n\n{FENCE}", "last code block is empty"),
     (f"{FENCE}\nclick(a1)\nclick(a2)\n{FENCE}", "last code block has 2 lines"),
     (f"click(a1)\n{FENCE}\nimport os\n{FENCE}", "unknown action 'import'"),
-    ("x" * (MAX_OUTPUT_CHARS + 1), "more than 100,000"),
+    ("x" * (MAX_OUTPUT_CHARS + 1), f"is {MAX_OUTPUT_CHARS + 1:,} characters, more than "
+                                   f"{MAX_OUTPUT_CHARS:,}"),
 ])
 def test_refuses(text: str, fragment: str) -> None:
     result = parse_action(text)
     assert isinstance(result, ActionError), result
     assert fragment in result.message
     assert str(result) == result.message
+
+
+def test_a_reply_over_the_output_cap_is_refused_whatever_it_holds() -> None:
+    """The cap is on the whole reply, looked at before anything else, and sized to replies
+    (max_new_tokens is at most 512): a reply of reasoning plus a valid action just over it is
+    refused, naming its size and the limit; one just under it parses."""
+    assert MAX_OUTPUT_CHARS <= 16_384
+    action = 'fill(b3, "' + "\\n" * 2_000 + '")'     # the longest valid action
+    assert len(action) < MAX_ACTION_CHARS and parse_action(action) == Fill("b3", "\n" * 2_000)
+    fits = "x" * (MAX_OUTPUT_CHARS - len(action) - 1) + "\n" + action
+    assert len(fits) == MAX_OUTPUT_CHARS and parse_action(fits) == Fill("b3", "\n" * 2_000)
+    over = "x" + fits
+    result = parse_action(over)
+    assert isinstance(result, ActionError)
+    assert f"the output is {MAX_OUTPUT_CHARS + 1:,} characters, more than " \
+           f"{MAX_OUTPUT_CHARS:,}" in result.message
+
+
+@pytest.mark.parametrize("text,url", [
+    ('goto("javascript:alert(1)")', "javascript:alert(1)"),
+    ('goto("file:///etc/passwd")', "file:///etc/passwd"),
+    ('goto("data:text/html,hi")', "data:text/html,hi"),
+    ('goto("http://allowed@evil.example/")', "http://allowed@evil.example/"),
+    ('goto("http:example.com")', "http:example.com"),
+    ('goto("http://evil.example\\\\@allowed/")', "http://evil.example\\@allowed/"),
+])
+def test_a_goto_refused_for_where_it_points_carries_the_url(text: str, url: str) -> None:
+    """The worker counts these as blocked navigations, as it does a goto to another host."""
+    result = parse_action(text)
+    assert isinstance(result, ActionError) and result.refused_url == url
+    with pytest.raises(RefusedURLError) as raised:
+        Goto(url)
+    assert raised.value.url == url and isinstance(raised.value, InvalidActionError)
+    again = pickle.loads(pickle.dumps(raised.value))
+    assert (type(again), str(again), again.url) == (RefusedURLError, str(raised.value), url)
+
+
+@pytest.mark.parametrize("text", [
+    'goto("")', 'goto("http://a.example/' + "x" * 2048 + '")', 'goto("http://a\x01")',
+    'fill(b3, "javascript:alert(1)")', "goto(javascript:alert(1))", "click(a1)",
+])
+def test_other_errors_carry_no_refused_url(text: str) -> None:
+    result = parse_action(text)
+    assert not isinstance(result, ActionError) or result.refused_url == ""
 
 
 def test_error_names_allowed_forms() -> None:

@@ -48,6 +48,19 @@ def test_field_for_maps_api_errors_to_fields(err, expected):
     ("/console/", True), ("/console/ecs/instances?page=2&q=a", True),
     ("https://evil.example/", False), ("//evil.example/console/", False),
     ("/console//evil", False), ("/metrics", False), ("/console/x\nSet-Cookie:", False),
+    # Dot segments, plain or encoded, and encoded separators: browsers resolve %2e%2e as ..,
+    # servers and proxies decode %2f and %5c; each of these lands outside /console/.
+    ("/console/../metrics", False), ("/console/ecs/../../metrics", False),
+    ("/console/..", False), ("/console/.", False), ("/console/./ecs", False),
+    ("/console/%2e%2e/metrics", False), ("/console/%2E%2e/", False), ("/console/.%2e/x", False),
+    ("/console/..%2fmetrics", False), ("/console/..%2Fmetrics", False),
+    ("/console/%5c..%5cmetrics", False), ("/console\\..\\metrics", False),
+    ("/console/%252e%252e/metrics", False), ("/console/x%00", False), ("/console/x%0d%0a", False),
+    ("/console/x\t", False), ("/console/ x", False), ("javascript:alert(1)//console/", False),
+    ("/console/" + "a" * 2040, False),
+    # Dots inside names and anything in the query stay fine.
+    ("/console/ram/users/alice.smith", True), ("/console/ram/users/a..b", True),
+    ("/console/ecs/instances?q=10.0.0.1&by=..", True), ("/console/x?next=%2Fconsole%2F", True),
 ])
 def test_safe_next(target, ok):
     assert _safe_next(target) is ok

@@ -31,7 +31,7 @@ from consolerl.errors import ConsoleRLError
 from ..errors import CloudError
 from ..service import Caller, CloudService
 from consolerl.drift import Drift
-from consolerl.text import ascii_digits
+from consolerl.text import ascii_digits, same_secret
 from .metrics import ConsoleMetrics
 from .sessions import COOKIE, Session, SessionStore
 from .ui import STATUS_TONE, TRANSITIONAL, Button, Column, Field, FormSpec
@@ -118,7 +118,11 @@ class Page:
     def caller(self, product_name: str) -> Caller:
         product = self.console.service.products[product_name]
         ip = self.request.client.host if self.request.client else ""
-        return Caller(self.account, "", ip, product.console_host, "ConsoleOperation")
+        # The console's host, then the browser's own user agent (what ActionTrail keeps of a
+        # console call; console-rl's env workers put their lease's mark in it).
+        browser = self.request.headers.get("user-agent", "")
+        agent = f"{product.console_host} {browser}" if browser else product.console_host
+        return Caller(self.account, "", ip, agent[:512], "ConsoleOperation")
 
     def read(self, product_name: str, action: str, **params: Any) -> dict[str, Any]:
         service = self.console.service
@@ -193,8 +197,26 @@ def static_url(name: str) -> str:
     return _STATIC_URLS[name]
 
 
+_NEXT_RE = re.compile(r"/console/[A-Za-z0-9/_.?=&%:,-]*")
+# In the path: a percent-encoded dot, slash, backslash or percent (which a browser, the server
+# or a proxy may decode into a dot segment or a separator), or control character.
+_ENCODED_TRICK_RE = re.compile(r"%(?:2e|2f|5c|25|[01][0-9a-f]|7f)", re.IGNORECASE)
+
+
 def _safe_next(target: str) -> bool:
-    return bool(re.fullmatch(r"/console/[A-Za-z0-9/_.?=&%:,-]*", target)) and "//" not in target
+    """Whether the console may send the browser to ``target`` (sign-in's ``next``, a form's
+    ``_back``): a path under ``/console/`` with an optional query, at most 2,048 characters,
+    that stays under ``/console/`` however a browser, server or proxy reads it. Refused: a
+    scheme or host (``https:``, ``//``), a backslash, space or control character, and in the
+    path a dot segment (``/console/../metrics``) or a percent-encoded dot, slash, backslash,
+    percent or control character (``/console/%2e%2e/metrics``, ``/console/..%2fmetrics``)."""
+    if not isinstance(target, str) or len(target) > 2048 or "//" in target \
+            or not _NEXT_RE.fullmatch(target):
+        return False
+    path = target.split("?", 1)[0]
+    if _ENCODED_TRICK_RE.search(path):
+        return False
+    return not any(segment in (".", "..") for segment in path.split("/"))
 
 
 # Error codes whose code and message name no parameter, and the parameter they are about.
@@ -263,7 +285,7 @@ class ConsoleApp:
             form: dict[str, str] = {}
             if request.method == "POST":
                 form = await self.read_form(request)
-                if not secrets.compare_digest(form.get("_csrf", ""), session.csrf):
+                if not same_secret(form.get("_csrf", ""), session.csrf):
                     raise BadRequest(403, "This page has expired (the form's security token does "
                                           "not match your session). Reload the page and try again.")
             page = Page(self, request, session, account, form)

@@ -2,6 +2,7 @@
 static files, and the console's own 404."""
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Awaitable, Callable
 from urllib.parse import quote
@@ -16,19 +17,29 @@ from consolerl import drift as drift_mod
 from consolerl.accounts import Account
 from consolerl.drift import Drift
 from consolerl.errors import ConfigError
+from consolerl.text import same_secret
 
 from ..catalog import DEFAULT_REGION, REGIONS
+from ..config import SigninLimits
 from ..service import CloudService
 from . import ecs, network, oss, ram
 from .core import HERE, BadRequest, ConsoleApp, Page, _safe_next
 from .sessions import COOKIE
+from .signin import (
+    CSRF_COOKIE,
+    Lock,
+    SigninGuard,
+    form_token,
+    set_token_cookie,
+    token_ok,
+)
 
 _METHODS = ["GET", "POST", "PUT", "DELETE", "HEAD"]
 
 
 def build_console(service: CloudService, accounts: list[Account], registry: CollectorRegistry,
-                  oss_handler: Callable[[Request], Awaitable[Response]]
-                  ) -> tuple[ConsoleApp, list[BaseRoute]]:
+                  oss_handler: Callable[[Request], Awaitable[Response]],
+                  signin_limits: SigninLimits) -> tuple[ConsoleApp, list[BaseRoute]]:
     """The console and its routes (all under ``/console``). ``/console`` and ``/console/`` are
     also OSS's path-style address of a bucket named ``console``: requests signed for OSS go to
     ``oss_handler``."""
@@ -82,7 +93,12 @@ def build_console(service: CloudService, accounts: list[Account], registry: Coll
         response.delete_cookie(COOKIE, path="/console")
         return response
 
+    guard = SigninGuard(signin_limits,
+                        on_lock=lambda scope: console.metrics.signin_lockouts.labels(scope).inc())
+
     async def signin(request: Request) -> Response:
+        """The sign-in form (GET) and its submit (POST); see ``signin.py`` for the CSRF token
+        and the lockout."""
         if request.method == "GET":
             next_url = request.query_params.get("next", "/console/")
             drift_text = request.query_params.get("drift", "")
@@ -95,29 +111,46 @@ def build_console(service: CloudService, accounts: list[Account], registry: Coll
             next_url, drift_text = form.get("next", "/console/"), form.get("drift", "")
             login_name = form.get("login_name", "").strip()
         next_url = next_url if _safe_next(next_url) else "/console/"
+
+        def page(error: str, status: int, drift: str | None = None) -> Response:
+            return _signin_page(console, request, next_url, drift_text if drift is None else drift,
+                                login_name, error, status)
         try:
             kinds = drift_mod.parse(drift_text)
         except ConfigError as err:
-            return _signin_page(console, next_url, "", login_name, f"Invalid drift: {err}", 400)
+            return page(f"Invalid drift: {err}", 400, drift="")
         if request.method == "GET":
-            return _signin_page(console, next_url, drift_text, login_name, "", 200)
-        account = console.accounts.get(login_name)
+            return page("", 200)
+        if not token_ok(request, form):
+            console.metrics.signins.labels("bad_token").inc()
+            return page("This sign-in page has expired or did not come from this console (its "
+                        "security token is missing or wrong). Sign in again on this page.", 403)
         password = form.get("password", "")
         if not login_name or not password:
             console.metrics.signins.labels("missing").inc()
-            return _signin_page(console, next_url, drift_text, login_name,
-                                "Enter your account name and password.", 400)
+            return page("Enter your account name and password.", 400)
+        # Keys of the lockout: names are at most 64 characters, so a longer one is no account.
+        name_key, address = login_name[:128], request.client.host if request.client else ""
+        lock = guard.locked(name_key, address)
+        if lock is not None:
+            console.metrics.signins.labels("locked").inc()
+            return _locked(page, lock)
+        account = console.accounts.get(login_name)
         # Compare in constant time, and also when the account does not exist.
         expected = account.password if account else secrets.token_hex(16)
-        if not secrets.compare_digest(password.encode(), expected.encode()) or account is None:
+        if not same_secret(password, expected) or account is None:
             console.metrics.signins.labels("failed").inc()
-            return _signin_page(console, next_url, drift_text, login_name,
-                                "The account name or password is incorrect.", 401)
+            lock = guard.failed(name_key, address)
+            if lock is not None:
+                return _locked(page, lock)
+            return page("The account name or password is incorrect.", 401)
+        guard.succeeded(name_key)
         token, _ = console.sessions.create(account.account_id, DEFAULT_REGION, Drift(kinds))
         console.metrics.signins.labels("success").inc()
         response = RedirectResponse(next_url, 303)
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/console",
                             max_age=int(console.sessions.ttl_ms / 1000))
+        response.delete_cookie(CSRF_COOKIE, path="/console/signin")
         return response
 
     async def not_found(request: Request) -> Response:
@@ -154,11 +187,23 @@ class CachedStatic(StaticFiles):
         return response
 
 
-def _signin_page(console: ConsoleApp, next_url: str, drift_text: str, login_name: str,
-                 error: str, status: int) -> Response:
+def _signin_page(console: ConsoleApp, request: Request, next_url: str, drift_text: str,
+                 login_name: str, error: str, status: int) -> Response:
+    """The form, with its CSRF token (cookie and hidden field); echoes at most 128 characters
+    of the name typed."""
+    token = form_token(request)
     html = console.env.get_template("signin.html").render(
-        next=next_url, drift=drift_text, login_name=login_name, error=error)
-    return HTMLResponse(html, status_code=status)
+        next=next_url, drift=drift_text[:256], login_name=login_name[:128], error=error,
+        csrf=token)
+    response = HTMLResponse(html, status_code=status)
+    set_token_cookie(response, token)
+    return response
+
+
+def _locked(page: Callable[[str, int], Response], lock: Lock) -> Response:
+    response = page(lock.message(), 429)
+    response.headers["retry-after"] = str(max(1, math.ceil(lock.seconds)))
+    return response
 
 
 def signin_url(next_url: str = "/console/", drift: str = "") -> str:
