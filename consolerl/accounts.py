@@ -5,9 +5,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from consolerl.config import read_yaml
 from consolerl.errors import ConfigError
+from consolerl.text import brief
 
 _FIELDS = ("account_id", "login_name", "password", "access_key_id", "access_key_secret")
 
@@ -34,10 +34,14 @@ def parse_accounts(data: object, source: str = "<accounts>") -> list[Account]:
             raise ConfigError(f"{where}: expected a mapping with keys {', '.join(_FIELDS)}")
         unknown = set(item) - set(_FIELDS)
         if unknown:
-            raise ConfigError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {list(_FIELDS)}")
+            raise ConfigError(f"{where}: unknown field(s) {brief(sorted(unknown, key=str))}; "
+                              f"allowed: {list(_FIELDS)}")
         values = {}
         for name in _FIELDS:
             value = item.get(name)
+            # str() of a container walks all of it (a YAML alias bomb): refused unprinted.
+            if isinstance(value, (list, tuple, dict, set)):
+                raise ConfigError(f"{where}: field '{name}' must be a string")
             if value is None or not str(value).strip():
                 raise ConfigError(f"{where}: field '{name}' is required")
             values[name] = str(value)
@@ -58,13 +62,22 @@ def parse_accounts(data: object, source: str = "<accounts>") -> list[Account]:
 
 
 def load_accounts(path: Path | str) -> list[Account]:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read accounts file: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return parse_accounts(data, str(path))
+    return parse_accounts(read_yaml(path), str(path))
+
+
+# A lease's mark in the user agent of everything done under it (the browser, the SDK calls
+# that provision, score and clean up): the cloud's audit log records the user agent, so any
+# event can be traced to the lease (account and fencing number) it ran under, from outside.
+LEASE_AGENT_PREFIX = "consolerl-lease/"
+_LEASE_AGENT = re.compile(r"consolerl-lease/([0-9]{6,20})/([0-9]{1,19})")
+
+
+def lease_agent(account_id: str, fencing: int) -> str:
+    """The user-agent token of the lease ``fencing`` on ``account_id``."""
+    return f"{LEASE_AGENT_PREFIX}{account_id}/{int(fencing)}"
+
+
+def parse_lease_agent(user_agent: str) -> tuple[str, int] | None:
+    """(account id, fencing number) of the lease token in ``user_agent``, or None."""
+    m = _LEASE_AGENT.search(user_agent or "")
+    return (m[1], int(m[2])) if m else None

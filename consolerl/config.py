@@ -129,6 +129,25 @@ def _set(tree: dict[str, Any], dotted: str, value: Any, where: str) -> None:
     node[parts[-1]] = value
 
 
+def read_yaml(path: str | Path) -> Any:
+    """The YAML document in the file at ``path``; ConfigError naming the file when it cannot be
+    read, is not UTF-8 or not YAML. PyYAML itself raises more than YAMLError on odd input: a
+    number of more than 4,300 digits is a ValueError, brackets a few thousand deep a
+    RecursionError."""
+    try:
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None
+
+
 def load_config(cls: type[T], path: str | Path | None = None,
                 overrides: Sequence[str] = ()) -> T:
     """Build ``cls`` from the YAML file at ``path`` (optional) plus ``overrides``."""
@@ -136,12 +155,7 @@ def load_config(cls: type[T], path: str | Path | None = None,
     where = "config"
     if path is not None:
         where = str(path)
-        try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        loaded = read_yaml(path)
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: must hold a mapping")
         tree = loaded or {}

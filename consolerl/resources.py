@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from consolerl.errors import ConfigError
+from consolerl.text import brief
 
 
 @dataclass(frozen=True)
@@ -100,16 +101,16 @@ def parse_resources(data: object, source: str = "<prerequisites>") -> list[Resou
             raise ConfigError(f"{where}: expected a mapping with id, type, properties")
         unknown = set(item) - {"id", "type", "properties"}
         if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: id, type, "
-                              "properties")
+            raise ConfigError(f"{where}: unknown key(s) {brief(sorted(unknown, key=str))}; "
+                              "allowed: id, type, properties")
         rid, rtype = item.get("id"), item.get("type")
         if not isinstance(rid, str) or not _ID.fullmatch(rid):
             raise ConfigError(f"{where}.id: must be 1-32 of [a-z0-9_] starting with a letter, "
-                              f"got {rid!r}")
+                              f"got {brief(rid)}")
         if rid in seen:
             raise ConfigError(f"{where}.id: duplicate id {rid!r}")
-        if rtype not in SCHEMA:
-            raise ConfigError(f"{where}.type: unknown type {rtype!r}; allowed: "
+        if not isinstance(rtype, str) or rtype not in SCHEMA:
+            raise ConfigError(f"{where}.type: unknown type {brief(rtype)}; allowed: "
                               f"{', '.join(SCHEMA)}")
         props = item.get("properties") or {}
         if not isinstance(props, dict):
@@ -117,7 +118,8 @@ def parse_resources(data: object, source: str = "<prerequisites>") -> list[Resou
         schema = SCHEMA[rtype]
         unknown = set(props) - set(schema)
         if unknown:
-            raise ConfigError(f"{where}.properties: unknown {sorted(unknown)} for {rtype}; "
+            raise ConfigError(f"{where}.properties: unknown "
+                              f"{brief(sorted(unknown, key=str))} for {rtype}; "
                               f"allowed: {', '.join(schema)}")
         values: dict[str, Any] = {}
         for name, prop in schema.items():
@@ -155,14 +157,14 @@ def _check_value(field: str, value: Any, prop: PropertySpec) -> Any:
         return tuple(value)
     if prop.kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{field}: must be an integer, got {value!r}")
+            raise ConfigError(f"{field}: must be an integer, got {brief(value)}")
         return value
     if not isinstance(value, str):
         raise ConfigError(f"{field}: must be a string, got {type(value).__name__}")
     if prop.ref and not _REF.fullmatch(value):
         raise ConfigError(f"{field}: must be a reference like ${{name}} to a {prop.ref}")
     if prop.choices and value not in prop.choices:
-        raise ConfigError(f"{field}: {value!r} is not one of {', '.join(prop.choices)}")
+        raise ConfigError(f"{field}: {brief(value)} is not one of {', '.join(prop.choices)}")
     if len(value) > 256:
         raise ConfigError(f"{field}: at most 256 characters")
     return value

@@ -51,12 +51,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from consolerl.config import read_yaml
 from consolerl.errors import ConfigError
 from consolerl.drift import parse as parse_drift
 
 from consolerl.resources import parse_resources, placeholders as text_placeholders
+from consolerl.text import brief
 
 SCHEMA_VERSION = 1
 PRODUCTS = ("ecs", "vpc", "ram", "oss")
@@ -207,7 +207,7 @@ def _predicate(at: str, path: str, value: object) -> Predicate:
             raise ConfigError(f"{at}: where.{path}.ref must be '<rule id>.<dotted field>', "
                               f"got {operand!r}")
         return Predicate(op, operand)
-    raise ConfigError(f"{at}: where.{path}: unknown predicate {op!r}; use a scalar or one of "
+    raise ConfigError(f"{at}: where.{path}: unknown predicate {brief(op)}; use a scalar or one of "
                       f"{', '.join(PREDICATE_OPS[1:])}")
 
 
@@ -291,11 +291,11 @@ def parse_task(data: object, source: str) -> Task:
         raise ConfigError(f"{source}: a task file holds one mapping")
     unknown = set(data) - _KEYS
     if unknown:
-        raise ConfigError(f"{source}: unknown field(s) {sorted(unknown)}; allowed: "
-                          f"{', '.join(sorted(_KEYS))}")
+        raise ConfigError(f"{source}: unknown field(s) {brief(sorted(unknown, key=str))}; "
+                          f"allowed: {', '.join(sorted(_KEYS))}")
     if data.get("schema") != SCHEMA_VERSION:
         raise ConfigError(f"{source}: field 'schema' must be {SCHEMA_VERSION}, got "
-                          f"{data.get('schema')!r}")
+                          f"{brief(data.get('schema'))}")
     task_id = _str(source, data, "id", max_len=64)
     if not _ID.fullmatch(task_id):
         raise ConfigError(f"{source}: field 'id' must be 3-64 of [a-z0-9-], got {task_id!r}")
@@ -359,13 +359,7 @@ def parse_task(data: object, source: str) -> Task:
 
 def load_task(path: Path | str) -> Task:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    task = parse_task(data, str(path))
+    task = parse_task(read_yaml(path), str(path))
     if task.id != path.stem:
         raise ConfigError(f"{path}: field 'id' ({task.id!r}) must equal the file name")
     return task

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hmac
+import reprlib
 
 
 def ascii_digits(text: str) -> bool:
@@ -23,3 +24,19 @@ def same_secret(given: str | bytes | None, expected: str | bytes | None) -> bool
         return bytes(value) if isinstance(value, (bytes, bytearray)) else None
     a, b = raw(given), raw(expected)
     return a is not None and b is not None and hmac.compare_digest(a, b)
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxlist, _BRIEF.maxtuple, _BRIEF.maxdict = 2, 4, 4, 4
+_BRIEF.maxset = _BRIEF.maxfrozenset = 4
+_BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxlong = 60, 60, 40
+
+
+def brief(value: object) -> str:
+    """A short ``repr`` of outside input for an error message, in bounded time: at most a few
+    items of a few levels. ``repr`` itself walks the whole value, and a YAML document can alias
+    one list ten times per level (a "billion laughs" of a few hundred bytes)."""
+    try:
+        return _BRIEF.repr(value)
+    except ValueError:   # an int of more than 4,300 digits has no repr
+        return f"<{type(value).__name__}>"

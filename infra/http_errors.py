@@ -16,11 +16,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 MAX_MSG_CHARS = 500
+MAX_LOC_CHARS = 100     # a loc part can be a key of the request's own (100 KB of it)
 
 
 def validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:
-    """The errors as FastAPI lists them, less ``input`` and ``ctx``; messages bounded."""
-    return [{"loc": [part if isinstance(part, int) else str(part) for part in e.get("loc", ())],
+    """The errors as FastAPI lists them, less ``input`` and ``ctx``; messages and locations
+    bounded."""
+    return [{"loc": [part if isinstance(part, int) else str(part)[:MAX_LOC_CHARS]
+                     for part in e.get("loc", ())],
              "msg": str(e.get("msg", ""))[:MAX_MSG_CHARS], "type": str(e.get("type", ""))}
             for e in exc.errors()]
 
@@ -32,7 +35,59 @@ def field_error(loc: Sequence[str | int], msg: str, type_: str = "value_error"
     return {"loc": list(loc), "msg": msg[:MAX_MSG_CHARS], "type": type_}
 
 
-def install_validation_handler(app: FastAPI) -> None:
+def install_validation_handler(app: FastAPI, max_body_bytes: int = 16 << 20) -> None:
+    """The shared 422, and a 413 for a request body over ``max_body_bytes`` (refused from
+    its Content-Length before it is read, or as soon as a chunked body passes the limit)."""
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": validation_detail(exc)}, status_code=422)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a request body larger than ``max_bytes``."""
+
+    def __init__(self, app: Any, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def _refuse(self, send: Any) -> None:
+        body = JSONResponse({"detail": [field_error(
+            ["body"], f"the request body is larger than {self.max_bytes:,} bytes",
+            "too_large")]}, status_code=413)
+        await body({"type": "http"}, None, send)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared and (len(declared) > 15 or not declared.isdigit()
+                         or int(declared) > self.max_bytes):
+            await self._refuse(send)
+            return
+        seen = 0
+        started = False
+
+        async def counted() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge
+            return message
+
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+        try:
+            await self.app(scope, counted, tracked)
+        except _TooLarge:
+            if not started:
+                await self._refuse(send)

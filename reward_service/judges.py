@@ -223,7 +223,7 @@ def _final_object(text: str, max_json_chars: int) -> dict | None:
     while i != -1:
         try:
             value, end = decoder.raw_decode(text, i)
-        except ValueError:
+        except (ValueError, RecursionError):   # the C decoder recurses per nesting level
             pass
         else:
             if end == len(text) and isinstance(value, dict):

@@ -360,7 +360,9 @@ def build_app(service: RewardService, max_concurrent_scores: int = 64) -> FastAP
         pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="console-rl reward service", version="1", lifespan=lifespan)
-    install_validation_handler(app)
+    # The largest valid request (500 actions of 10,000 characters, a 200,000-character page,
+    # every character JSON-escaped) stays under 32 MiB.
+    install_validation_handler(app, max_body_bytes=32 << 20)
 
     @app.post("/v1/score")
     async def score(request: ScoreRequest) -> Mapping[str, Any]:

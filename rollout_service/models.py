@@ -129,6 +129,9 @@ def cached_tiny_model() -> Path:
 # Private-use characters delimit the placeholders that stand for control strings of message
 # content while the chat template renders; a per-call nonce keeps page text from forging one.
 _OPEN, _CLOSE = "\ue000", "\ue001"
+# A lone surrogate (JSON "\ud800"; browser page text can hold one) has no UTF-8 form: the
+# tokenizer raises TypeError on it. It becomes U+FFFD, the one text change made.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class HFChatTokenizer:
@@ -210,6 +213,7 @@ class HFChatTokenizer:
         strings they stand for appended to ``literals``."""
         if not isinstance(content, str):
             raise TypeError(f"message content: must be a string, got {type(content).__name__}")
+        content = _SURROGATE.sub("\ufffd", content)
 
         def swap(literal: str) -> str:
             literals.append(literal)
@@ -239,6 +243,7 @@ class HFChatTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """``text`` as plain text: a control string in it becomes ordinary tokens."""
+        text = _SURROGATE.sub("\ufffd", text)
         if self._control is not None and self._control.search(text):
             return self._plain_ids(text)
         return list(self.tokenizer.encode(text, add_special_tokens=False))

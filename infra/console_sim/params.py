@@ -55,6 +55,16 @@ def json_value(name: str, text: str, *, max_len: int, max_depth: int, why: str) 
         raise invalid(name, why) from None
 
 
+
+def _list_index(key: str, digits: str) -> int:
+    """A list index (``Tag.3.Key`` -> 3) between 1 and the list limit; InvalidParameter
+    naming the key (cut short) otherwise. The length is checked before ``int()``, which
+    refuses numbers of more than 4,300 digits with a ValueError."""
+    if len(digits) > 6 or not 1 <= int(digits) <= _MAX_LIST:
+        raise invalid(key[:64], f"list index must be between 1 and {_MAX_LIST}")
+    return int(digits)
+
+
 class Params:
     def __init__(self, raw: Mapping[str, str]):
         self.raw = dict(raw)
@@ -114,9 +124,7 @@ class Params:
         prefix = name + "."
         for key, value in self.raw.items():
             if key.startswith(prefix) and ascii_digits(key[len(prefix):]):
-                index = int(key[len(prefix):])
-                if not 1 <= index <= _MAX_LIST:
-                    raise invalid(key, f"list index must be between 1 and {_MAX_LIST}")
+                index = _list_index(key, key[len(prefix):])
                 items[index] = value
         return [items[i] for i in sorted(items)]
 
@@ -131,11 +139,10 @@ class Params:
             index, dot, field = key[len(prefix):].partition(".")
             if not dot or not ascii_digits(index):
                 continue
-            if not 1 <= int(index) <= _MAX_LIST:
-                raise invalid(key, f"list index must be between 1 and {_MAX_LIST}")
+            number = _list_index(key, index)
             if field not in allowed:
-                raise invalid(key, f"unknown field; allowed: {', '.join(sorted(allowed))}")
-            groups.setdefault(int(index), {})[field] = value
+                raise invalid(key[:64], f"unknown field; allowed: {', '.join(sorted(allowed))}")
+            groups.setdefault(number, {})[field] = value
         return [groups[i] for i in sorted(groups)]
 
     def json_list(self, name: str) -> list[str] | None:
