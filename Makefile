@@ -2,8 +2,10 @@
 #   make setup       system packages (redis-server, chromium) + .venv + the package + vLLM (.venv-vllm)
 #   make demo        SFT then GRPO on the local cloud (runs/demo: metrics, curves, summary)
 #   make learning-check  SFT then GRPO (<= 60 min), then held-out success of both (1.5-2 h in all)
+#   make secrets-check  no password, AccessKey secret or API token in a run's outputs (RUN=runs/demo)
 #   make test        the fast suite (unit + integration against real local services)
 #   make test-slow   the slow tests (run before resolving an issue)
+#   make test-faults the fault-injection suite (10 faults x 3 points in real runs, ~1.5 h) + table
 #   make cloud       serve the local cloud on $(CLOUD_PORT)
 #   make serve       the jobs API for other teams on 127.0.0.1:8000 (prints a token the first time)
 #   make observe     Prometheus on 127.0.0.1:19090 scraping a running job (CONFIG=configs/demo.yaml)
@@ -22,7 +24,7 @@ STATE_DIR ?= var/console_sim
 APT_PACKAGES := redis-server chromium prometheus prometheus-redis-exporter
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup setup-system setup-python setup-vllm demo learning-check test test-slow test-all bench validate cloud serve observe observability clean
+.PHONY: setup setup-system setup-python setup-vllm demo learning-check secrets-check test test-slow test-faults test-all bench validate cloud serve observe observability clean
 
 setup: setup-system setup-python setup-vllm
 
@@ -74,6 +76,12 @@ test: $(PY)
 test-slow: $(PY)
 	$(PY) -X faulthandler -m pytest -q -m slow || [ $$? -eq 5 ]
 
+# Every fault of tests/faults injected 3 times into a short real run, then the table.
+test-faults: $(PY)
+	rm -f var/faults/results.jsonl
+	$(PY) -X faulthandler -m pytest -q -m "faults or not faults" tests/faults; \
+	  status=$$?; $(PY) -m tests.faults.report; exit $$status
+
 test-all: $(PY)
 	$(PY) -m pytest -q -m "not gpu"
 
@@ -109,6 +117,12 @@ learning-check: $(PY)
 	$(PY) -m cluster.job --config configs/learning-check.yaml $(ARGS)
 	$(PY) -m cluster.evaluate --config configs/learning-check.yaml --runs 3 \
 	    --model $(LC_DIR)/final --baseline $(LC_DIR)/sft --out $(LC_DIR)/evaluation.json $(ARGS)
+
+# Every file of the run folder, its Redis (live or its AOF), its cloud's SQLite state and Ray's
+# logs searched for the accounts' passwords and AccessKey secrets and for API tokens.
+RUN ?= runs/demo
+secrets-check: $(PY)
+	$(PY) -m cluster.secrets_check --run-dir $(RUN) $(ARGS)
 
 validate: $(PY)
 	$(PY) -m benchmarks.reward_validate --json

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
 import multiprocessing
@@ -45,7 +46,7 @@ from cluster.rollout import RolloutActor, start_policy
 from cluster.runtime import (LocalServices, Observed, PeakMemory, TrainingBeacon, progress,
                              raise_interrupt, ray_init, stop_actors)
 from consolerl.config import load_config, to_dict
-from consolerl.errors import ConfigError
+from consolerl.errors import ConfigError, ConsoleRLError
 from rollout_service.experience import ExperienceStream
 from rollout_service.models import HFChatTokenizer, resolve_model
 from trainer.curves import plot_curves
@@ -101,9 +102,10 @@ def run(config: JobConfig) -> dict[str, Any]:
         workers = start_workers(model_path, config.trainer.engine, config.trainer.algo)
         pad = HFChatTokenizer(model_path).tokenizer.pad_token_id
         trainer = GRPOTrainer(config.trainer, config.stream, config.orchestrator.groups_per_step,
-                              workers, lambda v, ref: ray.get(
-                                  [s.update_weights.remote(v, ref) for s in servers]),
+                              workers, lambda v, ref: publish_weights(servers, v, ref),
                               pad if pad is not None else 0, run_dir)
+        sync = ReplicaSync(trainer, servers)
+        trainer.while_waiting = lambda: (sync(), _check_rollouts(run_ref))
         url = observed.publish([trainer.registry], "trainer", "trainer")
         if url:
             progress(f"metrics announced for Prometheus as run={observed.config.run} "
@@ -132,7 +134,8 @@ def run(config: JobConfig) -> dict[str, Any]:
         if orchestrator is not None:
             summary.update(_stop_rollouts(orchestrator, run_ref))
         if trainer is not None:
-            summary.update(_final_checks(trainer, servers, config.env.lease_prefix))
+            summary.update(_final_checks(trainer, servers, config.env.lease_prefix,
+                                         config.env.lease_ttl_s))
         stop_actors(workers + servers)
         observed.close()
         if ray.is_initialized():
@@ -221,6 +224,74 @@ def _step_printer(config: JobConfig, trainer: Any):
     return on_step
 
 
+def publish_weights(servers: list[Any], version: int, state_ref: Any) -> list[float]:
+    """``version``'s weights to every policy replica. A replica that is down (crashed,
+    being restarted by Ray) is skipped: :class:`ReplicaSync` brings it up to date when it
+    is back. Fails only when no replica took the weights."""
+    refs = [s.update_weights.remote(version, state_ref) for s in servers]
+    times, failed = [], []
+    for i, ref in enumerate(refs):
+        try:
+            times.append(ray.get(ref, timeout=600))
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                ray.exceptions.GetTimeoutError) as exc:
+            failed.append(f"policy-{i}: {type(exc).__name__}")
+    if failed:
+        log.warning("weights v%d not delivered to %s; sent again when they are back",
+                    version, ", ".join(failed))
+    if not times:
+        raise RuntimeError(f"no policy replica took the weights of version {version}: "
+                           f"{', '.join(failed)}")
+    return times
+
+
+class ReplicaSync:
+    """Every ``interval_s`` while the trainer waits for experience: a policy replica whose
+    version differs from the trainer's (restarted by Ray after a crash: it reports -1 and
+    refuses to generate until then) gets the current weights from rank 0."""
+
+    def __init__(self, trainer: Any, servers: list[Any], interval_s: float = 2.0):
+        self.trainer, self.servers, self.interval_s = trainer, servers, interval_s
+        self.last = 0.0
+
+    def __call__(self) -> None:
+        if time.monotonic() - self.last < self.interval_s:
+            return
+        self.last = time.monotonic()
+        version = self.trainer.version
+        for i, server in enumerate(self.servers):
+            try:
+                served = ray.get(server.version.remote(), timeout=10)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                    ray.exceptions.GetTimeoutError):
+                continue                              # still restarting: next time
+            if served == version:
+                continue
+            try:
+                ray.get(server.update_weights.remote(
+                    version, self.trainer.workers[0].state_dict.remote()), timeout=600)
+                progress(f"policy-{i} was restarted: sent it the weights of version {version}")
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                    ray.exceptions.GetTimeoutError) as exc:
+                log.warning("policy-%d: weights not delivered: %s", i, type(exc).__name__)
+
+
+def _check_rollouts(run_ref: Any) -> None:
+    """While the trainer waits: the rollouts ending on their own (an error in the rollout
+    actor, the actor lost) would leave it waiting for nothing; stop the job instead."""
+    if run_ref is None or not ray.wait([run_ref], timeout=0)[0]:
+        return
+    try:
+        result = ray.get(run_ref)
+    except Exception as exc:  # noqa: BLE001 - report the rollout side's own error
+        raise RolloutsStopped(f"the rollouts stopped: {describe_failure(exc)}") from exc
+    raise RolloutsStopped(f"the rollouts stopped before training ended: {result}")
+
+
+class RolloutsStopped(ConsoleRLError, RuntimeError):
+    """The rollout actor's run ended while the trainer still waited for experience."""
+
+
 def _stop_rollouts(orchestrator: Any, run_ref: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
@@ -236,7 +307,8 @@ def _stop_rollouts(orchestrator: Any, run_ref: Any) -> dict[str, Any]:
     return out
 
 
-def _final_checks(trainer: Any, servers: list[Any], lease_prefix: str) -> dict[str, Any]:
+def _final_checks(trainer: Any, servers: list[Any], lease_prefix: str, lease_ttl_s: float
+                  ) -> dict[str, Any]:
     out: dict[str, Any] = {"steps": trainer.step, "version": trainer.version,
                            "weight_sync_s": trainer.sync_times}
     try:
@@ -245,11 +317,27 @@ def _final_checks(trainer: Any, servers: list[Any], lease_prefix: str) -> dict[s
         out["replica_versions_error"] = str(exc)[:300]
     try:
         out["pending_entries"] = trainer.consumer.pending()
-        out["leases_held"] = sum(1 for _ in trainer.stream.redis.scan_iter(
-            f"{lease_prefix}:lease:*"))
+        out["leases_held"] = _leases_left(trainer.stream.redis, lease_prefix, lease_ttl_s)
     except Exception as exc:  # noqa: BLE001
         out["pending_error"] = str(exc)[:300]
     return out
+
+
+def _leases_left(redis: Any, prefix: str, ttl_s: float) -> int:
+    """Leases still held once the rollouts stopped. A worker that died mid-episode (its
+    process killed, its node lost) leaves its lease to expire on its own: wait out the TTL
+    for those; one that outlives it is a leak."""
+    deadline = time.monotonic() + ttl_s + 5
+    said = False
+    while True:
+        held = sum(1 for _ in redis.scan_iter(f"{prefix}:lease:*"))
+        if not held or time.monotonic() > deadline:
+            return held
+        if not said:
+            progress(f"waiting for {held} lease(s) of a lost env worker to expire "
+                     f"(env.lease_ttl_s={ttl_s:g})")
+            said = True
+        time.sleep(min(1.0, ttl_s))
 
 
 def _write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
@@ -290,12 +378,31 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - a component failed mid-run: say what, and how on
+        log.error("the job failed", exc_info=True)
+        print(f"error: {describe_failure(exc)}. Everything was stopped; the latest checkpoint "
+              f"is in {config.run.dir} (--resume continues from it)", file=sys.stderr)
+        return 1
     if "error" in summary:
         print(f"error: {explain_no_experience(summary)}", file=sys.stderr)
     ok = _healthy(summary, config)
     progress(("done" if ok else "done with problems") + f" in {summary['wall_s']} s; "
              f"summary in {config.run.dir}/summary.json")
     return 0 if ok else 1
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line on why the run stopped (the original error inside a Ray task error)."""
+    cause = getattr(exc, "cause", None) or exc
+    if isinstance(cause, OSError) and cause.errno == errno.ENOSPC or \
+            "No space left on device" in str(cause):        # safetensors, torch.save say so
+        where = f" writing {cause.filename}" if getattr(cause, "filename", None) else ""
+        return (f"no space left on the device{where}: free some space where checkpoints go "
+                "(trainer.checkpoint.dir)")
+    if isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
+        return f"an actor of the run died: {str(exc).splitlines()[0][:300]}"
+    first = (str(cause).strip().splitlines() or [""])[0][:300]
+    return f"{type(cause).__name__}: {first}"
 
 
 def explain_no_experience(summary: dict[str, Any]) -> str:

@@ -31,8 +31,11 @@ def start_policy(config: PolicyConfig, metrics: PublishConfig | None = None
     config), each announcing its metrics when ``metrics`` is given."""
     model = resolve_model(config.model)
     pinned = replace(config, model=model)
+    # A crashed replica is restarted by Ray; it serves again once the job sends it the
+    # current weights (cluster.job syncs replicas whose version differs from the trainer's).
     resources: dict[str, Any] = {"num_cpus": config.num_cpus_per_replica,
-                                 "scheduling_strategy": config.scheduling_strategy}
+                                 "scheduling_strategy": config.scheduling_strategy,
+                                 "max_restarts": -1, "max_task_retries": 0}
     if config.num_gpus_per_replica:
         resources["num_gpus"] = config.num_gpus_per_replica
     servers = [PolicyServer.options(**resources).remote(pinned, None, None, f"policy-{i}",

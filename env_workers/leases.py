@@ -149,6 +149,8 @@ if rank >= #free then return false end
 local best, best_score = nil, nil
 for _, id in ipairs(free) do
   local score = tonumber(redis.call('ZSCORE', prefix .. ':last_leased', id) or '0')
+  -- An account a dead holder left resources in goes first: its next episode cleans it up.
+  if redis.call('SCARD', prefix .. ':episodes:' .. id) > 0 then score = -1 end
   if best == nil or score < best_score then best, best_score = id, score end
 end
 if not redis.call('SET', prefix .. ':lease:' .. best, token, 'NX', 'PX', ttl_ms) then
@@ -264,6 +266,21 @@ class AccountPool:
         self._status = self._redis.register_script(_STATUS)
         self.registry = registry if registry is not None else CollectorRegistry()
         self._metrics = _Metrics(self.registry)
+
+    # ---- episodes that may have left resources (a write-ahead record for clean-up) -------------
+    def episode_begun(self, account_id: str, episode_id: str) -> None:
+        """Record, before it creates anything, that ``episode_id`` may leave resources in
+        ``account_id``. If its holder dies before :meth:`episode_cleaned`, the next holder of
+        the account finds it in :meth:`unfinished_episodes` and destroys what is left; such
+        accounts are leased before the others, so that happens soon."""
+        self._redis.sadd(f"{self._p}:episodes:{account_id}", episode_id)
+
+    def episode_cleaned(self, account_id: str, episode_id: str) -> None:
+        self._redis.srem(f"{self._p}:episodes:{account_id}", episode_id)
+
+    def unfinished_episodes(self, account_id: str) -> list[str]:
+        """Episodes in ``account_id`` whose clean-up never finished (their holder died)."""
+        return sorted(self._redis.smembers(f"{self._p}:episodes:{account_id}"))
 
     @classmethod
     def from_config(cls, config: PoolConfig, *,

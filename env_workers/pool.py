@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import ray
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
+from consolerl.accounts import lease_agent
 from consolerl.errors import ConfigError
 from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
 from infra.observability.discovery import PublishConfig, publish
@@ -41,6 +43,10 @@ class EpisodeStart:
     account_id: str = ""
     fencing: int = 0
     worker: str = ""
+    pid: int = 0                     # the worker's process (to match crashes and logs)
+    # Episodes in the leased account whose clean-up never finished (a holder that died):
+    # the caller destroys what they left before provisioning, then calls ``cleaned``.
+    unfinished: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,7 +130,26 @@ class EnvWorkerBody:
                                 worker=self.name)
         self.lease, self.leased_at = lease, time.monotonic()
         self.heartbeat = Heartbeat(self.pool, lease).start()
-        return EpisodeStart(None, None, lease.account_id, lease.fencing, self.name)
+        try:
+            unfinished = tuple(await asyncio.to_thread(self.pool.unfinished_episodes,
+                                                       lease.account_id))
+        except Exception as exc:  # noqa: BLE001 - Redis hiccup: the next lease looks again
+            log.warning("unfinished episodes of %s unreadable: %s", lease.account_id, exc)
+            unfinished = ()
+        return EpisodeStart(None, None, lease.account_id, lease.fencing, self.name,
+                            os.getpid(), unfinished)
+
+    async def begin(self, episode_id: str) -> None:
+        """Record that ``episode_id`` may create resources in the leased account (before
+        provisioning); :meth:`cleaned` once they are destroyed."""
+        if self.lease is None:
+            raise RuntimeError("begin() without a leased account")
+        await asyncio.to_thread(self.pool.episode_begun, self.lease.account_id, episode_id)
+
+    async def cleaned(self, episode_id: str) -> None:
+        if self.lease is None:
+            raise RuntimeError("cleaned() without a leased account")
+        await asyncio.to_thread(self.pool.episode_cleaned, self.lease.account_id, episode_id)
 
     async def reset(self, spec: EpisodeSpec) -> EpisodeStart:
         """Open ``spec`` in the browser, signed in to the leased account."""
@@ -133,15 +158,18 @@ class EnvWorkerBody:
             return EpisodeStart(None, EnvError("internal", "reset() without a leased account"),
                                 worker=self.name)
         account = self.pool.account(lease.account_id)
-        result = await self.worker.reset(spec, account)
+        result = await self.worker.reset(spec, account,
+                                         lease_agent(lease.account_id, lease.fencing))
         if isinstance(result, EnvError):
             if result.kind == "signin_failed":
                 await asyncio.to_thread(self.pool.report_signin_failure, lease.account_id)
             await self.end_episode()
-            return EpisodeStart(None, result, lease.account_id, lease.fencing, self.name)
+            return EpisodeStart(None, result, lease.account_id, lease.fencing, self.name,
+                            os.getpid())
         await asyncio.to_thread(self.pool.report_signin_success, lease.account_id)
         self.episodes += 1
-        return EpisodeStart(result, None, lease.account_id, lease.fencing, self.name)
+        return EpisodeStart(result, None, lease.account_id, lease.fencing, self.name,
+                            os.getpid())
 
     async def step(self, action_text: str) -> StepResult:
         if self.heartbeat is not None and self.heartbeat.lost:

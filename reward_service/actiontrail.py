@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any, Literal, TypeVar
 
 from alibabacloud_actiontrail20200706 import models as at
@@ -210,6 +211,21 @@ def call_with_retry(fn: Callable[[], T], config: TrailConfig, *,
         attempt += 1
 
 
+def _endpoint(client: Any) -> str:
+    """The endpoint a client talks to ("" for one that does not say: no clock measured;
+    "aliyun" for the real cloud, whose config names no endpoint)."""
+    config = getattr(client, "config", None)
+    if config is None:
+        return ""
+    return str(getattr(config, "endpoint", None) or "aliyun")
+
+
+def _copy(client: CloudClient) -> CloudClient:
+    copy = CloudClient(client.config, client.credentials)
+    copy.user_agent = client.user_agent
+    return copy
+
+
 def _epoch(t: float | datetime) -> float:
     if isinstance(t, datetime):
         if t.tzinfo is None:
@@ -258,6 +274,23 @@ def _attributes(attributes: Mapping[str, str] | Sequence[tuple[str, str]]
     return [at.LookupEventsRequestLookupAttribute(key=k, value=v) for k, v in pairs]
 
 
+# The cloud's clock minus this machine's, per endpoint, from the ``Date`` header of the last
+# LookupEvents answer. The header has one-second resolution: an estimate within
+# ``_CLOCK_NOISE_S`` reads as 0 (``clock_skew_s`` covers that much).
+_CLOCK_OFFSETS: dict[str, float] = {}
+_CLOCK_NOISE_S = 2.0
+
+
+def _observe_clock(endpoint: str, date: str, sent: float, received: float) -> None:
+    try:
+        cloud = parsedate_to_datetime(date).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return
+    # The header is the second the answer was made, floored: +0.5 centres it.
+    offset = cloud + 0.5 - (sent + received) / 2
+    _CLOCK_OFFSETS[endpoint] = 0.0 if abs(offset) <= _CLOCK_NOISE_S else round(offset, 1)
+
+
 class TrailClient:
     """ActionTrail queries for one account.
 
@@ -282,12 +315,28 @@ class TrailClient:
         self.bucket = (buckets or BUCKETS).get(account_id, self.config.qps, self.config.burst)
         if isinstance(client, CloudClient):
             given = client
-            self._factory: Callable[[], CloudClient] = \
-                lambda: CloudClient(given.config, given.credentials)
+            self._factory: Callable[[], CloudClient] = lambda: _copy(given)
         else:
             self._factory = client
         self._local = threading.local()
         self._sleep = sleep
+
+    @property
+    def clock_offset_s(self) -> float | None:
+        """The cloud's clock minus this machine's (None until a query measured it): event
+        times are the cloud's; windows in this machine's time are shifted by it."""
+        endpoint = _endpoint(self._client())
+        return _CLOCK_OFFSETS.get(endpoint) if endpoint else 0.0
+
+    def _offset(self) -> float:
+        """The clock offset, measured first with one small query when still unknown."""
+        offset = self.clock_offset_s
+        if offset is None:
+            now = time.time()
+            self._lookup(at.LookupEventsRequest(start_time=_iso(now - 60), end_time=_iso(now + 1),
+                                                max_results="1"), [0])
+            offset = self.clock_offset_s
+        return offset or 0.0
 
     def _client(self) -> CloudClient:
         client = getattr(self._local, "client", None)
@@ -310,11 +359,18 @@ class TrailClient:
         def attempt() -> Any:
             counter[0] += 1
             t0 = time.perf_counter()
+            sent = time.time()
             try:
-                body = client.call(client.actiontrail.lookup_events_with_options, request,
-                                   "LookupEvents")
+                if hasattr(client, "call_with_headers"):
+                    body, headers = client.call_with_headers(
+                        client.actiontrail.lookup_events_with_options, request, "LookupEvents")
+                else:                                   # a client that keeps no headers
+                    body, headers = client.call(client.actiontrail.lookup_events_with_options,
+                                                request, "LookupEvents"), {}
             finally:
                 self.metrics.query_seconds.observe(time.perf_counter() - t0)
+            if headers.get("date") and _endpoint(client):
+                _observe_clock(_endpoint(client), headers["date"], sent, time.time())
             self.metrics.queries.labels("ok").inc()
             return body
         return call_with_retry(attempt, self.config, before=self.bucket.acquire,
@@ -326,8 +382,12 @@ class TrailClient:
         """Every event of this account from ``start`` to ``end`` (epoch seconds or aware
         datetimes; ``start`` is floored and ``end`` ceiled to the second), oldest first, each
         eventId once. ``attributes``: at most two (key, value) LookupAttribute filters (AND).
-        Raises :class:`CloudAPIError` for non-retryable errors or when retries run out."""
-        return self._events(_epoch(start), _epoch(end), _attributes(attributes), [0])
+        Raises :class:`CloudAPIError` for non-retryable errors or when retries run out.
+        ``start`` and ``end`` are this machine's times: the window sent is shifted by the
+        cloud's clock offset (:attr:`clock_offset_s`); event times stay the cloud's."""
+        offset = self._offset()
+        return self._events(_epoch(start) + offset, _epoch(end) + offset,
+                            _attributes(attributes), [0])
 
     def _events(self, lo: float, hi: float, attrs: list[at.LookupEventsRequestLookupAttribute],
                 counter: list[int]) -> list[dict[str, Any]]:
@@ -378,10 +438,12 @@ class TrailClient:
         settle = self.config.settle_s if deadline_s is None else deadline_s
         t0 = time.monotonic()
         deadline = t0 + settle
-        lo = _epoch(start) - self.config.clock_skew_s
         counter = [0]
         while True:
-            hi = time.time() + _END_PAD_S
+            # This machine's times to the cloud's, by the offset measured so far.
+            offset = self._offset()
+            lo = _epoch(start) - self.config.clock_skew_s + offset
+            hi = time.time() + _END_PAD_S + offset
             events = self._events(min(lo, hi), hi, [], counter)
             if predicate(events):
                 status: Literal["complete", "pending"] = "complete"

@@ -61,15 +61,20 @@ class RuleVerifier:
         values = dict(episode.values)
         rule = task.success
 
+        def offset() -> float:
+            # Event times are the cloud's clock; the episode's are this machine's.
+            return getattr(self.trail, "clock_offset_s", None) or 0.0
+
         def agent_events(window: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            return [e for e in episode_events(window, episode.account_id, episode.started_at)
+            return [e for e in episode_events(window, episode.account_id,
+                                              episode.started_at + offset())
                     if from_console(e)]
 
         def required_met(events: list[dict[str, Any]]) -> bool:
             return assign(rule.required_events, events, values)[0] is not None
 
         def caught_up(window: list[dict[str, Any]]) -> bool:
-            return any(event_epoch(e) > episode.ended_at + 1 for e in window)
+            return any(event_epoch(e) > episode.ended_at + offset() + 1 for e in window)
 
         result = self.trail.wait_for(
             episode.started_at,

@@ -32,8 +32,8 @@ from typing import Any, Protocol
 
 import oss2
 
-from consolerl.accounts import Account
-from consolerl.errors import CloudAPIError, EpisodeCancelled
+from consolerl.accounts import Account, lease_agent
+from consolerl.errors import CloudAPIError, ConsoleRLError, EpisodeCancelled
 from consolerl.experience import Trajectory, Turn
 from consolerl.resources import fill
 from consolerl.rewards import RewardResult
@@ -44,7 +44,7 @@ from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.provisioning.sdk import Provisioned, ProvisionError, SdkProvisioner
 from reward_service.actiontrail import TrailClient
 from reward_service.rules import dotted
-from reward_service.service import ScoreRequest
+from reward_service.service import MAX_ACTION_CHARS, MAX_ACTIONS, ScoreRequest
 from reward_service.verifier import from_console
 
 from .agent import AgentLoop
@@ -129,6 +129,7 @@ class EpisodeOutcome:
     worker: str = ""
     account_id: str = ""
     fencing: int = 0
+    worker_pid: int = 0
     provision_s: float = 0.0
     broken_prerequisites: list[str] = field(default_factory=list)
     leaked: list[str] = field(default_factory=list)
@@ -168,6 +169,39 @@ _CREATES = {
     "CreateUser": ("ram_user", "requestParameters.UserName"),
     "PutBucket": ("oss_bucket", "requestParameters.BucketName"),
 }
+
+
+class _WorkerFailed(ConsoleRLError, RuntimeError):
+    """An env worker call raised: the worker itself broke (its process died, the actor
+    is restarting); carries the episode's :class:`EnvError`."""
+
+    def __init__(self, error: EnvError):
+        super().__init__(error.message)
+        self.error = error
+
+    def __reduce__(self):
+        return (type(self), (self.error,))
+
+
+async def _env_call(method: Any, *args: Any) -> Any:
+    """An env worker call; an exception (rather than an :class:`EnvError` value) means the
+    worker broke and becomes :class:`_WorkerFailed`."""
+    try:
+        return await call(method, *args)
+    except Exception as exc:  # noqa: BLE001 - any failure of the worker is an env error
+        name = getattr(method, "_method_name", "") or getattr(method, "__name__", "call")
+        raise _WorkerFailed(EnvError("worker_failed", f"env worker {name} failed: "
+                                     f"{type(exc).__name__}: {str(exc)[:200]}")) from None
+
+
+async def _quiet(method: Any, *args: Any) -> Any:
+    """A clean-up call to an env worker that may be gone: None when it fails."""
+    try:
+        return await call(method, *args)
+    except Exception as exc:  # noqa: BLE001 - clean-up goes on
+        log.warning("env worker clean-up call failed: %s: %s", type(exc).__name__,
+                    str(exc)[:200])
+        return None
 
 
 def agent_created(events: list[dict[str, Any]]) -> list[Provisioned]:
@@ -232,6 +266,7 @@ class EpisodeRunner:
         self._client_of = client_factory or (lambda a: CloudClient(
             CloudConfig(endpoint=endpoint), Credentials(a.access_key_id, a.access_key_secret)))
         self.ready_timeout_s = ready_timeout_s
+        self.cleanup_wait_s = 60.0
         self._provisioners: dict[str, SdkProvisioner] = {}
 
     def provisioner(self, account: Account) -> SdkProvisioner:
@@ -241,6 +276,50 @@ class EpisodeRunner:
                 lambda: self._client_of(account), ready_timeout_s=self.ready_timeout_s,
                 poll_s=0.05)
         return p
+
+    def _clean_up(self, provisioner: SdkProvisioner, outcome: EpisodeOutcome,
+                  extra: list[Provisioned]) -> bool:
+        """Destroy the episode's resources (and ``extra``, what the agent made), waiting out a
+        cloud that does not answer (restarting) for up to ``cleanup_wait_s``; sets
+        ``outcome.leaked``. Returns whether nothing is left. When the cloud stays away, the
+        account's write-ahead record keeps the episode for its next holder to destroy."""
+        deadline = time.monotonic() + self.cleanup_wait_s
+        while True:
+            try:
+                report = provisioner.destroy(outcome.episode_id, extra)
+                outcome.leaked = provisioner.leftovers(outcome.episode_id) + [
+                    f"{x.type} {x.cloud_id}" for x in extra if exists(provisioner.client, x)]
+                break
+            except (CloudAPIError, oss2.exceptions.OssError) as exc:
+                if time.monotonic() > deadline:
+                    outcome.reasons.append(f"clean-up failed: {exc}"[:300])
+                    outcome.leaked = [f"episode {outcome.episode_id}: clean-up failed (the "
+                                      "account's next holder destroys what is left)"]
+                    return False
+                log.warning("clean-up of episode %s: %s; retrying", outcome.episode_id, exc)
+                time.sleep(1.0)
+        if report.errors:
+            log.warning("destroy of episode %s: %s", outcome.episode_id, report.errors)
+        outcome.reasons += report.errors
+        return not report.errors and not outcome.leaked
+
+    @staticmethod
+    def _console_events(client: CloudClient, account: Account, since: float
+                        ) -> list[dict[str, Any]]:
+        """The console's audit events in the account from ``since`` (wall clock) to now."""
+        trail = TrailClient(client, account_id=account.account_id)
+        return [e for e in trail.events(since - 1, time.time() + 1) if from_console(e)]
+
+    def _agent_created(self, provisioner: SdkProvisioner, account: Account, since: float
+                       ) -> list[Provisioned]:
+        """What the agent created since ``since`` (nothing when no browser episode began)."""
+        if not since:
+            return []
+        try:
+            return agent_created(self._console_events(provisioner.client, account, since))
+        except CloudAPIError as exc:
+            log.warning("audit log of account %s unreadable: %s", account.account_id, exc)
+            return []
 
     async def _score(self, request: ScoreRequest, task: Task) -> RewardResult:
         """A remote scorer knows the suite's tasks by id; a local one (``RewardService.score``)
@@ -256,22 +335,43 @@ class EpisodeRunner:
         """One episode of ``task`` on ``env`` (see the module docstring). ``max_steps``: the
         env worker's step limit for the episode; ``observer``: sees every step (see
         :data:`Observer`)."""
-        start = await call(env.acquire, self.acquire_timeout_s)
+        try:
+            start = await _env_call(env.acquire, self.acquire_timeout_s)
+        except _WorkerFailed as exc:
+            return EpisodeOutcome(task.id, task.expected, secrets.token_hex(4),
+                                  env_error=exc.error)
         outcome = EpisodeOutcome(task.id, task.expected, secrets.token_hex(4),
                                  worker=start.worker, account_id=start.account_id,
-                                 fencing=start.fencing)
+                                 fencing=start.fencing, worker_pid=getattr(start, "pid", 0))
         if start.env_error is not None:
             outcome.env_error = start.env_error
             return outcome
         account = self.accounts.get(start.account_id)
         if account is None:
-            await call(env.end_episode)
+            await _quiet(env.end_episode)
             outcome.env_error = EnvError("internal", f"account {start.account_id} is not one "
                                          "of the runner's accounts")
             return outcome
         provisioner = self.provisioner(account)
+        provisioner.user_agent = lease_agent(account.account_id, start.fencing)
         extra: list[Provisioned] = []          # what the agent created, from the audit log
+        started_at = [0.0]                      # when the browser episode began
+        tracked = hasattr(env, "begin")         # the env worker keeps the write-ahead record
         try:
+            if tracked:
+                # Episodes in this account whose holder died before cleaning up (a killed job,
+                # a lost node): their resources go first; then this one is recorded.
+                for orphan in getattr(start, "unfinished", ()):
+                    try:
+                        report = await asyncio.to_thread(provisioner.destroy, orphan)
+                    except (CloudAPIError, oss2.exceptions.OssError) as exc:
+                        log.warning("orphaned episode %s: %s (left for later)", orphan, exc)
+                        continue
+                    if not report.errors:
+                        await _env_call(env.cleaned, orphan)
+                    else:
+                        log.warning("orphaned episode %s: %s", orphan, report.errors)
+                await _env_call(env.begin, outcome.episode_id)
             try:
                 t0 = time.perf_counter()
                 ready = await asyncio.to_thread(provisioner.provision,
@@ -282,8 +382,8 @@ class EpisodeRunner:
                 outcome.reasons.append(str(exc))
                 return outcome
             values = task.values(outcome.episode_id, ready.values())
-            started = time.time()
-            opened = await call(env.reset, EpisodeSpec(
+            started = started_at[0] = time.time()
+            opened = await _env_call(env.reset, EpisodeSpec(
                 start_path=fill(task.start_page, values), drift=task.drift,
                 max_steps=max_steps))
             if opened.env_error is not None:
@@ -292,7 +392,7 @@ class EpisodeRunner:
             steps = [0]
 
             async def step(text: str) -> StepResult:
-                result = await call(env.step, text)
+                result = await _env_call(env.step, text)
                 steps[0] += 1
                 if observer is not None:
                     await observer(steps[0], result)
@@ -305,9 +405,20 @@ class EpisodeRunner:
             except EpisodeCancelled as exc:
                 outcome.cancelled = True
                 outcome.reasons.append(f"cancelled: {exc}")
-                await call(env.close_browser)
+                await _quiet(env.close_browser)
                 return outcome
-            await call(env.close_browser)
+            except _WorkerFailed:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the policy broke, not the agent
+                # A policy replica that died or restarted mid-episode (or any failure of
+                # the generation path): the trajectory is incomplete and never trains.
+                log.warning("episode %s: the policy failed: %s", outcome.episode_id, exc,
+                            exc_info=True)
+                outcome.env_error = EnvError("policy_failed",
+                                             f"{type(exc).__name__}: {str(exc)[:300]}")
+                await _quiet(env.close_browser)
+                return outcome
+            await _env_call(env.close_browser)
             outcome.trajectory = traj
             if traj.end_detail:
                 outcome.reasons.append(f"policy {traj.end_reason}: {traj.end_detail}")
@@ -317,13 +428,20 @@ class EpisodeRunner:
             request = ScoreRequest(
                 task_id=task.id, account_id=account.account_id, started_at=started,
                 ended_at=max(time.time(), started), values=values,
-                actions=traj.actions[:500], final_observation=traj.final_observation[:200_000],
+                actions=[a[:MAX_ACTION_CHARS] for a in traj.actions[:MAX_ACTIONS]],
+                final_observation=traj.final_observation[:200_000],
                 answer=None if traj.answer is None else traj.answer[:4000],
                 infeasible_reason=None if traj.infeasible is None else traj.infeasible[:4000])
             try:
                 outcome.reward = await self._score(request, task)
             except CloudAPIError as exc:
                 outcome.env_error = EnvError("score_failed", exc.code)
+                return outcome
+            except Exception as exc:  # noqa: BLE001 - the reward service broke, not the agent
+                log.warning("episode %s: scoring failed: %s", outcome.episode_id, exc,
+                            exc_info=True)
+                outcome.env_error = EnvError("score_failed",
+                                             f"{type(exc).__name__}: {str(exc)[:300]}")
                 return outcome
             outcome.reasons += outcome.reward.reasons
             client = provisioner.client
@@ -332,23 +450,34 @@ class EpisodeRunner:
             outcome.broken_prerequisites = await asyncio.to_thread(lambda: [
                 f"{r.type} {r.cloud_id}" for r in ready.resources
                 if r.cloud_id not in named and not exists(client, r)])
-            trail = TrailClient(client, account_id=account.account_id)
-            events = await asyncio.to_thread(trail.events, started - 1, time.time() + 1)
-            console = [e for e in events if from_console(e)]
+            try:
+                console = await asyncio.to_thread(self._console_events, client, account,
+                                                  started)
+            except CloudAPIError as exc:
+                # What the agent did cannot be read back (the cloud failing): not trusted.
+                outcome.env_error = EnvError("score_failed", f"audit log: {exc.code}")
+                return outcome
             extra = agent_created(console)
             outcome.audit_events = [{k: str(e.get(k) or "") for k in
                                      ("eventId", "eventName", "eventTime", "errorCode")}
                                     for e in console[:200]]
             return outcome
+        except _WorkerFailed as exc:
+            # The env worker itself broke (its process died, Ray lost it): not the agent's
+            # doing. What the agent created is found from the audit log all the same.
+            outcome.env_error = exc.error
+            return outcome
         finally:
-            report = await asyncio.to_thread(provisioner.destroy, outcome.episode_id, extra)
-            if report.errors:
-                log.warning("destroy of episode %s: %s", outcome.episode_id, report.errors)
-            outcome.reasons += report.errors
-            outcome.leaked = await asyncio.to_thread(lambda: provisioner.leftovers(
-                outcome.episode_id) + [f"{x.type} {x.cloud_id}" for x in extra
-                                       if exists(provisioner.client, x)])
-            released = await call(env.end_episode)
+            if outcome.env_error is not None and not extra:
+                # Ended by an env error after the browser opened: what the agent created
+                # is found from the audit log all the same, so that it is destroyed too.
+                extra = await asyncio.to_thread(self._agent_created, provisioner, account,
+                                                started_at[0])
+            clean = await asyncio.to_thread(self._clean_up, provisioner, outcome, extra)
+            if tracked and clean:
+                await _quiet(env.cleaned, outcome.episode_id)
+            provisioner.user_agent = ""         # the lease ends here
+            released = await _quiet(env.end_episode)
             if released is False and outcome.env_error is None:
                 # Someone else may have held the account meanwhile: the reward is not the
                 # agent's alone.

@@ -8,10 +8,18 @@ masks, versions, rewards). Trajectory and group ids make consumption idempotent.
 
 The trainer's weight version lives beside the stream (``<stream>:trainer_version``): the trainer
 sets it after publishing weights, the orchestrator's staleness control reads it.
+
+A Redis that is restarting (connection refused, loading its AOF) is waited for, with backoff,
+for up to ``retry_s``; then the error propagates. An ``XADD`` retried after a lost reply may
+add a group twice: the trainer skips a group id it already has (the ids make it idempotent).
 """
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import redis
 
@@ -25,11 +33,20 @@ class StreamConfig:
     url: str = "redis://127.0.0.1:6390/0"
     stream: str = "consolerl:experience"
     max_len: int = 10_000            # approximate (MAXLEN ~): older groups are trimmed
+    retry_s: float = 60.0            # how long a restarting Redis is waited for
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(f"StreamConfig.url: must be a redis:// URL, got {self.url!r}")
         check_int("StreamConfig.max_len", self.max_len, 1)
+        if isinstance(self.retry_s, bool) or not isinstance(self.retry_s, (int, float)) \
+                or not 0 <= self.retry_s < float("inf"):
+            raise ConfigError(f"StreamConfig.retry_s: must be a number >= 0, got "
+                              f"{self.retry_s!r}")
+
+
+log = logging.getLogger("rollout_service.experience")
+T = TypeVar("T")
 
 
 class ExperienceStream:
@@ -43,17 +60,31 @@ class ExperienceStream:
     def version_key(self) -> str:
         return f"{self.config.stream}:trainer_version"
 
+    def _call(self, fn: Callable[[], T]) -> T:
+        deadline = time.monotonic() + self.config.retry_s
+        delay = 0.1
+        while True:
+            try:
+                return fn()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("experience stream: Redis unavailable (%s); retrying", exc)
+                time.sleep(delay)
+                delay = min(2 * delay, 2.0)
+
     def push(self, group: Group) -> str:
-        entry = self.redis.xadd(self.config.stream, encode_group(group),
-                                maxlen=self.config.max_len, approximate=True)
+        fields = encode_group(group)
+        entry = self._call(lambda: self.redis.xadd(self.config.stream, fields,
+                                                   maxlen=self.config.max_len, approximate=True))
         return entry.decode() if isinstance(entry, bytes) else str(entry)
 
     def length(self) -> int:
-        return int(self.redis.xlen(self.config.stream))
+        return int(self._call(lambda: self.redis.xlen(self.config.stream)))
 
     def trainer_version(self) -> int:
-        value = self.redis.get(self.version_key)
+        value = self._call(lambda: self.redis.get(self.version_key))
         return int(value) if value is not None else 0
 
     def set_trainer_version(self, version: int) -> None:
-        self.redis.set(self.version_key, int(version))
+        self._call(lambda: self.redis.set(self.version_key, int(version)))

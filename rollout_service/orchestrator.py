@@ -209,8 +209,16 @@ class Orchestrator:
         else:
             samples = tuple(sample_of(r.trajectory, r.reward.reward, r.reward.verdict)
                             for r in results if r.trajectory is not None)
+            # Where each episode ran (lease, worker process, trajectory times): what an
+            # operator or the fault suite needs to tie a trained sample to the outside world.
+            episodes = [{"trajectory_id": r.trajectory.trajectory_id,
+                         "account_id": r.account_id, "fencing": r.fencing,
+                         "worker": r.worker, "worker_pid": r.worker_pid,
+                         "started_at": r.trajectory.started_at,
+                         "ended_at": r.trajectory.ended_at}
+                        for r in results if r.trajectory is not None]
             self.stream.push(Group(group.group_id, group.task.id, samples, time.time(),
-                                   {"rewards": rewards}))
+                                   {"rewards": rewards, "episodes": episodes}))
             outcome = "pushed"
             self.groups_pushed += 1
         self.metrics.groups.labels(outcome).inc()

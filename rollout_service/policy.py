@@ -30,7 +30,7 @@ import ray
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from consolerl.config import check_int
-from consolerl.errors import ConfigError
+from consolerl.errors import ConfigError, ConsoleRLError
 from infra.observability.discovery import PublishConfig, publish
 
 from .agent import Generation, SamplingParams
@@ -268,6 +268,10 @@ class PolicyServerBody:
               "a slot in the engine.", registry=self.registry).set_function(
             lambda: float(self.in_flight - self.running))
         self._endpoint = publish(metrics, [self.registry], "policy", name)
+        # Restarted by Ray after a crash: the engine holds the start model, not the weights
+        # the trainer published since. It serves again once they arrive (the job sends them
+        # to any replica whose version() differs from the trainer's).
+        self.awaiting_weights = _reconstructed()
 
     def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         with self._running_lock:                 # executor threads count concurrently
@@ -279,6 +283,9 @@ class PolicyServerBody:
                 self.running -= 1
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        if self.awaiting_weights:
+            raise PolicyUnavailable(f"{self.name} restarted and waits for the trainer's "
+                                    "current weights")
         self.in_flight += 1
         t0 = time.perf_counter()
         try:
@@ -296,10 +303,12 @@ class PolicyServerBody:
         seconds = await asyncio.to_thread(self.engine.update_weights, version, state_dict)
         self.m_sync.labels(self.name).observe(seconds)
         self.m_version.labels(self.name).set(version)
+        self.awaiting_weights = False
         return seconds
 
     async def version(self) -> int:
-        return self.engine.version
+        """The weight version served; -1 while a restarted replica waits for weights."""
+        return -1 if self.awaiting_weights else self.engine.version
 
     async def load(self) -> int:
         return self.in_flight
@@ -319,6 +328,21 @@ class PolicyServerBody:
         close = getattr(self.engine, "close", None)
         if close is not None:
             await asyncio.to_thread(close)
+
+
+class PolicyUnavailable(ConsoleRLError, RuntimeError):
+    """The replica cannot serve now (restarted, waiting for the current weights)."""
+
+
+def _reconstructed() -> bool:
+    """Whether this process is a Ray actor that Ray restarted after a crash."""
+    if not ray.is_initialized():
+        return False
+    try:
+        context = ray.get_runtime_context()
+        return context.get_actor_id() is not None and context.was_current_actor_reconstructed
+    except Exception:  # noqa: BLE001 - not in a Ray worker
+        return False
 
 
 PolicyServer = ray.remote(PolicyServerBody)

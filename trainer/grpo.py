@@ -121,6 +121,9 @@ class GRPOTrainer:
         self.unacked: list[str] = []            # entry ids trained, not yet acknowledged
         self.history: list[dict[str, Any]] = []
         self.sync_times: list[float] = []
+        # Called between reads while the trainer waits for experience (the job brings
+        # restarted policy replicas up to the current weights there).
+        self.while_waiting: Callable[[], None] | None = None
 
     # -- start / resume ----------------------------------------------------------------------
 
@@ -165,8 +168,13 @@ class GRPOTrainer:
                                         f"{self.groups_per_step} groups within "
                                         f"{self.config.read_timeout_s:g} s "
                                         "(trainer.read_timeout_s)")
+            if self.while_waiting is not None:
+                self.while_waiting()
             for d in self.consumer.read(self.groups_per_step - len(out)):
-                if d.group.group_id in self.trained:
+                # Trained already, or in this step twice (an XADD retried after its reply
+                # was lost): acknowledged and skipped.
+                if d.group.group_id in self.trained or \
+                        any(o.group.group_id == d.group.group_id for o in out):
                     self.consumer.ack([d.entry_id])
                     self.metrics.skipped.inc()
                     continue
@@ -276,6 +284,7 @@ class GRPOTrainer:
             self.trained.update(d.group.group_id for d in deliveries)
             self.unacked.extend(d.entry_id for d in deliveries)
             metrics["redelivered"] = sum(d.redelivered for d in deliveries)
+            metrics["group_ids"] = [d.group.group_id for d in deliveries]
             last = self.step == steps
             published = self.step % self.config.publish_every == 0 or last
             if published:

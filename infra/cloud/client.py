@@ -105,6 +105,18 @@ class CloudClient:
         self.config = config
         self.credentials = credentials
         self._clients: dict[str, Any] = {}
+        self._user_agent = ""
+
+    @property
+    def user_agent(self) -> str:
+        """Appended to the SDKs' user agent of every call (the audit log records it)."""
+        return self._user_agent
+
+    @user_agent.setter
+    def user_agent(self, value: str) -> None:
+        if value != self._user_agent:
+            self._user_agent = value
+            self._clients.clear()           # the SDK clients take it when they are built
 
     def _sdk_config(self) -> SdkConfig:
         cfg = SdkConfig(access_key_id=self.credentials.access_key_id,
@@ -116,6 +128,8 @@ class CloudClient:
             cfg.endpoint = self.config.endpoint
         if self.config.signature == "v2":
             cfg.signature_algorithm = "v2"
+        if self._user_agent:
+            cfg.user_agent = self._user_agent
         return cfg
 
     def sdk(self, product: str) -> Any:
@@ -147,12 +161,12 @@ class CloudClient:
     def oss_service(self) -> Any:
         import oss2
         return oss2.Service(self._oss_auth(), self.config.oss_endpoint(),
-                            connect_timeout=self.config.connect_timeout_ms / 1000)
+                            app_name=self._user_agent, connect_timeout=self.config.connect_timeout_ms / 1000)
 
     def oss_bucket(self, name: str) -> Any:
         import oss2
         return oss2.Bucket(self._oss_auth(), self.config.oss_endpoint(), name,
-                           connect_timeout=self.config.connect_timeout_ms / 1000)
+                           app_name=self._user_agent, connect_timeout=self.config.connect_timeout_ms / 1000)
 
     def _oss_auth(self) -> Any:
         import oss2
@@ -171,6 +185,17 @@ class CloudClient:
             return fn(request, self.runtime()).body
         except TeaException as exc:
             raise _api_error(exc, action or getattr(fn, "__name__", "")) from None
+
+    def call_with_headers(self, fn: Callable[..., T], request: Any, action: str = ""
+                          ) -> tuple[Any, dict[str, str]]:
+        """:meth:`call`, also returning the response's HTTP headers (``date``: the cloud's
+        clock)."""
+        try:
+            response = fn(request, self.runtime())
+        except TeaException as exc:
+            raise _api_error(exc, action or getattr(fn, "__name__", "")) from None
+        headers = {str(k).lower(): str(v) for k, v in (response.headers or {}).items()}
+        return response.body, headers
 
     def rpc(self, product: str, action: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         """A generic RPC call through the official OpenAPI client: ``params`` are already

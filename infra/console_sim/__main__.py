@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"local cloud on http://{config.host}:{config.port} ({len(accounts)} accounts, "
           f"state in {config.state_dir})", flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
-                access_log=False, loop="uvloop", http="httptools")
+                access_log=False, loop="uvloop", http="httptools",
+                date_header=False)             # the app dates responses by the cloud's clock
     return 0
 
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import time
+from email.utils import formatdate
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -14,13 +15,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from . import ids
+from . import ids, timeutil
 from consolerl.accounts import Account, load_accounts
 from consolerl.text import ascii_digits
 from .auth import Authenticator
 from .config import SimConfig
 from .console.shell import build_console
 from .errors import CloudError
+from .faults import FaultFile
 from .metrics import SimMetrics
 from .products import all_products, oss, rpc_products
 from .service import Caller, CloudService
@@ -48,8 +50,10 @@ class CloudApp:
         self.config = config
         self.accounts = accounts if accounts is not None else load_accounts(config.accounts_file)
         self.store = Store(config.state_dir)
+        self.faults = FaultFile(config.state_dir)
         self.products = rpc_products()
         self.service = CloudService(self.store, config, all_products())
+        self.service.runtime["faults"] = self.faults
         self.auth = Authenticator(self.accounts, self.store, config.max_clock_skew_s)
         self.metrics = SimMetrics()
         self.service.on_event.append(
@@ -158,4 +162,29 @@ def build_app(config: SimConfig, accounts: list[Account] | None = None) -> Starl
 
     app = Starlette(routes=cloud.routes(), lifespan=lifespan)
     app.state.cloud = cloud
-    return app
+    return ClockedApp(app, cloud.faults)
+
+
+class ClockedApp:
+    """The cloud's ASGI app behind its clock: every request first takes up the fault
+    settings (``faults.py``), and every response carries a ``Date`` header of the cloud's
+    clock (the one clients estimate the cloud's clock from; the server's own is off)."""
+
+    def __init__(self, app: Starlette, faults: FaultFile):
+        self.app, self.faults = app, faults
+        self.state = app.state
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.faults.refresh()
+
+        async def dated(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", [])
+                           if k.lower() != b"date"]
+                headers.append((b"date", formatdate(timeutil.now_s(), usegmt=True).encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+        await self.app(scope, receive, dated)

@@ -3,7 +3,6 @@ nonce replay, unknown AccessKeys. Raises :class:`CloudError` with the real codes
 from __future__ import annotations
 
 import hashlib
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
@@ -11,6 +10,7 @@ from urllib.parse import parse_qsl
 from consolerl.accounts import Account
 from consolerl.text import same_secret
 from .errors import CloudError, missing
+from . import timeutil
 from .signing import (ACS3, acs3_signature, acs3_string_to_sign, parse_acs3_authorization,
                       rpc_v1_signature)
 from .store import Store
@@ -56,7 +56,7 @@ class NonceCache:
         self.store = store
         self.window_ms = int(window_s * 1000)
         self.seen: OrderedDict[str, int] = OrderedDict()
-        now = int(time.time() * 1000)
+        now = timeutil.now_ms()
         for nonce, ts in store.recent_nonces(now - 2 * self.window_ms):
             self.seen[nonce] = ts
         self._inserts = 0
@@ -142,7 +142,7 @@ class Authenticator:
             raise CloudError("IncompleteSignature", "The Authorization header must be "
                              "ACS3-HMAC-SHA256 Credential=...,SignedHeaders=...,Signature=...", 400)
         access_key_id, signed_headers, signature = parsed
-        now_ms = int(time.time() * 1000)
+        now_ms = timeutil.now_ms()
         for name in ("x-acs-action", "x-acs-version", "x-acs-date", "x-acs-signature-nonce",
                      "x-acs-content-sha256"):
             if not headers.get(name):
@@ -207,7 +207,7 @@ class Authenticator:
                              "not valid: allowed value is 1.0.", 400)
         if len(params["SignatureNonce"]) > 128:
             raise CloudError("InvalidParameter", "SignatureNonce is longer than 128 characters.", 400)
-        now_ms = int(time.time() * 1000)
+        now_ms = timeutil.now_ms()
         account = self._account(params["AccessKeyId"])
         self._check_time(params["Timestamp"], "Timestamp", now_ms)
         signed = {k: v for k, v in params.items() if k != "Signature"}

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import timeutil
 from . import ids
 from consolerl.accounts import Account
 from .config import SimConfig
@@ -52,6 +53,13 @@ class CallContext:
     @property
     def account_id(self) -> str:
         return self.caller.account.account_id
+
+    @property
+    def tick_ms(self) -> int:
+        """The machine's own clock, for durations (status transitions): a skewed or stepped
+        cloud clock (``now_ms``, see faults.py) moves reported times, not how long things
+        take."""
+        return int(time.time() * 1000)
 
     def ref(self, rtype: str, *rids: str) -> None:
         """Record resources this call references (for referencedResources)."""
@@ -116,7 +124,7 @@ class CloudService:
                              f"Specified api is not found, please check your url and method. "
                              f"({product.name} {product.version} has no action {action!r})", 404)
         params = Params(raw)
-        now_ms = int(time.time() * 1000)
+        now_ms = timeutil.now_ms()
         # Handlers set the region once they have validated RegionId (or found the resource).
         ctx = CallContext(self.store, self.config, caller, "", now_ms, runtime=self.runtime)
         try:
@@ -136,7 +144,7 @@ class CloudService:
         spec = product.actions.get(action)
         if spec is None or spec.rw != "Read":
             raise ValueError(f"{product.name} {action} is not a read action")
-        ctx = CallContext(self.store, self.config, caller, "", int(time.time() * 1000),
+        ctx = CallContext(self.store, self.config, caller, "", timeutil.now_ms(),
                           runtime=self.runtime)
         with self.store.tx():
             return spec.handler(ctx, Params(raw))

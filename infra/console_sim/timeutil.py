@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import time
 from datetime import datetime, timezone
 
 _ISO = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2})"
@@ -28,3 +29,21 @@ def parse_iso(value: str) -> int | None:
     except ValueError:
         return None
     return int(dt.timestamp() * 1000)
+
+
+# The cloud's clock: the machine's plus an offset (zero unless a fault sets it, see faults.py).
+_offset_s = 0.0
+
+
+def set_offset(seconds: float) -> None:
+    global _offset_s
+    _offset_s = float(seconds)
+
+
+def now_s() -> float:
+    """The cloud's time, epoch seconds."""
+    return time.time() + _offset_s
+
+
+def now_ms() -> int:
+    return int(now_s() * 1000)

@@ -98,12 +98,17 @@ class SdkProvisioner:
         self.poll_s = poll_s
         self.parallel = parallel
         self._local = threading.local()
+        # Set per episode (the lease's mark, consolerl.accounts.lease_agent): every thread's
+        # client sends it, so the audit log ties each call to the lease it ran under.
+        self.user_agent = ""
 
     @property
     def client(self) -> CloudClient:
         client = getattr(self._local, "client", None)
         if client is None:
             client = self._local.client = self._factory()
+        if client.user_agent != self.user_agent:
+            client.user_agent = self.user_agent
         return client
 
     # ---- provisioning ---------------------------------------------------------------------------

@@ -3,16 +3,22 @@ typed outcome (lease, provision, act, score, destroy, release), and a lease lost
 episode marked as an env error with everything still destroyed and released."""
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import pytest
 import redis
 
+from consolerl.accounts import lease_agent, parse_lease_agent
 from consolerl.tasks import TASKS_DIR, Task, load_task
 from consolerl.types import Observation, StepResult
 from env_workers.accounts import PoolConfig
+from env_workers.leases import AccountPool
 from env_workers.pool import EnvWorkerBody
 from env_workers.worker import WorkerConfig
+from infra.provisioning.sdk import EPISODE_TAG
+from reward_service.actiontrail import TrailClient
+from reward_service.verifier import from_console
 from reward_service.service import RewardService
 from rollout_service.episode import EpisodeRunner, StepFn, scripted_policy
 from rollout_service.oracle import run_oracle
@@ -76,3 +82,95 @@ def test_a_lease_lost_during_the_episode_is_an_env_error(runner_cloud, accounts,
     assert outcome.leaked == []                 # destroyed all the same
     leased = runner.accounts[outcome.account_id]
     assert runner.provisioner(leased).leftovers(outcome.episode_id) == []
+
+
+class _Breaks:
+    """An env worker whose ``step`` raises (its process died under Ray: the call raises
+    instead of answering an EnvError)."""
+
+    def __init__(self, env: EnvWorkerBody):
+        self.env = env
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    async def step(self, text: str):
+        raise RuntimeError("The actor died unexpectedly before finishing this task.")
+
+
+def test_an_env_worker_that_breaks_mid_episode_is_an_env_error(runner_cloud, accounts,
+                                                              redis_server):
+    runner = EpisodeRunner(accounts, runner_cloud.endpoint,
+                           RewardService([TASK], accounts, runner_cloud.endpoint).score)
+    pool = PoolConfig(redis_url=redis_server.url, key_prefix="test:runner:broken")
+
+    async def go():
+        env = EnvWorkerBody(WorkerConfig(console_url=runner_cloud.url), pool, "runner-test")
+        try:
+            return await runner.run(_Breaks(env), TASK, scripted_policy(run_oracle),
+                                    max_steps=40, trajectory_id="t-2", seed=3)
+        finally:
+            await env.drain()
+    outcome = run_async(go())
+    assert outcome.env_error is not None and outcome.env_error.kind == "worker_failed"
+    assert "actor died" in outcome.env_error.message and outcome.status == "env_error"
+    assert outcome.leaked == []                 # destroyed all the same
+    leased = runner.accounts[outcome.account_id]
+    assert runner.provisioner(leased).leftovers(outcome.episode_id) == []
+    assert not list(redis_server.client().scan_iter("test:runner:broken:lease:*"))
+
+
+def test_a_policy_that_fails_mid_episode_is_an_env_error(runner_cloud, accounts, redis_server):
+    async def replica_gone(task, values, step, observation):
+        await step('click("nothing")')
+        raise ConnectionError("policy replica restarting")
+
+    runner, outcome = run(runner_cloud, accounts, redis_server.url, "test:runner:policy",
+                          replica_gone)
+    assert outcome.env_error is not None and outcome.env_error.kind == "policy_failed"
+    assert "restarting" in outcome.env_error.message
+    assert outcome.leaked == []
+    assert not list(redis_server.client().scan_iter("test:runner:policy:lease:*"))
+
+
+def test_every_call_under_a_lease_carries_its_mark_in_the_audit_log(runner_cloud, accounts,
+                                                                    redis_server):
+    """Provisioning (SDK), the console (browser) and clean-up all say which lease they ran
+    under: the audit log alone shows who used the account when."""
+    runner, outcome = run(runner_cloud, accounts, redis_server.url, "test:runner:mark",
+                          run_oracle)
+    assert outcome.env_error is None
+    leased = runner.accounts[outcome.account_id]
+    trail = TrailClient(runner.provisioner(leased).client, account_id=leased.account_id)
+    events = trail.events(time.time() - 120, time.time() + 1)
+    mark = lease_agent(leased.account_id, outcome.fencing)
+    marked = [e for e in events if mark in e.get("userAgent", "")]
+    assert any(from_console(e) for e in marked), "no console event carries the lease mark"
+    assert any(not from_console(e) and e["eventName"].startswith("Create") for e in marked)
+    assert any(e["eventName"].startswith(("Delete", "Revoke")) for e in marked)
+    assert parse_lease_agent(marked[0]["userAgent"]) == (leased.account_id, outcome.fencing)
+
+
+def test_what_a_dead_holder_left_is_destroyed_by_the_next_one(runner_cloud, accounts,
+                                                              redis_server):
+    """A job killed mid-episode leaves its resources and its write-ahead record; the account
+    is leased before the others, and that episode destroys them before provisioning."""
+    prefix = "test:runner:orphans"
+    pool = AccountPool.from_config(PoolConfig(redis_url=redis_server.url, key_prefix=prefix))
+    runner = EpisodeRunner(accounts, runner_cloud.endpoint,
+                           RewardService([TASK], accounts, runner_cloud.endpoint).score)
+    victim = accounts[3]
+    vpc = runner.provisioner(victim).client.rpc("Vpc", "CreateVpc", {
+        "RegionId": "cn-hangzhou", "CidrBlock": "10.9.0.0/16",
+        "Tag.1.Key": EPISODE_TAG, "Tag.1.Value": "orphan01"})["VpcId"]
+    pool.episode_begun(victim.account_id, "orphan01")
+    try:
+        _, outcome = run(runner_cloud, accounts, redis_server.url, prefix, run_oracle)
+        assert outcome.env_error is None
+        assert outcome.account_id == victim.account_id          # leased first
+        assert runner.provisioner(victim).leftovers("orphan01") == [], vpc
+        assert pool.unfinished_episodes(victim.account_id) == []
+    finally:
+        runner.provisioner(victim).destroy("orphan01")
+        pool.episode_cleaned(victim.account_id, "orphan01")
+        pool.close()

@@ -33,6 +33,11 @@ SKIP_MODULES: dict[str, str] = {}
 MESSAGE = "something went wrong: representative message"
 
 
+def _env_error(kind: str, message: str):
+    from consolerl.types import EnvError
+    return EnvError(kind, message)
+
+
 def _plan_rejected():
     from infra.provisioning.resource_coder import PlanRejected
     return PlanRejected("dry_run", "10.0.0.0/24 overlaps vSwitch ${vsw1}", "vsw2",
@@ -56,6 +61,11 @@ ARGS: dict[str, Callable[[], tuple]] = {
     "env_workers.leases.NoAccountAvailable": lambda: (
         "rollout-worker-3", 2.5, "4 accounts leased, 0 cooling down"),
     "env_workers.leases.LeaseLost": lambda: ("acct-07", 42, "taken over by rollout-worker-2"),
+    "env_workers.actions.RefusedURLError": lambda: (
+        "goto: only http:// and https:// URLs are allowed, not 'javascript:'",
+        "javascript:alert(1)"),
+    "rollout_service.episode._WorkerFailed": lambda: (
+        _env_error("worker_failed", "env worker step failed: ActorDiedError: the actor died"),),
     "reward_service.service.ScoreRequestError": lambda: (
         "values", "task 'ram-create-user-0' needs a value for {user_name}"),
     "trainer.checkpoint.CheckpointCorrupt": lambda: (

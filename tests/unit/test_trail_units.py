@@ -7,13 +7,14 @@ import pickle
 import random
 import threading
 import time
+from email.utils import formatdate
 from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from consolerl.errors import CloudAPIError, ConfigError
-from reward_service.actiontrail import (BucketRegistry, TokenBucket, TrailClient, TrailConfig,
+from reward_service.actiontrail import (_CLOCK_OFFSETS, BucketRegistry, TokenBucket, TrailClient, TrailConfig,
                                         TrailResult, call_with_retry, episode_events,
                                         is_retryable)
 
@@ -198,6 +199,9 @@ class FakeSdk:
         self.errors = list(errors)
         self.requests: list = []
         self.actiontrail = SimpleNamespace(lookup_events_with_options=None)
+        self.config = SimpleNamespace(endpoint=f"fake-{id(self)}")
+        self.clock_offset_s = 0.0          # the Date header it sends: its clock minus ours
+        _CLOCK_OFFSETS[self.config.endpoint] = 0.0     # measured (tests that count queries)
 
     def call(self, fn, request, action=""):
         self.requests.append(request)
@@ -206,6 +210,28 @@ class FakeSdk:
         index = int(request.next_token or 0)
         more = index + 1 < len(self.pages)
         return SimpleNamespace(events=self.pages[index], next_token=str(index + 1) if more else "")
+
+    def call_with_headers(self, fn, request, action=""):
+        body = self.call(fn, request, action)
+        return body, {"date": formatdate(time.time() + self.clock_offset_s, usegmt=True)}
+
+
+def test_windows_follow_the_clouds_clock_measured_from_its_date_header():
+    """A cloud whose clock runs 5 minutes ahead: the first query measures it, and the
+    window of events() (given in this machine's time) is sent shifted by it."""
+    sdk = FakeSdk([[]])
+    del _CLOCK_OFFSETS[sdk.config.endpoint]             # not measured yet
+    sdk.clock_offset_s = 300.0
+    client = fake_client(sdk)
+    assert client.clock_offset_s is None
+    start = 1_795_000_000.0
+    client.events(start, start + 60)
+    assert client.clock_offset_s == pytest.approx(300.0, abs=1.0)
+    sent = sdk.requests[-1]
+    assert sent.start_time == "2026-11-18T11:11:40Z"    # start + 300 s, in the cloud's time
+    sdk.clock_offset_s = 1.0                             # within the header's resolution
+    client.events(start, start + 60)
+    assert client.clock_offset_s == 0.0
 
 
 def fake_client(sdk: FakeSdk, registry: CollectorRegistry | None = None, **cfg) -> TrailClient:

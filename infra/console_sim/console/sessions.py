@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..store import Store
+from .. import timeutil
 from consolerl.drift import Drift
 
 COOKIE = "consolerl_console_session"
@@ -54,10 +54,10 @@ class SessionStore:
     def create(self, account_id: str, region: str, drift: Drift) -> tuple[str, Session]:
         token = secrets.token_urlsafe(32)
         session = Session(_hash(token), account_id, region, drift, secrets.token_urlsafe(24),
-                          int(time.time() * 1000) + self.ttl_ms)
+                          timeutil.now_ms() + self.ttl_ms)
         with self.store.tx():
             self.store.db.execute(
-                "DELETE FROM console_sessions WHERE expires_ms < ?", (int(time.time() * 1000),))
+                "DELETE FROM console_sessions WHERE expires_ms < ?", (timeutil.now_ms(),))
             self.store.db.execute(
                 "INSERT INTO console_sessions VALUES (?,?,?,?,?,?)",
                 (session.token_hash, account_id, region, str(drift), session.csrf,
@@ -71,7 +71,7 @@ class SessionStore:
         row = self.store.db.execute(
             "SELECT account_id, region, drift, csrf, expires_ms FROM console_sessions "
             "WHERE token_hash=?", (token_hash,)).fetchone()
-        if row is None or row[4] < time.time() * 1000:
+        if row is None or row[4] < timeutil.now_ms():
             return None
         kinds = frozenset(k for k in row[2].split(",") if k)
         flashes = self._flashes.pop(token_hash, [])
@@ -94,4 +94,4 @@ class SessionStore:
 
     def count_active(self) -> int:
         return self.store.db.execute("SELECT COUNT(*) FROM console_sessions WHERE expires_ms >= ?",
-                                     (int(time.time() * 1000),)).fetchone()[0]
+                                     (timeutil.now_ms(),)).fetchone()[0]

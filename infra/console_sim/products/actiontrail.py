@@ -28,14 +28,17 @@ _MAX_WINDOW_MS = 90 * 24 * 3600 * 1000
 
 
 class TokenBucket:
-    def __init__(self, rate: float):
+    """``rate`` tokens a second, holding at most ``burst`` (default: ``rate``)."""
+
+    def __init__(self, rate: float, burst: float | None = None):
         self.rate = rate
-        self.tokens = rate
+        self.burst = rate if burst is None else burst
+        self.tokens = self.burst
         self.at = time.monotonic()
 
     def take(self) -> bool:
         now = time.monotonic()
-        self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
         if self.tokens >= 1.0:
             self.tokens -= 1.0
@@ -43,14 +46,21 @@ class TokenBucket:
         return False
 
 
+def _fault(ctx: CallContext, name: str) -> float:
+    """A setting of the cloud's config, unless a fault (faults.py) overrides it."""
+    faults = ctx.runtime.get("faults")
+    value = getattr(faults.faults, name) if faults is not None else None
+    return getattr(ctx.config, name) if value is None else value
+
+
 def _throttle(ctx: CallContext) -> None:
-    rate = ctx.config.lookup_qps
+    rate = _fault(ctx, "lookup_qps")
     if rate <= 0:
         return
     buckets = ctx.runtime.setdefault("lookup_buckets", {})
-    bucket = buckets.get(ctx.account_id)
+    bucket = buckets.get((ctx.account_id, rate))
     if bucket is None:
-        bucket = buckets[ctx.account_id] = TokenBucket(max(rate, 1.0))
+        bucket = buckets[(ctx.account_id, rate)] = TokenBucket(rate, burst=max(rate, 1.0))
     if not bucket.take():
         raise CloudError("Throttling.User",
                          f"Request was denied due to user flow control: LookupEvents allows "
@@ -139,7 +149,7 @@ def lookup_events(ctx: CallContext, p: Params) -> dict[str, Any]:
     scope = _token_scope(attrs, p.raw.get("StartTime"), p.raw.get("EndTime"), direction)
 
     # Events still "in delivery" are not visible yet.
-    visible_until = ctx.now_ms - int(ctx.config.delivery_delay_s * 1000)
+    visible_until = ctx.now_ms - int(_fault(ctx, "delivery_delay_s") * 1000)
     sql = ["SELECT e.seq, e.event_ms, e.body FROM events e WHERE e.account_id=?"
            " AND e.event_ms>=? AND e.event_ms<=?"]
     args: list[Any] = [ctx.account_id, start, min(end + 999, visible_until)]

@@ -290,13 +290,13 @@ def settle(inst: dict[str, Any], now_ms: int) -> dict[str, Any]:
 
 def _transition(ctx: CallContext, inst: dict[str, Any], now_status: str, final: str) -> None:
     inst["Status"] = now_status
-    inst["_next"] = [final, ctx.now_ms + int(ctx.config.transition_s * 1000)]
+    inst["_next"] = [final, ctx.tick_ms + int(ctx.config.transition_s * 1000)]
 
 
 def get_instance(ctx: CallContext, instance_id: str) -> dict[str, Any]:
     inst = common.lookup(ctx, INSTANCE, instance_id, RT_INSTANCE, "InvalidInstanceId.NotFound",
                          "InstanceId")
-    return settle(inst, ctx.now_ms)
+    return settle(inst, ctx.tick_ms)
 
 
 def _save_instance(ctx: CallContext, inst: dict[str, Any]) -> None:
@@ -453,7 +453,7 @@ def describe_instances(ctx: CallContext, p: Params) -> dict[str, Any]:
         p, lambda r: {t["TagKey"]: t["TagValue"] for t in r["Tags"]["Tag"]})
     found = []
     for inst in ctx.store.list(ctx.account_id, INSTANCE, region=region):
-        settle(inst, ctx.now_ms)
+        settle(inst, ctx.tick_ms)
         vpc_attr = inst["VpcAttributes"]
         if wanted_ids is not None and inst["InstanceId"] not in wanted_ids:
             continue

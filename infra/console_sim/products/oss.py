@@ -9,7 +9,6 @@ import base64
 import hashlib
 import hmac
 import re
-import time
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import parse_qsl
@@ -18,6 +17,7 @@ from xml.sax.saxutils import escape
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .. import timeutil
 from .. import ids
 from consolerl.accounts import Account
 from consolerl.text import same_secret
@@ -202,9 +202,9 @@ class OssApi:
         date = headers.get("x-oss-date") or headers.get("date", "")
         try:
             sent = parsedate_to_datetime(date).timestamp()
-        except (TypeError, ValueError, IndexError):
+        except (TypeError, ValueError, IndexError, OverflowError):   # OverflowError: 20-digit year
             raise CloudError("AccessDenied", "Missing or invalid Date header.", 403) from None
-        if abs(time.time() - sent) > self.config.max_clock_skew_s:
+        if abs(timeutil.now_s() - sent) > self.config.max_clock_skew_s:
             raise CloudError("RequestTimeTooSkewed", "The difference between the request time "
                              "and the current time is too large.", 403)
         expected = sign(account.access_key_secret,

@@ -19,7 +19,7 @@ _PRIVATE = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "19
 
 
 def _settle(ctx: CallContext, item: dict[str, Any]) -> dict[str, Any]:
-    if item["Status"] == "Pending" and ctx.now_ms >= item["_ready_ms"]:
+    if item["Status"] == "Pending" and ctx.tick_ms >= item["_ready_ms"]:
         item["Status"] = "Available"
     return item
 
@@ -70,7 +70,7 @@ def create_vpc(ctx: CallContext, p: Params) -> dict[str, Any]:
         "CreationTime": iso(ctx.now_ms), "VRouterId": ids.resource_id("vrt", region),
         "RouteTableId": ids.resource_id("vtb", region), "ResourceGroupId": "rg-acfmlocal0000000",
         "Tags": [{"Key": k, "Value": v} for k, v in tags],
-        "_ready_ms": ctx.now_ms + int(ctx.config.network_ready_s * 1000),
+        "_ready_ms": ctx.tick_ms + int(ctx.config.network_ready_s * 1000),
         "_created_ms": ctx.now_ms,
     }
     ctx.store.put(ctx.account_id, VPC, vpc_id, region, vpc, name=vpc_name, created_ms=ctx.now_ms)
@@ -172,7 +172,7 @@ def create_vswitch(ctx: CallContext, p: Params) -> dict[str, Any]:
         "IsDefault": False, "CreationTime": iso(ctx.now_ms),
         "AvailableIpAddressCount": net.num_addresses - 4, "ResourceGroupId": vpc["ResourceGroupId"],
         "Tags": [{"Key": k, "Value": v} for k, v in tags],
-        "_ready_ms": ctx.now_ms + int(ctx.config.network_ready_s * 1000),
+        "_ready_ms": ctx.tick_ms + int(ctx.config.network_ready_s * 1000),
         "_created_ms": ctx.now_ms,
     }
     ctx.store.put(ctx.account_id, VSWITCH, vsw_id, region, vsw, name=vsw_name,
