@@ -15,6 +15,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from consolerl.errors import ConsoleRLError
+
 MAX_MSG_CHARS = 500
 MAX_LOC_CHARS = 100     # a loc part can be a key of the request's own (100 KB of it)
 
@@ -44,8 +46,8 @@ def install_validation_handler(app: FastAPI, max_body_bytes: int = 16 << 20) -> 
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(ConsoleRLError, RuntimeError):
+    """A request body passed the limit while the app read it."""
 
 
 class BodyLimit:

@@ -55,7 +55,7 @@ STREAM = "consolerl:smoke:experience"
 LEASES = "consolerl:smoke:pool"
 DEAD_SUFFIX = ":dead"
 JOB_TIMEOUT_S = 480
-WINDOW_S = 25.0            # the fault lands this long at most after the first lease
+WINDOW_S = 20.0            # the fault lands this long at most after the first lease
 
 
 @dataclass
@@ -104,7 +104,7 @@ def ancestors(pid: int) -> list[int]:
 @dataclass
 class Injection:
     at: float = 0.0                      # wall clock of the fault
-    after_first_lease_s: float = 0.0
+    after_first_lease_s: float = 0.0     # drawn from the seed; then when it really landed
     step: int = 0                        # trainer steps done when it landed
     detail: str = ""
     victim_pid: int = 0                  # the env worker process a worker fault hit
@@ -253,13 +253,21 @@ class Case:
             time.sleep(0.2)
         else:
             return
-        self.injection.at = time.time()
-        self.injection.step = self.steps_done()
-        try:
-            self.injection.detail = self.spec.inject(self)
-            self.result.injected = True
-        except NoVictim as exc:
-            self.injection.detail = f"no victim: {exc}"
+        # The first moment at or after the drawn point when the fault has something to hit
+        # (a browser open, say), while the job runs.
+        while True:
+            self.injection.at = time.time()
+            self.injection.step = self.steps_done()
+            self.injection.after_first_lease_s = round(time.monotonic() - first, 1)
+            try:
+                self.injection.detail = self.spec.inject(self)
+                self.result.injected = True
+                return
+            except NoVictim as exc:
+                self.injection.detail = f"no victim: {exc}"
+            if self.job is not None and self.job.poll() is not None:
+                return
+            time.sleep(0.2)
 
     # ---- the case ----------------------------------------------------------------------------
     def run(self) -> CaseResult:

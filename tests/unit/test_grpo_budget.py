@@ -44,6 +44,7 @@ def _trainer(clock: _Clock, step_s: float, publish_every: int = 1, every_steps: 
     t.trained, t.unacked, t.history = set(), [], []
     t.run_dir = tmp_path
     t.metrics = TrainerMetrics(CollectorRegistry())
+    t.while_waiting = None
     n = iter(range(10**6))
 
     def collect(deadline, budget=None):
