@@ -132,7 +132,7 @@ def run(config: JobConfig) -> dict[str, Any]:
         if beacon is not None:
             beacon.stop()
         if orchestrator is not None:
-            summary.update(_stop_rollouts(orchestrator, run_ref))
+            summary.update(_stop_rollouts(orchestrator, run_ref, config.env.lease_ttl_s))
         if trainer is not None:
             summary.update(_final_checks(trainer, servers, config.env.lease_prefix,
                                          config.env.lease_ttl_s))
@@ -292,13 +292,19 @@ class RolloutsStopped(ConsoleRLError, RuntimeError):
     """The rollout actor's run ended while the trainer still waited for experience."""
 
 
-def _stop_rollouts(orchestrator: Any, run_ref: Any) -> dict[str, Any]:
+def _stop_rollouts(orchestrator: Any, run_ref: Any, lease_ttl_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         ray.get(orchestrator.stop.remote(), timeout=30)
         out["rollout"] = ray.get(run_ref, timeout=600)
     except Exception as exc:  # noqa: BLE001 - still drain below
         out["rollout_error"] = f"{type(exc).__name__}: {exc}"[:500]
+    try:
+        # What dead holders (this run's, or a killed run's before a --resume) left behind.
+        out["orphans_cleaned"] = ray.get(orchestrator.sweep.remote(lease_ttl_s + 15),
+                                         timeout=lease_ttl_s + 120)
+    except Exception as exc:  # noqa: BLE001 - still drain below
+        out["sweep_error"] = f"{type(exc).__name__}: {exc}"[:500]
     try:
         ray.get(orchestrator.drain.remote(), timeout=120)
     except Exception as exc:  # noqa: BLE001

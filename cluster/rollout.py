@@ -5,6 +5,8 @@ trainer's torch and verl (:func:`cluster.builders.rollout_parts` picks the parts
 job config)."""
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -13,6 +15,7 @@ from prometheus_client import generate_latest
 
 from consolerl.accounts import load_accounts
 from consolerl.tasks import TASKS_DIR, load_suite
+from env_workers.leases import AccountPool
 from env_workers.pool import EnvPool, EnvPoolConfig
 from infra.observability.discovery import PublishConfig, publish
 from reward_service.actiontrail import TrailConfig
@@ -74,6 +77,7 @@ class RolloutBody:
         self.accounts = load_accounts(parts.accounts_file)
         tasks = load_suite(parts.suite_dir)
         self.pool = EnvPool(parts.env_pool)
+        self.pool_config = parts.env_pool.pool
         if servers:
             self.servers, self.router = list(servers), PolicyRouter(servers)
             self.own_servers = False
@@ -106,6 +110,25 @@ class RolloutBody:
 
     async def stop(self) -> None:
         self.orchestrator.stop()
+
+    async def sweep(self, timeout_s: float) -> int:
+        """After the episodes stopped: destroy what dead holders (a killed job, a lost
+        worker) left in any account, waiting up to ``timeout_s`` for their leases to expire;
+        returns how many such episodes were cleaned."""
+        pool = AccountPool.from_config(self.pool_config)
+        deadline = time.monotonic() + timeout_s
+        cleaned = 0
+        try:
+            while any(pool.unfinished_episodes(a.account_id) for a in self.accounts):
+                if time.monotonic() > deadline:
+                    break
+                found = await self.orchestrator.runner.clear_orphans(self.pool.actors[0])
+                cleaned += found
+                if not found:
+                    await asyncio.sleep(1.0)
+        finally:
+            pool.close()
+        return cleaned
 
     async def metrics(self) -> bytes:
         return generate_latest(self.orchestrator.registry) + \

@@ -26,7 +26,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -277,6 +277,49 @@ class EpisodeRunner:
                 poll_s=0.05)
         return p
 
+    async def _destroy_orphans(self, env: Any, provisioner: SdkProvisioner,
+                               orphans: Sequence[str]) -> int:
+        """Destroy what the episodes ``orphans`` (their holder died) left in the leased
+        account; returns how many were cleaned (the others stay recorded)."""
+        cleaned = 0
+        for orphan in orphans:
+            try:
+                report = await asyncio.to_thread(provisioner.destroy, orphan)
+            except (CloudAPIError, oss2.exceptions.OssError) as exc:
+                log.warning("orphaned episode %s: %s (left for later)", orphan, exc)
+                continue
+            if report.errors:
+                log.warning("orphaned episode %s: %s", orphan, report.errors)
+                continue
+            await _env_call(env.cleaned, orphan)
+            cleaned += 1
+        return cleaned
+
+    async def clear_orphans(self, env: Any, acquire_timeout_s: float = 5.0) -> int:
+        """Lease one account through ``env`` (accounts that dead holders left resources in
+        come first) and destroy what they left; returns how many episodes were cleaned (0
+        when the account leased had none, e.g. those are still leased by the dead holder
+        until its lease expires)."""
+        try:
+            start = await _env_call(env.acquire, acquire_timeout_s)
+        except _WorkerFailed:
+            return 0
+        if start.env_error is not None:
+            return 0
+        account = self.accounts.get(start.account_id)
+        if account is None or not getattr(start, "unfinished", ()):
+            await _quiet(env.end_episode)
+            return 0
+        provisioner = self.provisioner(account)
+        provisioner.user_agent = lease_agent(account.account_id, start.fencing)
+        try:
+            return await self._destroy_orphans(env, provisioner, start.unfinished)
+        except _WorkerFailed:
+            return 0
+        finally:
+            provisioner.user_agent = ""
+            await _quiet(env.end_episode)
+
     def _clean_up(self, provisioner: SdkProvisioner, outcome: EpisodeOutcome,
                   extra: list[Provisioned]) -> bool:
         """Destroy the episode's resources (and ``extra``, what the agent made), waiting out a
@@ -361,16 +404,7 @@ class EpisodeRunner:
             if tracked:
                 # Episodes in this account whose holder died before cleaning up (a killed job,
                 # a lost node): their resources go first; then this one is recorded.
-                for orphan in getattr(start, "unfinished", ()):
-                    try:
-                        report = await asyncio.to_thread(provisioner.destroy, orphan)
-                    except (CloudAPIError, oss2.exceptions.OssError) as exc:
-                        log.warning("orphaned episode %s: %s (left for later)", orphan, exc)
-                        continue
-                    if not report.errors:
-                        await _env_call(env.cleaned, orphan)
-                    else:
-                        log.warning("orphaned episode %s: %s", orphan, report.errors)
+                await self._destroy_orphans(env, provisioner, getattr(start, "unfinished", ()))
                 await _env_call(env.begin, outcome.episode_id)
             try:
                 t0 = time.perf_counter()

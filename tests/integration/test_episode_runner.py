@@ -174,3 +174,36 @@ def test_what_a_dead_holder_left_is_destroyed_by_the_next_one(runner_cloud, acco
         runner.provisioner(victim).destroy("orphan01")
         pool.episode_cleaned(victim.account_id, "orphan01")
         pool.close()
+
+
+def test_a_sweep_clears_what_dead_holders_left_without_running_an_episode(
+        runner_cloud, accounts, redis_server):
+    """The job's last step (and a resumed job with nothing left to train): leases the
+    accounts a dead holder left resources in and destroys them."""
+    prefix = "test:runner:sweep"
+    pool = AccountPool.from_config(PoolConfig(redis_url=redis_server.url, key_prefix=prefix))
+    runner = EpisodeRunner(accounts, runner_cloud.endpoint,
+                           RewardService([TASK], accounts, runner_cloud.endpoint).score)
+    victim = accounts[4]
+    runner.provisioner(victim).client.rpc("Vpc", "CreateVpc", {
+        "RegionId": "cn-hangzhou", "CidrBlock": "10.8.0.0/16",
+        "Tag.1.Key": EPISODE_TAG, "Tag.1.Value": "orphan02"})
+    pool.episode_begun(victim.account_id, "orphan02")
+
+    async def go():
+        env = EnvWorkerBody(WorkerConfig(console_url=runner_cloud.url),
+                            PoolConfig(redis_url=redis_server.url, key_prefix=prefix), "sweeper")
+        try:
+            return await runner.clear_orphans(env), await runner.clear_orphans(env)
+        finally:
+            await env.drain()
+    try:
+        first, second = run_async(go())
+        assert (first, second) == (1, 0)
+        assert runner.provisioner(victim).leftovers("orphan02") == []
+        assert pool.unfinished_episodes(victim.account_id) == []
+        assert not list(redis_server.client().scan_iter(f"{prefix}:lease:*"))
+    finally:
+        runner.provisioner(victim).destroy("orphan02")
+        pool.episode_cleaned(victim.account_id, "orphan02")
+        pool.close()
