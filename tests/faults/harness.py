@@ -315,12 +315,7 @@ class Case:
         return left
 
     def cleanup(self) -> None:
-        self.kill_job() if self.job is not None and self.job.poll() is None else None
-        for p in processes(self.marker):
-            try:
-                os.kill(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self.kill_job()                  # whatever of the run is still alive
         if self.redis is not None:
             self.redis.stop()
         if self.cloud is not None:
