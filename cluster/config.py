@@ -149,6 +149,41 @@ class JobConfig:
     api: ApiSection = field(default_factory=ApiSection)
 
 
+# Advantage estimators whose baseline is not the group's other samples.
+_GROUPLESS_ESTIMATORS = ("reinforce_plus_plus",)
+
+
+def check_training(config: JobConfig) -> None:
+    """Settings that are each valid but together train something other than what they say
+    (a :class:`ConfigError` naming both fields). Checked before a training job starts, not on
+    every config: evaluation legitimately samples greedily, one episode per task."""
+    agent, algo = config.agent, config.trainer.algo
+    if config.orchestrator.mode == "sync" and config.trainer.publish_every != 1:
+        raise ConfigError("orchestrator.mode=sync needs trainer.publish_every=1 (its batch "
+                          "barrier waits for each step's version)")
+    if agent.temperature != algo.temperature:
+        raise ConfigError(
+            f"trainer.algo.temperature ({algo.temperature:g}) and agent.temperature "
+            f"({agent.temperature:g}) must be equal: the trainer's log-probs must be those of "
+            "the distribution the rollouts sampled from (a mismatch biases every importance "
+            "weight; 0.7 against 1.0 gave weights of 0.87 on average)")
+    if agent.top_p < 1.0:
+        raise ConfigError(
+            f"agent.top_p ({agent.top_p:g}) must be 1 for training with trainer.algo: the "
+            "sampler's log-probs of a nucleus sample are renormalised over the nucleus, the "
+            "trainer's are over the whole vocabulary, so the importance weights would be wrong")
+    if config.orchestrator.group_size < 2 and algo.adv_estimator not in _GROUPLESS_ESTIMATORS:
+        raise ConfigError(
+            f"orchestrator.group_size ({config.orchestrator.group_size}) must be at least 2 "
+            f"with trainer.algo.adv_estimator {algo.adv_estimator!r}: its baseline is the "
+            "group's other samples, and a group of one silently becomes REINFORCE without a "
+            "baseline")
+    if algo.kl_coef > 0:
+        raise ConfigError(
+            f"trainer.algo.kl_coef ({algo.kl_coef:g}) must be 0: the GRPO trainer keeps no "
+            "reference model to compute the KL term against")
+
+
 def metrics_publish(config: JobConfig, run: str | None = None) -> PublishConfig | None:
     """Where the components announce their metrics (None when ``observe.enabled`` is off)."""
     if not config.observe.enabled:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -30,7 +31,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -40,7 +41,7 @@ import ray
 from tqdm import tqdm
 
 from cluster.builders import rollout_parts
-from cluster.config import JobConfig, metrics_publish
+from cluster.config import JobConfig, check_training, metrics_publish
 from cluster.export import ExportConfig, run_export
 from cluster.rollout import RolloutActor, start_policy
 from cluster.runtime import (LocalServices, Observed, PeakMemory, TrainingBeacon, progress,
@@ -59,9 +60,7 @@ log = logging.getLogger("cluster.job")
 
 def run(config: JobConfig) -> dict[str, Any]:
     """The whole job; returns the summary (also written to ``summary.json``)."""
-    if config.orchestrator.mode == "sync" and config.trainer.publish_every != 1:
-        raise ConfigError("orchestrator.mode=sync needs trainer.publish_every=1 (its batch "
-                          "barrier waits for each step's version)")
+    check_training(config)
     run_dir = Path(config.run.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not Path(config.trainer.checkpoint.dir).is_absolute():
@@ -104,6 +103,8 @@ def run(config: JobConfig) -> dict[str, Any]:
         trainer = GRPOTrainer(config.trainer, config.stream, config.orchestrator.groups_per_step,
                               workers, lambda v, ref: publish_weights(servers, v, ref),
                               pad if pad is not None else 0, run_dir)
+        if config.trainer.pause_generation:
+            trainer.around_step = lambda: generation_paused(servers, config.trainer.read_timeout_s)
         sync = ReplicaSync(trainer, servers)
         trainer.while_waiting = lambda: (sync(), _check_rollouts(run_ref))
         url = observed.publish([trainer.registry], "trainer", "trainer")
@@ -222,6 +223,30 @@ def _step_printer(config: JobConfig, trainer: Any):
         if m["step"] >= config.trainer.steps:
             bar.close()
     return on_step
+
+
+@contextlib.contextmanager
+def generation_paused(servers: list[Any], max_s: float) -> Iterator[None]:
+    """The policy replicas hold new requests while the block runs (a trainer step on the cores
+    they share); a replica that is down is skipped, and each pause lifts itself after
+    ``max_s`` should the trainer die inside the block."""
+    paused = []
+    for s in servers:
+        try:
+            ray.get(s.pause.remote(max_s), timeout=30)
+            paused.append(s)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                ray.exceptions.GetTimeoutError):
+            pass
+    try:
+        yield
+    finally:
+        for s in paused:
+            try:
+                ray.get(s.resume.remote(), timeout=30)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                    ray.exceptions.GetTimeoutError):
+                pass
 
 
 def publish_weights(servers: list[Any], version: int, state_ref: Any) -> list[float]:

@@ -272,6 +272,40 @@ class PolicyServerBody:
         # the trainer published since. It serves again once they arrive (the job sends them
         # to any replica whose version() differs from the trainer's).
         self.awaiting_weights = _reconstructed()
+        # Paused while the trainer's step runs on the same cores (trainer.pause_generation):
+        # requests wait here; a pause lifts itself after its max_s should the trainer die.
+        self._running = asyncio.Event()
+        self._running.set()
+        self._pause_token = 0
+        self.m_paused = Gauge("consolerl_policy_paused", "1 while generation is paused for a "
+                              "trainer step on the same cores.", ["server"],
+                              registry=self.registry)
+        self.m_paused_s = Counter("consolerl_policy_paused_seconds_total", "Time generation "
+                                  "was paused for trainer steps.", ["server"],
+                                  registry=self.registry)
+        self._paused_at = 0.0
+
+    async def pause(self, max_s: float) -> int:
+        """Hold new generate requests until :meth:`resume` or ``max_s`` seconds; returns the
+        requests in flight (they finish)."""
+        if self._running.is_set():
+            self._paused_at = time.perf_counter()
+        self._running.clear()
+        self.m_paused.labels(self.name).set(1)
+        self._pause_token += 1
+        token = self._pause_token
+        asyncio.get_running_loop().call_later(max_s, self._lift, token)
+        return self.in_flight
+
+    async def resume(self) -> None:
+        self._lift(self._pause_token)
+
+    def _lift(self, token: int) -> None:
+        if token != self._pause_token or self._running.is_set():
+            return                               # a later pause, or resumed already
+        self.m_paused_s.labels(self.name).inc(time.perf_counter() - self._paused_at)
+        self.m_paused.labels(self.name).set(0)
+        self._running.set()
 
     def _generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         with self._running_lock:                 # executor threads count concurrently
@@ -289,6 +323,8 @@ class PolicyServerBody:
         self.in_flight += 1
         t0 = time.perf_counter()
         try:
+            if not self._running.is_set():
+                await self._running.wait()
             gen = await asyncio.get_running_loop().run_in_executor(
                 self._pool, self._generate, list(prompt_ids), sampling)
         finally:

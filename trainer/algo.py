@@ -244,16 +244,21 @@ class TrainBatch:
                               f"(the rows), got {n!r}")
         return [self.rows(part.tolist()) for part in np.array_split(np.arange(self.num_rows), n)]
 
-    def micro_batches(self, max_tokens: int) -> list[TrainBatch]:
-        """Consecutive row chunks whose padded size ``rows * T`` (after re-trimming) stays within
-        ``max_tokens``; a row longer than that alone still makes a chunk of one."""
+    def micro_batches(self, max_tokens: int, by_length: bool = False) -> list[TrainBatch]:
+        """Row chunks whose padded size ``rows * T`` (after re-trimming) stays within
+        ``max_tokens``; a row longer than that alone still makes a chunk of one. Rows in order,
+        or with ``by_length`` sorted by their real length first (longest first), so that rows of
+        like length share a chunk and little of it is padding."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ConfigError(f"TrainBatch.micro_batches: max_tokens must be an integer >= 1, "
                               f"got {max_tokens!r}")
         prompt_lens, response_lens = (x.tolist() for x in self._lengths())
+        order = list(range(self.num_rows))
+        if by_length:
+            order.sort(key=lambda i: -(prompt_lens[i] + response_lens[i]))
         chunks: list[list[int]] = []
         max_p = max_r = 0
-        for i in range(self.num_rows):
+        for i in order:
             p, r = max(max_p, prompt_lens[i]), max(max_r, response_lens[i])
             if chunks and (len(chunks[-1]) + 1) * (p + r) <= max_tokens:
                 chunks[-1].append(i)
@@ -262,6 +267,12 @@ class TrainBatch:
                 chunks.append([i])
                 max_p, max_r = prompt_lens[i], response_lens[i]
         return [self.rows(chunk) for chunk in chunks]
+
+    def signal_rows(self) -> list[int]:
+        """Rows with a non-zero advantage on some trained token: the only rows whose policy
+        loss has a gradient (a group whose samples all scored alike has advantage 0)."""
+        live = ((self.advantages_BR != 0) & (self.response_mask_BR > 0)).any(dim=-1)
+        return [int(i) for i in torch.nonzero(live).flatten().tolist()]
 
 
 def build_batch(groups: Sequence[Group], pad_token_id: int, config: AlgoConfig) -> TrainBatch:
@@ -407,7 +418,8 @@ def compute_loss(logprobs_BR: torch.Tensor, old_logprobs_BR: torch.Tensor, batch
 
     Metrics: ``loss``, ``pg_loss`` and ``kl`` are this micro-batch's shares (sum them over
     micro-batches and average over ranks for the step's value); ``pg_clipfrac``, ``ppo_kl``,
-    ``is_weight_mean``, ``is_capped_frac`` and ``entropy`` (when ``entropy_BR`` is given) are
+    ``rollout_kl`` (sampler vs. old log-probs), ``is_weight_mean``, ``is_capped_frac`` and
+    ``entropy`` (when ``entropy_BR`` is given) are
     means over this micro-batch's tokens.
     """
     shape = tuple(batch.response_mask_BR.shape)
@@ -456,6 +468,9 @@ def compute_loss(logprobs_BR: torch.Tensor, old_logprobs_BR: torch.Tensor, batch
     metrics["loss"] = float(loss.detach())
     metrics["is_weight_mean"] = float(verl_F.masked_mean(is_weights_BR, mask_BR)) \
         if config.rollout_is == "token" else 1.0
+    # KL(sampler || trainer before the step), k1 estimate on the sampled tokens.
+    metrics["rollout_kl"] = float(verl_F.masked_mean(batch.rollout_logprobs_BR - old_BR,
+                                                     mask_BR))
     metrics["is_capped_frac"] = float(verl_F.masked_mean(
         (raw_BR > config.rollout_is_cap).float(), mask_BR))
     if entropy_BR is not None:

@@ -19,7 +19,13 @@ class TrainerConfig:
     (the trainer version the staleness control reads moves with them). ``model``: the starting
     weights ("" = the SFT output when SFT runs, else ``policy.model``). ``time_budget_s``: a
     wall-clock budget for the whole job (SFT included; 0 = none): no GRPO step starts that the
-    last step's duration says would end past it, and the run ends with its checkpoint."""
+    last step's duration says would end past it, and the run ends with its checkpoint.
+    ``skip_zero_advantage``: rows whose advantage is 0 (a group whose samples all scored alike)
+    skip the forward and backward: their policy loss has no gradient, so the step's gradient is
+    unchanged (they still count in the token-mean's denominator); a step with no such row
+    changes no weight. ``pause_generation``: the policy replicas hold new requests while a
+    step's forward and backward run (for a CPU machine where both share the cores: two
+    thread pools on two cores slow each other more than taking turns)."""
 
     steps: int = 2
     publish_every: int = 1
@@ -30,6 +36,8 @@ class TrainerConfig:
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
     read_timeout_s: float = 1800.0        # waiting for the stream before giving up a step
     time_budget_s: float = 0.0
+    skip_zero_advantage: bool = True
+    pause_generation: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "publish_every"):

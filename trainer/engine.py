@@ -67,7 +67,13 @@ class LoraConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     """``workers``: data-parallel ranks (Ray actors); ``backend``: ``gloo`` (CPU) or ``nccl``
-    (GPU); ``micro_batch_tokens``: padded tokens (rows x length) per forward/backward."""
+    (GPU); ``micro_batch_tokens``: padded tokens (rows x length) per forward/backward, rows
+    sorted by length first so that a micro-batch pads little. ``autocast``: the forward and
+    backward in bf16 autocast over fp32 weights: ``auto`` where the device computes bf16
+    natively (a GPU with bf16, a CPU with AVX512-BF16 or AMX; elsewhere emulated bf16 is slower
+    than fp32), ``bfloat16`` always, ``off`` never. ``memory_gib``: what Ray reserves for each
+    worker (0 = nothing): Ray then places workers where that much memory is free instead of
+    letting its memory monitor kill them."""
 
     workers: int = 1
     backend: str = "gloo"
@@ -77,6 +83,8 @@ class EngineConfig:
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
     gradient_checkpointing: bool = False
+    autocast: str = "auto"
+    memory_gib: float = 0.0
     threads_per_worker: int = 0                 # torch intra-op threads; 0 = torch's default
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -89,9 +97,42 @@ class EngineConfig:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"EngineConfig.dtype: must be float32, bfloat16 or float16, "
                               f"got {self.dtype!r}")
+        if self.autocast not in AUTOCAST_MODES:
+            raise ConfigError(f"EngineConfig.autocast: must be one of "
+                              f"{', '.join(AUTOCAST_MODES)}, got {self.autocast!r}")
+        if not self.memory_gib >= 0:
+            raise ConfigError(f"EngineConfig.memory_gib: must be >= 0 (0 = no reservation), "
+                              f"got {self.memory_gib!r}")
         if self.micro_batch_tokens < 64:
             raise ConfigError(f"EngineConfig.micro_batch_tokens: must be >= 64, "
                               f"got {self.micro_batch_tokens!r}")
+
+
+AUTOCAST_MODES = ("auto", "bfloat16", "off")
+_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def native_bf16(device: str) -> bool:
+    """Whether ``device`` ("cpu", "cuda", "cuda:N") computes bf16 matmuls natively."""
+    import torch
+    if device.startswith("cuda"):
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return any(flag in flags for flag in _BF16_CPU_FLAGS)
+
+
+def autocast_dtype(engine: EngineConfig, device: str) -> Any:
+    """The autocast dtype of ``engine`` on ``device`` (None: no autocast)."""
+    import torch
+    if engine.autocast == "off" or engine.dtype != "float32":
+        return None
+    if engine.autocast == "bfloat16" or native_bf16(device):
+        return torch.bfloat16
+    return None
 
 
 # compute_loss metrics that are a micro-batch's share of the step's value (summed, not averaged)
@@ -120,7 +161,10 @@ class TrainerWorkerBody:
                                                      dtype=getattr(torch, engine.dtype))
         model.to(self.device)
         if engine.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            # Non-reentrant: works with frozen inputs (LoRA) and under autocast.
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.autocast = autocast_dtype(engine, str(self.device))
         if engine.lora.rank:
             from peft import LoraConfig as PeftLora
             from peft import get_peft_model
@@ -164,10 +208,14 @@ class TrainerWorkerBody:
     def _forward(self, module: Any, mb: TrainBatch) -> Any:
         d = self.device
         mb = mb.to(d)
-        # Only the positions that predict response tokens: [B, R+1, V] instead of [B, T, V].
-        out = module(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT,
-                     position_ids=mb.position_ids_BT, use_cache=False,
-                     logits_to_keep=mb.response_len + 1)
+        autocast = self.torch.autocast(device_type=d.type, dtype=self.autocast) \
+            if self.autocast is not None else contextlib.nullcontext()
+        with autocast:
+            # Only the positions that predict response tokens: [B, R+1, V], not [B, T, V].
+            out = module(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT,
+                         position_ids=mb.position_ids_BT, use_cache=False,
+                         logits_to_keep=mb.response_len + 1)
+        # The log-softmax in fp32: bf16 log-probs would put ~1e-2 noise on the PPO ratio.
         return response_logprobs(out.logits.float(), mb, self.algo.temperature)
 
     def step(self, shard: TrainBatch, global_tokens: int, global_seqs: int,
@@ -179,7 +227,8 @@ class TrainerWorkerBody:
         torch = self.torch
         t0 = time.perf_counter()
         budget = self.engine_config.micro_batch_tokens
-        micro = shard.micro_batches(budget) if shard.input_ids_BT.shape[0] else []
+        micro = shard.micro_batches(budget, by_length=True) \
+            if shard.input_ids_BT.shape[0] else []
         if not micro:
             raise ConfigError(f"rank {self.rank}: empty shard; a step needs at least "
                               f"{self.world_size} rows")
@@ -217,7 +266,9 @@ class TrainerWorkerBody:
         out.update(grad_norm=grad_norm, tokens=float(shard.num_tokens()),
                    rows=float(shard.input_ids_BT.shape[0]), micro_batches=float(len(micro)),
                    fwd_bwd_s=t_optim - t0, optim_s=time.perf_counter() - t_optim,
-                   step_s=time.perf_counter() - t0)
+                   step_s=time.perf_counter() - t0,
+                   padded_tokens=float(sum(m.input_ids_BT.numel() for m in micro)),
+                   bf16=float(self.autocast is not None))
         return out
 
     # -- weights and checkpoints ---------------------------------------------------------------
@@ -295,6 +346,8 @@ def start_workers(model_path: str, engine: EngineConfig, algo: AlgoConfig) -> li
     resources: dict[str, float] = {"num_cpus": engine.num_cpus_per_worker}
     if engine.num_gpus_per_worker:
         resources["num_gpus"] = engine.num_gpus_per_worker
+    if engine.memory_gib:
+        resources["memory"] = int(engine.memory_gib * 2**30)
     threads = engine.threads_per_worker or max(1, int(engine.num_cpus_per_worker))
     env = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
     workers = [TrainerWorker.options(**resources, runtime_env=env).remote(

@@ -18,12 +18,13 @@ Per step ``v -> v+1``:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ContextManager
 
 import ray
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -32,7 +33,7 @@ from consolerl.errors import ConfigError, ConsoleRLError
 from rollout_service.experience import ExperienceStream, StreamConfig
 from consolerl.experience import Group
 
-from .algo import build_batch
+from .algo import TrainBatch, build_batch
 from .checkpoint import CheckpointManager
 from .config import TrainerConfig
 from .stream import Delivery, ExperienceConsumer
@@ -83,10 +84,18 @@ class TrainerMetrics:
                                           900))
         for phase in PHASES:
             self.phase_s.labels(phase)
-        self.kl = Gauge("consolerl_trainer_kl", "Approximate KL between the sampling and the "
-                        "trained policy on the last step's tokens (ppo_kl).", registry=r)
+        self.kl = Gauge("consolerl_trainer_kl", "Approximate KL between the sampler's policy "
+                        "and the trainer's before the step, on the last step's tokens "
+                        "(rollout_kl: mean of rollout minus recomputed log-probs; staleness "
+                        "and numerics).", registry=r)
         self.clip_fraction = Gauge("consolerl_trainer_clip_fraction", "Share of the last "
-                                   "step's tokens whose ratio was clipped.", registry=r)
+                                   "step's tokens whose PPO ratio was clipped. With one update "
+                                   "per step the ratio is exactly 1, so this reads 0 by "
+                                   "construction: the step's size is set by the learning rate "
+                                   "and gradient clipping, not by PPO's clip.", registry=r)
+        self.rows_skipped = Counter("consolerl_trainer_rows_skipped_total", "Rows (turns) "
+                                    "whose advantage was 0, left out of the forward and "
+                                    "backward (skip_zero_advantage).", registry=r)
         self.grad_norm = Gauge("consolerl_trainer_grad_norm", "Gradient norm of the last step "
                                "(before clipping).", registry=r)
         self.last_step = Gauge("consolerl_trainer_last_step_timestamp_seconds", "Unix time of "
@@ -124,6 +133,9 @@ class GRPOTrainer:
         # Called between reads while the trainer waits for experience (the job brings
         # restarted policy replicas up to the current weights there).
         self.while_waiting: Callable[[], None] | None = None
+        # Entered around each forward/backward (the job pauses generation there when the
+        # policy shares the trainer's cores).
+        self.around_step: Callable[[], ContextManager[Any]] | None = None
 
     # -- start / resume ----------------------------------------------------------------------
 
@@ -183,25 +195,34 @@ class GRPOTrainer:
 
     def train_step(self, groups: Sequence[Group]) -> dict[str, Any]:
         batch = build_batch(list(groups), self.pad_token_id, self.config.algo)
-        shards = batch.split(len(self.workers))
         tokens, seqs = int(batch.num_tokens()), int(batch.num_seqs())
+        trained = self._rows_to_train(batch)
         t0 = time.perf_counter()
-        per_rank = ray.get([w.step.remote(s, tokens, seqs)
-                            for w, s in zip(self.workers, shards)])
+        per_rank: list[dict[str, float]] = []
+        if trained is not None:
+            # The denominators stay the whole batch's: the rows left out add 0 to the loss, so
+            # the gradient is exactly that of the whole batch.
+            around = self.around_step() if self.around_step is not None \
+                else contextlib.nullcontext()
+            with around:
+                per_rank = ray.get([w.step.remote(s, tokens, seqs) for w, s in
+                                    zip(self.workers, trained.split(len(self.workers)))])
         step_s = time.perf_counter() - t0
         rewards = [s.reward for g in groups for s in g.samples]
         out: dict[str, Any] = {
             "step": self.step + 1, "step_s": round(step_s, 3), "groups": len(groups),
             "samples": len(rewards), "rows": int(batch.input_ids_BT.shape[0]),
+            "rows_trained": trained.num_rows if trained is not None else 0,
             "tokens": tokens, "reward_mean": sum(rewards) / len(rewards),
             "success_rate": sum(r >= 1.0 for r in rewards) / len(rewards),
-            "loss": sum(m["loss"] for m in per_rank) / len(per_rank),
-            "grad_norm": per_rank[0]["grad_norm"],
+            "loss": sum(m["loss"] for m in per_rank) / len(per_rank) if per_rank else 0.0,
+            "grad_norm": per_rank[0]["grad_norm"] if per_rank else 0.0,
         }
         for key in ("pg_loss", "kl"):                  # shares: mean over ranks
-            if all(key in m for m in per_rank):
+            if per_rank and all(key in m for m in per_rank):
                 out[key] = sum(m[key] for m in per_rank) / len(per_rank)
-        for key in ("pg_clipfrac", "ppo_kl", "is_weight_mean", "is_capped_frac"):
+        for key in ("pg_clipfrac", "ppo_kl", "rollout_kl", "is_weight_mean",
+                    "is_capped_frac"):
             values = [m[key] * m["tokens"] for m in per_rank if key in m]
             if values:
                 out[key] = sum(values) / max(1.0, sum(m["tokens"] for m in per_rank))
@@ -218,13 +239,30 @@ class GRPOTrainer:
         self.metrics.loss.set(out["loss"])
         self.metrics.tokens.inc(tokens)
         self.metrics.grad_norm.set(out["grad_norm"])
-        self.metrics.kl.set(out.get("ppo_kl", 0.0))
+        self.metrics.kl.set(out.get("rollout_kl", 0.0))
+        self.metrics.rows_skipped.inc(out["rows"] - out["rows_trained"])
         self.metrics.clip_fraction.set(out.get("pg_clipfrac", 0.0))
         self.metrics.last_step.set(time.time())
         for phase, key in (("forward_backward", "fwd_bwd_s"), ("optimizer", "optim_s")):
-            if all(key in m for m in per_rank):
+            if per_rank and all(key in m for m in per_rank):
                 self.metrics.phase_s.labels(phase).observe(max(m[key] for m in per_rank))
         return out
+
+    def _rows_to_train(self, batch: TrainBatch) -> TrainBatch | None:
+        """The rows the workers run: with ``skip_zero_advantage`` (and no KL term, which every
+        row feeds) only rows with a non-zero advantage, topped up to one row per worker; None
+        when no row has one (no forward, no backward, no optimizer step: the weights stay)."""
+        if not self.config.skip_zero_advantage or self.config.algo.kl_coef > 0:
+            return batch
+        rows = batch.signal_rows()
+        if not rows:
+            return None
+        if len(rows) == batch.num_rows:
+            return batch
+        if len(rows) < len(self.workers):
+            rows += [i for i in range(batch.num_rows) if i not in rows][:len(self.workers)
+                                                                        - len(rows)]
+        return batch.rows(sorted(rows))
 
     def publish(self, version: int) -> float:
         """Weights of rank 0 to every PolicyServer as ``version``; then the trainer version

@@ -12,7 +12,7 @@ import torch
 from consolerl.errors import ConfigError
 from consolerl.experience import Turn
 from consolerl.experience import Group, Sample
-from trainer.algo import (AlgoConfig, TrainBatch, build_batch, compute_loss,
+from trainer.algo import (LOSS_AGG_MODES, AlgoConfig, TrainBatch, build_batch, compute_loss,
                           response_entropy, response_logprobs, supported_adv_estimators,
                           trajectory_advantages)
 
@@ -411,3 +411,73 @@ def test_micro_batches_cover_every_row_once_within_budget(max_tokens):
         assert len(micro) == 1
     with pytest.raises(ConfigError, match="max_tokens"):
         full.micro_batches(0)
+
+
+@pytest.mark.parametrize("max_tokens", [9, 20, 40])
+def test_micro_batches_by_length_cover_every_row_once_with_less_padding(max_tokens):
+    full = ragged_batch()
+    micro = full.micro_batches(max_tokens, by_length=True)
+    assert sorted(r for m in micro for r in real_rows(m)) == sorted(real_rows(full))
+    assert sum(m.num_tokens() for m in micro) == full.num_tokens()
+    for m in micro:
+        assert m.num_rows == 1 or m.num_rows * m.input_ids_BT.shape[1] <= max_tokens
+    lengths = [int(m.attention_mask_BT.sum(dim=-1).max()) for m in micro]
+    assert lengths == sorted(lengths, reverse=True)        # longest rows first
+
+
+def test_micro_batches_by_length_pad_less_when_lengths_alternate():
+    def t(p):
+        return turn(list(range(1, p + 1)), [3], [-1.0], [1])
+
+    b = build_batch([group("g", *[(f"s{i}", float(i % 2), [t(30 if i % 2 else 2)])
+                                  for i in range(6)])], 0, CFG)
+
+    def padded(micro):
+        return sum(m.input_ids_BT.numel() for m in micro)
+    assert padded(b.micro_batches(64)) == 3 * 2 * 31               # (short, long) x 3
+    # (long, long), (long, short), (short, short): 2 x 31 + 2 x 31 + 2 x 3
+    assert padded(b.micro_batches(64, by_length=True)) == 130
+
+
+def test_signal_rows_are_the_rows_with_a_nonzero_advantage():
+    # g1 rewards 1, 0, 0.5 (all advantages non-zero); g2 all 1.0: advantage 0 everywhere.
+    def t(p, r):
+        return turn(list(range(1, p + 1)), list(range(1, r + 1)), [-1.0] * r, [1] * r)
+
+    g1 = group("g1", ("a", 1.0, [t(3, 2), t(6, 1)]), ("b", 0.0, [t(2, 4)]))
+    g2 = group("g2", ("d", 1.0, [t(1, 5)]), ("e", 1.0, [t(4, 2), t(7, 3)]))
+    b = build_batch([g1, g2], 0, CFG)
+    assert b.signal_rows() == [0, 1, 2]
+    uniform = build_batch([g2], 0, CFG)
+    assert uniform.signal_rows() == []
+
+
+def test_rows_without_signal_left_out_give_the_same_loss_and_gradient():
+    """What skip_zero_advantage relies on: the batch's denominators with only the signal
+    rows give exactly the whole batch's loss and gradient."""
+    torch.manual_seed(0)
+    w = torch.randn(V, V, requires_grad=True)
+    e = (0.3 * torch.randn(16, V)).requires_grad_()
+    model = Bigram(w, e)
+
+    def t(p, r):
+        ids = torch.randint(1, V, (p + r,)).tolist()
+        return turn(ids[:p], ids[p:], (-torch.rand(r) * 4).tolist(), [1] * r)
+
+    g1 = group("g1", ("a", 1.0, [t(3, 2), t(6, 1)]), ("b", 0.0, [t(2, 4)]))
+    g2 = group("g2", ("d", 1.0, [t(1, 5)]), ("e", 1.0, [t(4, 2), t(7, 3)]))
+    full = build_batch([g1, g2], 0, CFG)
+    tokens, seqs = full.num_tokens(), full.num_seqs()
+    for mode in LOSS_AGG_MODES:
+        cfg = AlgoConfig(loss_agg_mode=mode)
+
+        def loss(b):
+            lp = model.logprobs(b, 1.0)
+            return compute_loss(lp, lp.detach(), b, cfg, batch_num_tokens=tokens,
+                                batch_num_seqs=seqs)[0]
+
+        whole = loss(full)
+        part = loss(full.rows(full.signal_rows()))
+        assert part.item() == pytest.approx(whole.item(), abs=1e-6)
+        for a, b in zip(torch.autograd.grad(whole, [w, e]), torch.autograd.grad(part, [w, e])):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

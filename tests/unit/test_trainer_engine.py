@@ -78,3 +78,40 @@ def test_lora_trains_adapters_and_publishes_merged_weights_in_base_names(tiny):
     engine.update_weights(1, merged)
     new = engine.generate(prompt, SamplingParams(4, 0.0))
     assert new.version == 1 and new.logprobs != old.logprobs
+
+
+def _grad_norm_of_one_step(tiny, **engine):
+    worker = TrainerWorkerBody(0, 1, tiny, EngineConfig(micro_batch_tokens=64,
+                                                        optim=OptimConfig(lr=1e-3), **engine),
+                               AlgoConfig())
+    worker.init_distributed("")
+    batch = _batch()
+    return worker.step(batch, int(batch.num_tokens()), int(batch.num_seqs())), worker
+
+
+def test_bf16_autocast_and_gradient_checkpointing_give_the_fp32_gradient(tiny):
+    fp32, _ = _grad_norm_of_one_step(tiny, autocast="off")
+    bf16, worker = _grad_norm_of_one_step(tiny, autocast="bfloat16")
+    ckpt, _ = _grad_norm_of_one_step(tiny, autocast="off", gradient_checkpointing=True)
+    assert fp32["bf16"] == 0.0 and bf16["bf16"] == 1.0
+    assert worker.autocast == torch.bfloat16
+    # master weights stay fp32 under autocast
+    assert all(p.dtype == torch.float32 for p in worker.model.parameters())
+    assert bf16["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=0.05)
+    assert ckpt["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=1e-4)
+    assert bf16["padded_tokens"] >= bf16["tokens"]
+
+
+def test_autocast_auto_follows_the_cpu(monkeypatch):
+    from trainer import engine as eng
+    monkeypatch.setattr(eng, "native_bf16", lambda device: True)
+    assert eng.autocast_dtype(EngineConfig(), "cpu") == torch.bfloat16
+    assert eng.autocast_dtype(EngineConfig(autocast="off"), "cpu") is None
+    assert eng.autocast_dtype(EngineConfig(dtype="bfloat16"), "cpu") is None  # bf16 weights
+    monkeypatch.setattr(eng, "native_bf16", lambda device: False)
+    assert eng.autocast_dtype(EngineConfig(), "cpu") is None
+    assert eng.autocast_dtype(EngineConfig(autocast="bfloat16"), "cpu") == torch.bfloat16
+    with pytest.raises(Exception, match="EngineConfig.autocast"):
+        EngineConfig(autocast="fp8")
+    with pytest.raises(Exception, match="EngineConfig.memory_gib"):
+        EngineConfig(memory_gib=-1)
