@@ -440,6 +440,7 @@ def parse_args(argv: Sequence[str] | None = None) -> ExportConfig:
     parser.add_argument("--history-turns", type=int, default=None)
     parser.add_argument("--max-prompt-tokens", type=int, default=None)
     parser.add_argument("--max-observation-chars", type=int, default=None)
+    parser.add_argument("--system-prompt", default=None, choices=("full", "compact"))
     parser.add_argument("--model", default="default",
                         help="model folder whose tokenizer the policy uses (default: SmolLM2)")
     parser.add_argument("--suite", default=str(TASKS_DIR))
@@ -454,7 +455,8 @@ def parse_args(argv: Sequence[str] | None = None) -> ExportConfig:
     try:
         agent = agent_settings(args.config, {
             "history_turns": args.history_turns, "max_prompt_tokens": args.max_prompt_tokens,
-            "max_observation_chars": args.max_observation_chars})
+            "max_observation_chars": args.max_observation_chars,
+            "system_prompt": args.system_prompt})
         return ExportConfig(out=args.out, split=args.split, tasks=args.tasks,
                             episodes_per_task=args.episodes_per_task, workers=args.workers,
                             agent=agent, model=args.model, suite=args.suite,

@@ -144,6 +144,7 @@ def run(config: JobConfig) -> dict[str, Any]:
         services.stop()
         summary["wall_s"] = round(time.monotonic() - t_start, 1)
         summary["peak_memory_gib"] = memory.stop()
+        summary["peak_memory_by_process_gib"] = memory.breakdown_gib()
         _write_summary(run_dir, summary)
     return summary
 

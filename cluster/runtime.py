@@ -164,28 +164,61 @@ def ray_init(run: RunSection) -> None:
 class PeakMemory:
     """Peak memory of this process and everything it started (an embedded Ray cluster's
     actors, vLLM, Chromium, Redis, the local cloud), sampled every 2 s as the sum of
-    proportional set sizes (PSS: shared pages such as the object store counted once)."""
+    proportional set sizes (PSS: shared pages such as the object store counted once).
+    :attr:`breakdown` is the sample at the peak, summed by kind of process (see
+    :func:`process_kind`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval_s: float = 2.0) -> None:
         self.peak = 0
+        self.breakdown: dict[str, int] = {}
+        self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="peak-memory")
         self._thread.start()
 
     def _run(self) -> None:
         me = psutil.Process()
-        while not self._stop.wait(2.0):
-            total = 0
+        while not self._stop.wait(self.interval_s):
+            total, kinds = 0, {}
             for p in [me, *me.children(recursive=True)]:
                 try:
-                    total += p.memory_full_info().pss
+                    pss = p.memory_full_info().pss
+                    kind = process_kind(p.cmdline(), p is me)
                 except (psutil.Error, AttributeError):
-                    pass
-            self.peak = max(self.peak, total)
+                    continue
+                total += pss
+                kinds[kind] = kinds.get(kind, 0) + pss
+            if total > self.peak:
+                self.peak, self.breakdown = total, kinds
 
     def stop(self) -> float:
         self._stop.set()
         return round(self.peak / 2**30, 2)
+
+    def breakdown_gib(self) -> dict[str, float]:
+        """The peak's processes by kind, GiB, largest first."""
+        return {k: round(v / 2**30, 2) for k, v in sorted(self.breakdown.items(),
+                                                          key=lambda kv: -kv[1])}
+
+
+def process_kind(cmdline: list[str], is_driver: bool = False) -> str:
+    """What a process of the job is: ``ray::<Actor>`` for Ray actors (``ray::IDLE`` workers
+    count as ``ray workers``), ``chromium``, ``vllm``, ``redis``, ``local cloud``, ``ray``
+    (the GCS, raylet, dashboard and agents), ``driver``, else the program's name."""
+    if is_driver:
+        return "driver"
+    text = " ".join(cmdline)
+    first = cmdline[0] if cmdline else ""
+    if first.startswith("ray::"):
+        name = first.split()[0].removeprefix("ray::").split(".")[0]
+        return "ray workers" if name in ("IDLE", "") else f"ray::{name}"
+    for needle, kind in (("chrom", "chromium"), ("vllm", "vllm"), ("redis-server", "redis"),
+                         ("console_sim", "local cloud"), ("gcs_server", "ray"),
+                         ("raylet", "ray"), ("dashboard", "ray"), ("ray/_private", "ray"),
+                         ("runtime_env", "ray"), ("log_monitor", "ray"), ("monitor.py", "ray")):
+        if needle in text:
+            return kind
+    return os.path.basename(first) or "other"
 
 
 def raise_interrupt(signum: int, frame: Any) -> None:

@@ -45,12 +45,23 @@ SYSTEM_PROMPT = (
     "cannot be done in this console as documented, report it infeasible with the reason.\n\n"
     + ACTION_HELP)
 
+# The same job and grammar in about a third of the tokens (~100 against ~315 with SmolLM2's
+# tokenizer): on a CPU the prompt is ~99% of a training step's tokens.
+COMPACT_SYSTEM_PROMPT = (
+    "You operate a cloud console in a browser to carry out a documented procedure. Page "
+    "elements have ids in brackets, e.g. [12]. Reply with one action:\n"
+    'click(bid) | fill(bid, "text") | select(bid, "option") | press("Enter") | '
+    'scroll("down") | goto("https://host/path") | go_back() | stop("answer") when done | '
+    'report_infeasible("reason") when the procedure cannot be done as documented')
+SYSTEM_PROMPTS = {"full": SYSTEM_PROMPT, "compact": COMPACT_SYSTEM_PROMPT}
+
 
 @dataclass(frozen=True)
 class AgentConfig:
     """``history_turns``: previous actions shown (K); ``max_steps``: actions per episode;
     ``max_prompt_tokens`` / ``max_new_tokens``: per turn; ``max_episode_tokens``: prompt and
-    sampled tokens of the whole episode; sampling: ``temperature``, ``top_p``."""
+    sampled tokens of the whole episode; sampling: ``temperature``, ``top_p``;
+    ``system_prompt``: ``full`` (the grammar with a line per action) or ``compact``."""
 
     max_steps: int = 20
     history_turns: int = 4
@@ -61,8 +72,12 @@ class AgentConfig:
     max_episode_tokens: int = 65_536
     temperature: float = 1.0
     top_p: float = 1.0
+    system_prompt: str = "full"
 
     def __post_init__(self) -> None:
+        if self.system_prompt not in SYSTEM_PROMPTS:
+            raise ConfigError(f"AgentConfig.system_prompt: must be one of "
+                              f"{', '.join(SYSTEM_PROMPTS)}, got {self.system_prompt!r}")
         for name, low in (("max_steps", 1), ("history_turns", 0), ("max_observation_chars", 100),
                           ("min_observation_chars", 50), ("max_prompt_tokens", 64),
                           ("max_new_tokens", 1), ("max_episode_tokens", 128)):
@@ -142,7 +157,8 @@ def _cut(text: str, limit: int) -> str:
 
 
 def build_messages(title: str, procedure: str, history: Sequence[_Step],
-                   observation: Observation, observation_chars: int) -> list[dict[str, str]]:
+                   observation: Observation, observation_chars: int,
+                   system: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
     lines = [f"TASK: {title}", "", "PROCEDURE:", procedure.strip(), ""]
     if history:
         lines.append("YOUR LAST ACTIONS (oldest first):")
@@ -153,7 +169,7 @@ def build_messages(title: str, procedure: str, history: Sequence[_Step],
         lines += [f"LAST ACTION ERROR: {observation.last_action_error}", ""]
     lines += [f"CURRENT PAGE: {observation.url}", f"TITLE: {observation.title}",
               _cut(observation.text, observation_chars), "", "Your next action:"]
-    return [{"role": "system", "content": SYSTEM_PROMPT},
+    return [{"role": "system", "content": system},
             {"role": "user", "content": "\n".join(lines)}]
 
 
@@ -174,7 +190,8 @@ class AgentLoop:
         chars = self.config.max_observation_chars
         while True:
             ids = list(self.tokenizer.apply_chat_template(
-                build_messages(title, procedure, history, observation, chars),
+                build_messages(title, procedure, history, observation, chars,
+                               SYSTEM_PROMPTS[self.config.system_prompt]),
                 tokenize=True, add_generation_prompt=True))
             if len(ids) <= self.config.max_prompt_tokens:
                 return ids

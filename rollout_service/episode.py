@@ -183,21 +183,60 @@ class _WorkerFailed(ConsoleRLError, RuntimeError):
         return (type(self), (self.error,))
 
 
-async def _env_call(method: Any, *args: Any) -> Any:
-    """An env worker call; an exception (rather than an :class:`EnvError` value) means the
-    worker broke and becomes :class:`_WorkerFailed`."""
+# How long an env worker call may take before the worker counts as broken. Generous against
+# the worker's own limits (Playwright's action, navigation and snapshot timeouts bound a step at
+# well under a minute; a reset launches a browser and signs in): a call past them is a worker
+# that hangs (a browser that died mid-call), and the episode ends as an env error instead of
+# holding the run up.
+CALL_TIMEOUT_S = {"step": 120.0, "reset": 240.0}
+DEFAULT_CALL_TIMEOUT_S = 60.0
+
+
+def _call_timeout(method: Any, extra_s: float | None = 0.0) -> float | None:
+    name = getattr(method, "_method_name", "") or getattr(method, "__name__", "")
+    if extra_s is None:
+        return None
+    return CALL_TIMEOUT_S.get(name, DEFAULT_CALL_TIMEOUT_S) + extra_s
+
+
+async def _bounded(method: Any, args: tuple[Any, ...], timeout: float | None) -> Any:
+    """``method(*args)``; :class:`_NoAnswer` when it has not answered within ``timeout``."""
+    task = asyncio.ensure_future(call(method, *args))
     try:
-        return await call(method, *args)
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        raise _NoAnswer(timeout)
+    return task.result()
+
+
+class _NoAnswer(Exception):
+    """An env worker call that did not answer within its bound."""
+
+
+async def _env_call(method: Any, *args: Any, wait_s: float | None = 0.0) -> Any:
+    """An env worker call; an exception (rather than an :class:`EnvError` value) or no answer
+    within its bound (:data:`CALL_TIMEOUT_S`, plus ``wait_s`` the call itself may wait; None:
+    unbounded) means the worker broke and becomes :class:`_WorkerFailed`."""
+    name = getattr(method, "_method_name", "") or getattr(method, "__name__", "call")
+    timeout = _call_timeout(method, wait_s)
+    try:
+        return await _bounded(method, args, timeout)
+    except _NoAnswer:
+        raise _WorkerFailed(EnvError("worker_failed", f"env worker {name} did not answer "
+                                     f"within {timeout:g} s")) from None
     except Exception as exc:  # noqa: BLE001 - any failure of the worker is an env error
-        name = getattr(method, "_method_name", "") or getattr(method, "__name__", "call")
         raise _WorkerFailed(EnvError("worker_failed", f"env worker {name} failed: "
                                      f"{type(exc).__name__}: {str(exc)[:200]}")) from None
 
 
 async def _quiet(method: Any, *args: Any) -> Any:
-    """A clean-up call to an env worker that may be gone: None when it fails."""
+    """A clean-up call to an env worker that may be gone (or hang): None when it fails."""
     try:
-        return await call(method, *args)
+        return await _bounded(method, args, _call_timeout(method))
     except Exception as exc:  # noqa: BLE001 - clean-up goes on
         log.warning("env worker clean-up call failed: %s: %s", type(exc).__name__,
                     str(exc)[:200])
@@ -301,7 +340,8 @@ class EpisodeRunner:
         when the account leased had none, e.g. those are still leased by the dead holder
         until its lease expires)."""
         try:
-            start = await _env_call(env.acquire, acquire_timeout_s)
+            start = await _env_call(env.acquire, acquire_timeout_s,
+                                    wait_s=acquire_timeout_s)
         except _WorkerFailed:
             return 0
         if start.env_error is not None:
@@ -379,7 +419,8 @@ class EpisodeRunner:
         env worker's step limit for the episode; ``observer``: sees every step (see
         :data:`Observer`)."""
         try:
-            start = await _env_call(env.acquire, self.acquire_timeout_s)
+            start = await _env_call(env.acquire, self.acquire_timeout_s,
+                                    wait_s=self.acquire_timeout_s)
         except _WorkerFailed as exc:
             return EpisodeOutcome(task.id, task.expected, secrets.token_hex(4),
                                   env_error=exc.error)

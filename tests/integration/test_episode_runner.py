@@ -3,6 +3,7 @@ typed outcome (lease, provision, act, score, destroy, release), and a lease lost
 episode marked as an env error with everything still destroyed and released."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 
@@ -20,6 +21,7 @@ from infra.provisioning.sdk import EPISODE_TAG
 from reward_service.actiontrail import TrailClient
 from reward_service.verifier import from_console
 from reward_service.service import RewardService
+from rollout_service import episode as episode_module
 from rollout_service.episode import EpisodeRunner, StepFn, scripted_policy
 from rollout_service.oracle import run_oracle
 from tests.conftest import _server, run_async
@@ -118,6 +120,39 @@ def test_an_env_worker_that_breaks_mid_episode_is_an_env_error(runner_cloud, acc
     leased = runner.accounts[outcome.account_id]
     assert runner.provisioner(leased).leftovers(outcome.episode_id) == []
     assert not list(redis_server.client().scan_iter("test:runner:broken:lease:*"))
+
+
+class _Hangs(_Breaks):
+    """An env worker whose ``step`` never answers (a browser that died mid-call)."""
+
+    async def step(self, text: str):
+        await asyncio.sleep(3600)
+
+
+def test_an_env_worker_that_hangs_mid_episode_is_an_env_error(runner_cloud, accounts,
+                                                             redis_server, monkeypatch):
+    monkeypatch.setitem(episode_module.CALL_TIMEOUT_S, "step", 2.0)
+    runner = EpisodeRunner(accounts, runner_cloud.endpoint,
+                           RewardService([TASK], accounts, runner_cloud.endpoint).score)
+    pool = PoolConfig(redis_url=redis_server.url, key_prefix="test:runner:hangs")
+
+    async def go():
+        env = EnvWorkerBody(WorkerConfig(console_url=runner_cloud.url), pool, "runner-test")
+        try:
+            t0 = time.monotonic()
+            out = await runner.run(_Hangs(env), TASK, scripted_policy(run_oracle),
+                                   max_steps=40, trajectory_id="t-3", seed=3)
+            return out, time.monotonic() - t0
+        finally:
+            await env.drain()
+    outcome, seconds = run_async(go())
+    assert outcome.env_error is not None and outcome.env_error.kind == "worker_failed"
+    assert "step did not answer within 2 s" in outcome.env_error.message
+    assert seconds < 120
+    assert outcome.leaked == []                 # destroyed all the same
+    leased = runner.accounts[outcome.account_id]
+    assert runner.provisioner(leased).leftovers(outcome.episode_id) == []
+    assert not list(redis_server.client().scan_iter("test:runner:hangs:lease:*"))
 
 
 def test_a_policy_that_fails_mid_episode_is_an_env_error(runner_cloud, accounts, redis_server):
