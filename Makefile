@@ -11,7 +11,8 @@
 #   make observe     Prometheus on 127.0.0.1:19090 scraping a running job (CONFIG=configs/demo.yaml)
 #   make observability  regenerate the dashboards and the metrics inventory from the code
 #   make bench       every benchmark, python -m benchmarks.NAME --json, one JSON object each: cloud_api,
-#                    cloud_console, env_workers, reward, rollout, suite, reward_validate, api (~17 min)
+#                    cloud_console, env_workers, reward, rollout, suite, reward_validate, api,
+#                    train_step, learning (~45 min)
 #   make validate    the reward channels on the labelled validation set (174 episodes, ~15 min)
 #   make setup-vllm  vLLM on CPU in .venv-vllm (part of make setup)
 SHELL := /bin/bash
@@ -105,6 +106,8 @@ bench: $(PY)
 	$(PY) -m benchmarks.api --json
 	$(PY) -m benchmarks.suite --json
 	$(PY) -m benchmarks.reward_validate --json
+	$(PY) -m benchmarks.train_step --json
+	$(PY) -m benchmarks.learning --json
 
 # The two-stage run on this machine (SFT on oracle trajectories, then GRPO with 2 browser
 # workers and the vLLM CPU policy); the run folder is runs/demo (see configs/demo.yaml).

@@ -27,6 +27,7 @@ import errno
 import json
 import logging
 import multiprocessing
+import re
 import shutil
 import signal
 import sys
@@ -56,6 +57,9 @@ from trainer.grpo import GRPOTrainer, NoExperienceError
 from trainer.sft import SftConfig, train_sft
 
 log = logging.getLogger("cluster.job")
+# The last memory sample of every process of the job, by pid: (kind, PSS bytes), for the
+# message when one of them is killed for memory.
+LAST_PSS: dict[int, tuple[str, int]] = {}
 
 
 def run(config: JobConfig) -> dict[str, Any]:
@@ -70,7 +74,7 @@ def run(config: JobConfig) -> dict[str, Any]:
     if not config.run.resume:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     t_start = time.monotonic()
-    memory = PeakMemory()
+    memory = PeakMemory(last=LAST_PSS)
     services = LocalServices(config.cloud, config.stream.url, config.run.redis, run_dir)
     orchestrator = run_ref = beacon = None
     servers: list[Any] = []
@@ -412,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as exc:  # noqa: BLE001 - a component failed mid-run: say what, and how on
         log.error("the job failed", exc_info=True)
-        print(f"error: {describe_failure(exc)}. Everything was stopped; the latest checkpoint "
+        print(f"error: {describe_failure(exc, LAST_PSS)}. Everything was stopped; the latest "
+              "checkpoint "
               f"is in {config.run.dir} (--resume continues from it)", file=sys.stderr)
         return 1
     if "error" in summary:
@@ -423,8 +428,55 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def describe_failure(exc: BaseException) -> str:
+# What to change when Ray's memory monitor kills an actor of the job, by the actor's class.
+_MEMORY_SETTINGS = {
+    "TrainerWorker": "lower trainer.engine.micro_batch_tokens or set "
+                     "trainer.engine.gradient_checkpointing: true (or LoRA: "
+                     "trainer.engine.lora.rank), and reserve it with trainer.engine.memory_gib",
+    "PolicyServer": "lower policy.kv_cache_gib or policy.max_model_len",
+    "EnvWorker": "run fewer browsers per node (env.workers)",
+    "RolloutBody": "lower orchestrator.group_size or orchestrator.groups_per_step",
+}
+
+
+def describe_oom(exc: BaseException, last_pss: dict[int, tuple[str, int]] | None = None
+                 ) -> str | None:
+    """The line for an actor that Ray's memory monitor killed (None when ``exc`` is not
+    that): which actor, how much it used (from Ray's message, else from ``last_pss``, the
+    job's own last sample per pid), and which setting to change."""
+    text = str(exc)
+    if not (isinstance(exc, ray.exceptions.OutOfMemoryError) or any(
+            s in text for s in ("low on memory", "memory usage threshold",
+                                "killed due to memory pressure", "OutOfMemoryError"))):
+        return None
+    name = _first(text, r"class_name: (\w+)", r"name=(\w+)", r"task name=(\w+)") or "an actor"
+    pid = _first(text, r"pid[=:] ?(\d+)")
+    used = _first(text, r"memory used=([\d.]+) ?GB")
+    if used is None and pid and last_pss and int(pid) in last_pss:
+        used = f"{last_pss[int(pid)][1] / 2**30:.1f}"
+    node = re.search(r"was ([\d.]+) ?GB / ([\d.]+) ?GB", text)
+    setting = next((v for k, v in _MEMORY_SETTINGS.items() if name.startswith(k)),
+                   "give the node more memory or run fewer actors on it")
+    return (f"Ray's memory monitor killed {name}" + (f" (pid {pid})" if pid else "")
+            + (f" at {used} GB" if used else "")
+            + (f" with the node at {node.group(1)} of {node.group(2)} GB" if node else "")
+            + f": {setting}")
+
+
+def _first(text: str, *patterns: str) -> str | None:
+    for pattern in patterns:
+        m = re.search(pattern, text)
+        if m:
+            return m.group(1)
+    return None
+
+
+def describe_failure(exc: BaseException, last_pss: dict[int, tuple[str, int]] | None = None
+                     ) -> str:
     """One line on why the run stopped (the original error inside a Ray task error)."""
+    oom = describe_oom(exc, last_pss)
+    if oom is not None:
+        return oom
     cause = getattr(exc, "cause", None) or exc
     if isinstance(cause, OSError) and cause.errno == errno.ENOSPC or \
             "No space left on device" in str(cause):        # safetensors, torch.save say so

@@ -168,8 +168,11 @@ class PeakMemory:
     :attr:`breakdown` is the sample at the peak, summed by kind of process (see
     :func:`process_kind`)."""
 
-    def __init__(self, interval_s: float = 2.0) -> None:
+    def __init__(self, interval_s: float = 2.0,
+                 last: dict[int, tuple[str, int]] | None = None) -> None:
         self.peak = 0
+        # The latest sample by pid, (kind, PSS): kept in place in ``last`` when given.
+        self.last: dict[int, tuple[str, int]] = last if last is not None else {}
         self.breakdown: dict[str, int] = {}
         self.interval_s = interval_s
         self._stop = threading.Event()
@@ -188,6 +191,7 @@ class PeakMemory:
                     continue
                 total += pss
                 kinds[kind] = kinds.get(kind, 0) + pss
+                self.last[p.pid] = (kind, pss)
             if total > self.peak:
                 self.peak, self.breakdown = total, kinds
 

@@ -58,10 +58,16 @@ class OrchestratorConfig:
     task_filter: str = ""                 # regular expression over task ids ("": all)
     acquire_timeout_s: float = 300.0
     seed: int = 0
+    # Online filtering: a task whose last ``uniform_streak`` groups all had one outcome (all
+    # solved or all failed: nothing for GRPO to learn) sits out the next ``uniform_cooldown``
+    # groups opened, then is tried again (the policy has moved). 0 = off.
+    uniform_streak: int = 0
+    uniform_cooldown: int = 8
 
     def __post_init__(self) -> None:
         for name, low in (("group_size", 1), ("max_staleness", 0), ("groups_per_step", 1),
-                          ("max_env_retries", 0)):
+                          ("max_env_retries", 0), ("uniform_streak", 0),
+                          ("uniform_cooldown", 1)):
             check_int(f"OrchestratorConfig.{name}", getattr(self, name), low)
         if self.mode not in ("async", "sync"):
             raise ConfigError(f"OrchestratorConfig.mode: must be async or sync, "
@@ -102,6 +108,9 @@ class RolloutMetrics:
                               registry=registry)
         self.retries = Counter("consolerl_rollout_env_retries_total", "Episodes retried after "
                                "an env error.", registry=registry)
+        self.tasks_skipped = Counter("consolerl_rollout_tasks_skipped_total", "Groups not "
+                                     "opened on a task because its recent groups were uniform "
+                                     "(orchestrator.uniform_streak).", registry=registry)
         self.seconds = Histogram("consolerl_rollout_episode_seconds", "Wall time of an episode "
                                  "on its worker (lease to release).", registry=registry,
                                  buckets=(1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640))
@@ -158,6 +167,9 @@ class Orchestrator:
               registry=self.registry).set(config.max_staleness)
         self.groups_opened = 0
         self.groups_pushed = 0
+        self._next_task = 0
+        self._streak: dict[str, int] = {}          # consecutive uniform groups, by task
+        self._resting: dict[str, int] = {}         # task -> groups_opened when it may return
         self.groups_dropped = 0
         self.groups_abandoned = 0
         self.episodes: list[EpisodeOutcome] = []
@@ -190,16 +202,43 @@ class Orchestrator:
 
     # ---- groups ----------------------------------------------------------------------------------
     def _open_group(self) -> _Group:
-        task = self.tasks[self.groups_opened % len(self.tasks)]     # in turn
+        task = self._pick_task()
         self.groups_opened += 1
         n = self.config.group_size
         return _Group(f"g-{secrets.token_hex(6)}", task, n, [None] * n, list(range(n)))
+
+    def _pick_task(self) -> Task:
+        """The tasks in turn, passing over those resting after uniform groups (when every task
+        rests, the one due back first)."""
+        count = len(self.tasks)
+        for k in range(count):
+            task = self.tasks[(self._next_task + k) % count]
+            if self._resting.get(task.id, 0) <= self.groups_opened:
+                self.metrics.tasks_skipped.inc(k)
+                self._next_task = (self._next_task + k + 1) % count
+                return task
+        task = min(self.tasks, key=lambda t: self._resting.get(t.id, 0))
+        self._next_task = (self.tasks.index(task) + 1) % count
+        return task
+
+    def _note_outcome(self, task_id: str, rewards: list[float]) -> None:
+        if not self.config.uniform_streak or not rewards:
+            return
+        if len(set(rewards)) > 1:
+            self._streak[task_id] = 0
+            return
+        self._streak[task_id] = self._streak.get(task_id, 0) + 1
+        if self._streak[task_id] >= self.config.uniform_streak:
+            self._resting[task_id] = self.groups_opened + self.config.uniform_cooldown
+            self._streak[task_id] = 0
 
     def _finish(self, group: _Group) -> str:
         """Push or drop a complete group; returns the outcome."""
         results = [r for r in group.results if r is not None]
         rewards = [r.reward.reward for r in results if r.reward is not None]
         trainable = all(r.reward is not None and r.reward.trainable for r in results)
+        if not group.abandoned and trainable and len(rewards) == group.n:
+            self._note_outcome(group.task.id, rewards)
         if group.abandoned or not trainable or len(rewards) != group.n:
             outcome = "abandoned"
             self.groups_abandoned += 1

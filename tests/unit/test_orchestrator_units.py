@@ -152,3 +152,32 @@ def test_a_stop_before_the_run_starts_ends_that_run_and_only_that_one(mode):
     assert summary["episodes"] == 0 and calls[0] == 0 and stream.pushed == []
     summary = run_async(asyncio.wait_for(orch.run(max_groups=1), 10))
     assert summary["groups_pushed"] == 1 and calls[0] == 2
+
+
+def test_tasks_whose_groups_are_uniform_rest_then_return():
+    # ram-create-user-0 always all-fail (uniform); ram-grant-policy-0 mixed.
+    config = OrchestratorConfig(group_size=2, max_staleness=100, uniform_streak=2,
+                                uniform_cooldown=3, drop_uniform_groups=True)
+    orch, stream, _ = orchestrator(config, lambda n, i: 0.0, workers=1)
+
+    async def one(task_rewards):
+        g = orch._open_group()
+        for i in range(g.n):
+            r = task_rewards[g.task.id][i]
+            turn = Turn((1,), (2,), (-0.1,), (1,), 0, "x", "click(1)")
+            traj = Trajectory(f"{g.group_id}-{i}", g.task.id, (turn,), "stop", answer="done")
+            g.results[i] = EpisodeOutcome(g.task.id, g.task.expected, "e", traj, RewardResult(
+                r, True, "success" if r else "failure", "rule"))
+            g.pending.remove(i)
+        orch._finish(g)
+        return g.task.id
+
+    rewards = {"ram-create-user-0": [0.0, 0.0], "ram-grant-policy-0": [0.0, 1.0]}
+    opened = [run_async(one(rewards)) for _ in range(10)]
+    a, b = "ram-create-user-0", "ram-grant-policy-0"
+    # a, b, a (second uniform: rests 3 groups), b, b, b, then a is back
+    assert opened[:7] == [a, b, a, b, b, b, a], opened
+    assert orch.metrics.tasks_skipped._value.get() >= 2
+    off = OrchestratorConfig(group_size=2)
+    orch2, _, _ = orchestrator(off, lambda n, i: 0.0, workers=1)
+    assert [orch2._open_group().task.id for _ in range(4)] == [a, b, a, b]

@@ -1,0 +1,58 @@
+"""benchmarks.learning's parts on the tiny model: the shared-prefill sampler gives the same
+log-likelihoods and greedy replies as plain forwards, rewards compare parsed actions, and the
+paired bootstrap brackets the mean difference."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from benchmarks.learning import Sampler, bootstrap_ci, reward  # noqa: E402
+from rollout_service.models import HFChatTokenizer, cached_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from transformers import AutoModelForCausalLM
+    path = str(cached_tiny_model())
+    return AutoModelForCausalLM.from_pretrained(path), HFChatTokenizer(path)
+
+
+def test_shared_prefill_matches_plain_forwards(tiny):
+    model, tokenizer = tiny
+    torch.manual_seed(0)
+    prompts = [tuple(range(5, 5 + n)) for n in (7, 3, 11)]
+    targets = [(40, 41, 2), (50,), (60, 61)]
+    sampler = Sampler(model, tokenizer, eot=2, max_new_tokens=5)
+    replies, logliks = sampler.sample(prompts, 2, 1.0, seed=1, greedy=True, targets=targets)
+    for p, t, ll, per in zip(prompts, targets, logliks, replies):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([p + t])).logits[0].float()
+        lp = torch.log_softmax(logits, dim=-1)
+        expected = sum(float(lp[len(p) - 1 + j, tok]) for j, tok in enumerate(t))
+        assert ll == pytest.approx(expected, abs=1e-3)
+        assert len(per) == 3                              # two samples, then the greedy one
+        ids, lps = per[2]
+        seq = list(p)
+        for tok, l in zip(ids, lps):                      # greedy, step by step, no cache
+            with torch.no_grad():
+                row = model(input_ids=torch.tensor([seq])).logits[0, -1].float()
+            assert tok == int(row.argmax())
+            assert l == pytest.approx(float(torch.log_softmax(row, -1)[tok]), abs=1e-3)
+            seq.append(tok)
+
+
+def test_reward_compares_parsed_actions():
+    assert reward("I will click it.\nclick(12)", "click(12)") == 1.0
+    assert reward("fill(3, 'alice')", 'fill(3, "alice")') == 1.0
+    assert reward("click(13)", "click(12)") == 0.0
+    assert reward("not an action", "click(12)") == 0.0
+
+
+def test_paired_bootstrap_brackets_the_difference():
+    before = [0.0] * 50 + [1.0] * 50
+    after = [1.0] * 80 + [0.0] * 20
+    lo, hi = bootstrap_ci(before, after)
+    assert lo < 0.3 < hi and lo > 0
+    lo, hi = bootstrap_ci(before, before)
+    assert lo == hi == 0
