@@ -454,7 +454,7 @@ def describe_oom(exc: BaseException, last_pss: dict[int, tuple[str, int]] | None
     used = _first(text, r"memory used=([\d.]+) ?GB")
     if used is None and pid and last_pss and int(pid) in last_pss:
         used = f"{last_pss[int(pid)][1] / 2**30:.1f}"
-    node = re.search(r"was ([\d.]+) ?GB / ([\d.]+) ?GB", text)
+    node = re.search(r"was ([\d.]+) ?GB(?: used)? / ([\d.]+) ?GB", text)
     setting = next((v for k, v in _MEMORY_SETTINGS.items() if name.startswith(k)),
                    "give the node more memory or run fewer actors on it")
     return (f"Ray's memory monitor killed {name}" + (f" (pid {pid})" if pid else "")

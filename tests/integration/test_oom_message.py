@@ -58,4 +58,5 @@ def test_an_actor_killed_for_memory_is_named_with_the_setting_to_change(tmp_path
     line = next((x for x in proc.stdout.splitlines() if x.startswith("MESSAGE:")), "")
     assert line, out[-3000:]
     assert "memory monitor killed TrainerWorkerBody" in line, line
-    assert " GB" in line and "trainer.engine.micro_batch_tokens" in line, line
+    assert " GB" in line and "with the node at" in line, line
+    assert "trainer.engine.micro_batch_tokens" in line, line

@@ -55,3 +55,25 @@ def test_lease_marks_parse_back():
         ("1000000000000002", 1_795_509_012_881_123)
     assert parse_lease_agent("AlibabaCloud Python/3.11") is None
     assert parse_lease_agent("consolerl-lease/12/3") is None        # not an account id
+
+
+# Ray 2.60's memory-monitor message for an actor it killed (abridged; as recorded here).
+RAY_OOM = ("1 worker(s) were killed due to the node running low on memory. Memory on the node "
+           "(IP: 192.0.2.2, ID: 540e) was 3.21GB used / 23.54GB limit (0.136419)\nOOM kill "
+           "reason: Memory usage 3357401088B exceeded threshold of 3235394048B\nRay killed 1 "
+           "worker(s) based on the killing policy\nSelected to kill: (Actor(8fb2): job ID=01, "
+           "task name=PolicyServerBody.generate, required resources={}, pid=8639, actual "
+           "memory used=1.97GB, worker ID=dcbf)\n]")
+
+
+def test_an_actor_killed_for_memory_is_named_with_its_setting():
+    from cluster.job import describe_oom
+    text = describe_failure(RuntimeError(RAY_OOM))
+    assert text == ("Ray's memory monitor killed PolicyServerBody (pid 8639) at 1.97 GB with "
+                    "the node at 3.21 of 23.54 GB: lower policy.kv_cache_gib or "
+                    "policy.max_model_len")
+    # Without the figure in the message, the job's own last sample of that pid.
+    bare = "killed due to memory pressure (class_name: EnvWorkerBody, pid: 77)"
+    assert "at 0.5 GB" in describe_oom(RuntimeError(bare), {77: ("ray::EnvWorkerBody",
+                                                                  2**29)})
+    assert describe_oom(RuntimeError("something else")) is None
