@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import random
 import statistics
@@ -44,7 +45,7 @@ from typing import Any
 
 from consolerl.experience import Group, Sample, Turn
 from env_workers.actions import Action, ActionError, parse_action
-from rollout_service.models import HFChatTokenizer, resolve_model
+from rollout_service.models import HFChatTokenizer, cache_dir, resolve_model
 from trainer.algo import AlgoConfig, build_batch
 from trainer.engine import EngineConfig, OptimConfig, TrainerWorkerBody
 from trainer.sft import (
@@ -156,20 +157,26 @@ class Sampler:
             is_greedy = torch.tensor([greedy and (r % k == n) for r in range(rows)])
             tokens: list[list[int]] = [[] for _ in range(rows)]
             logps: list[list[float]] = [[] for _ in range(rows)]
-            done = torch.zeros(rows, dtype=torch.bool)
+            live = list(range(rows))             # rows still generating, in cache order
             for _ in range(self.max_new_tokens):
                 logp = torch.log_softmax(logits / temperature, dim=-1)
                 drawn = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
-                pick = torch.where(is_greedy, logits.argmax(-1), drawn)
-                for r in range(rows):
-                    if not done[r]:
-                        tokens[r].append(int(pick[r]))
-                        logps[r].append(float(logp[r, pick[r]]))
-                        if int(pick[r]) in self.stop:
-                            done[r] = True
-                if bool(done.all()):
+                pick = torch.where(is_greedy[live], logits.argmax(-1), drawn)
+                keep = []
+                for j, r in enumerate(live):
+                    tok = int(pick[j])
+                    tokens[r].append(tok)
+                    logps[r].append(float(logp[j, tok]))
+                    if tok not in self.stop:
+                        keep.append(j)
+                if not keep:
                     break
-                mask = torch.cat([mask, torch.ones((rows, 1), dtype=torch.long)], dim=-1)
+                if len(keep) < len(live):        # finished rows leave the cache
+                    index = torch.tensor(keep)
+                    cache.batch_select_indices(index)
+                    pick, mask, last = pick[index], mask[index], last[index]
+                    live = [live[j] for j in keep]
+                mask = torch.cat([mask, torch.ones((len(live), 1), dtype=torch.long)], dim=-1)
                 last = last + 1
                 out = self.model(input_ids=pick.unsqueeze(-1), attention_mask=mask,
                                  position_ids=last.unsqueeze(-1), past_key_values=cache,
@@ -199,8 +206,32 @@ def sft_warm_start(model: Any, states: list[State], pad: int, lr: float, batch: 
         (loss / tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        total, count = total + float(loss), count + tokens
+        total, count = total + float(loss.detach()), count + tokens
     return total / max(1, count)
+
+
+def warm_start(model: Any, states: list[State], pad: int, args: argparse.Namespace,
+               model_path: str) -> float:
+    """:func:`sft_warm_start`, or its weights from the cache when this data, model and SFT
+    setting ran before (``--no-cache``: always train)."""
+    import torch
+    key = hashlib.sha256(json.dumps([
+        hashlib.sha256(Path(args.data).read_bytes()).hexdigest(), model_path,
+        [s.prompt_ids + s.target_ids for s in states], args.sft_lr, args.sft_batch,
+        args.seed]).encode()).hexdigest()[:16]
+    path = cache_dir().parent / "learning-warm-start" / f"{key}.pt"
+    if not args.no_cache and path.exists():
+        saved = torch.load(path, weights_only=True)
+        model.load_state_dict(saved["model"])
+        _progress(f"SFT warm start from the cache ({path})")
+        return float(saved["loss"])
+    loss = sft_warm_start(model, states, pad, args.sft_lr, args.sft_batch)
+    if not args.no_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "loss": loss}, tmp)
+        tmp.replace(path)
+    return loss
 
 
 def evaluate(sampler: Sampler, states: list[State], samples: int, seed: int,
@@ -280,8 +311,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pad_id = tokenizer.tokenizer.pad_token_id
     pad = int(pad_id) if pad_id is not None else 0
     sampler = Sampler(worker.model, tokenizer, eot, args.max_new_tokens)
-    sft_loss = sft_warm_start(worker.model, sft, pad, args.sft_lr, args.sft_batch) if sft \
-        else None
+    sft_loss = warm_start(worker.model, sft, pad, args, model_path) if sft else None
     _progress(f"SFT warm start: loss {sft_loss} ({time.monotonic() - t0:.0f} s)")
     before = evaluate(sampler, heldout, args.eval_samples, args.seed + 1000, args.temperature)
     _progress(f"before: accuracy {statistics.fmean(before['accuracy']):.3f} "
@@ -355,20 +385,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", action="store_true", help="re-record the oracle states")
     parser.add_argument("--data", default=str(DATA))
     parser.add_argument("--model", default="", help="model folder (default: SmolLM2-135M)")
-    parser.add_argument("--sft-states", type=int, default=48)
+    parser.add_argument("--sft-states", type=int, default=32)
     parser.add_argument("--sft-lr", type=float, default=1e-4)
     parser.add_argument("--sft-batch", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--states-per-step", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--states-per-step", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--eval-states", type=int, default=0, help="0: every held-out state")
+    parser.add_argument("--eval-states", type=int, default=52, help="0: every held-out state")
     parser.add_argument("--eval-samples", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-cache", action="store_true",
+                        help="always run the SFT warm start (by default its weights are "
+                             "cached per data, model and setting)")
     args = parser.parse_args(argv)
     if args.record:
         out = record(Path(args.data))

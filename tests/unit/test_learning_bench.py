@@ -56,3 +56,26 @@ def test_paired_bootstrap_brackets_the_difference():
     assert lo < 0.3 < hi and lo > 0
     lo, hi = bootstrap_ci(before, before)
     assert lo == hi == 0
+
+
+def test_rows_that_finish_early_leave_the_cache_without_disturbing_the_others(tiny):
+    model, tokenizer = tiny
+    sampler = Sampler(model, tokenizer, eot=2, max_new_tokens=6)
+    vocab = model.config.vocab_size
+    sampler.stop = set(range(0, vocab, 3))           # rows end at different steps
+    prompts = [tuple(range(5, 5 + n)) for n in (4, 9, 6, 2)]
+    replies, _ = sampler.sample(prompts, 3, 1.0, seed=2, greedy=True)
+    lengths = [len(ids) for per in replies for ids, _ in per]
+    assert min(lengths) < max(lengths)                # some finished early
+    for p, per in zip(prompts, replies):
+        ids, lps = per[3]                             # the greedy reply, checked without cache
+        seq = list(p)
+        for k, (tok, l) in enumerate(zip(ids, lps)):
+            with torch.no_grad():
+                row = model(input_ids=torch.tensor([seq])).logits[0, -1].float()
+            assert tok == int(row.argmax())
+            assert l == pytest.approx(float(torch.log_softmax(row, -1)[tok]), abs=1e-3)
+            assert (tok in sampler.stop) == (k == len(ids) - 1) or len(ids) == 6
+            seq.append(tok)
+        for ids, lps in per[:3]:
+            assert len(ids) == len(lps) and all(x <= 0 for x in lps)
