@@ -213,7 +213,7 @@ async def _bounded(method: Any, args: tuple[Any, ...], timeout: float | None) ->
     return task.result()
 
 
-class _NoAnswer(Exception):
+class _NoAnswer(ConsoleRLError, TimeoutError):
     """An env worker call that did not answer within its bound."""
 
 

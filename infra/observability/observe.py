@@ -76,7 +76,19 @@ def render_config(config: ObserveConfig) -> dict[str, Any]:
     doc["global"]["scrape_interval"] = config.scrape_interval
     doc["global"]["scrape_timeout"] = config.scrape_interval
     doc["global"]["evaluation_interval"] = config.evaluation_interval
-    doc["rule_files"] = [str(RULES / Path(f).name) for f in doc["rule_files"]]
+    # The rules as committed, but each group evaluated at this Prometheus's interval: the
+    # committed groups' own intervals (30 s) are for a cluster's long runs; a local run of a
+    # minute would get one evaluation or none.
+    rules_dir = config.dir.resolve() / "rules"
+    rules_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    for f in doc["rule_files"]:
+        rules = yaml.safe_load((RULES / Path(f).name).read_text())
+        for group in rules.get("groups", []):
+            group["interval"] = config.evaluation_interval
+        (rules_dir / Path(f).name).write_text(yaml.safe_dump(rules, sort_keys=False))
+        files.append(str(rules_dir / Path(f).name))
+    doc["rule_files"] = files
     for job in doc["scrape_configs"]:
         name = job["job_name"]
         if name == "consolerl":

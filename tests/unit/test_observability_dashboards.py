@@ -156,6 +156,9 @@ def test_promtool_accepts_the_prometheus_config(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 2 rule files found" in result.stdout + result.stderr
+    # Its rule groups are evaluated at its own interval (a local run is minutes long).
+    for f in (tmp_path / "rules").glob("*.yml"):
+        assert {g["interval"] for g in yaml.safe_load(f.read_text())["groups"]} == {"15s"}
 
 
 def test_grafana_provisioning_points_at_the_dashboards():

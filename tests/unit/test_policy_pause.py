@@ -6,6 +6,7 @@ import asyncio
 
 from rollout_service.agent import Generation
 from rollout_service.policy import PolicyServerBody, SamplingParams
+from tests.conftest import run_async
 
 
 class CountingEngine:
@@ -36,7 +37,7 @@ def test_pause_holds_requests_until_resumed():
         paused_s = server.m_paused_s.labels("policy-0")._value.get()
         assert 0.3 <= paused_s < 5
         await server.resume()                      # resuming twice is harmless
-    asyncio.run(scenario())
+    run_async(scenario())
 
 
 def test_a_pause_lifts_itself_after_max_s():
@@ -53,4 +54,4 @@ def test_a_pause_lifts_itself_after_max_s():
         await asyncio.sleep(0.4)
         assert server.m_paused.labels("policy-0")._value.get() == 1
         await server.resume()
-    asyncio.run(scenario())
+    run_async(scenario())
