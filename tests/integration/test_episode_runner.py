@@ -100,20 +100,29 @@ class _Breaks:
         raise RuntimeError("The actor died unexpectedly before finishing this task.")
 
 
-def test_an_env_worker_that_breaks_mid_episode_is_an_env_error(runner_cloud, accounts,
-                                                              redis_server):
-    runner = EpisodeRunner(accounts, runner_cloud.endpoint,
-                           RewardService([TASK], accounts, runner_cloud.endpoint).score)
-    pool = PoolConfig(redis_url=redis_server.url, key_prefix="test:runner:broken")
+def run_wrapped(cloud, accounts, redis_url: str, prefix: str, wrapper):
+    """An oracle episode on a real env worker seen through ``wrapper`` (a broken worker);
+    returns the runner, the outcome and the episode's seconds."""
+    runner = EpisodeRunner(accounts, cloud.endpoint,
+                           RewardService([TASK], accounts, cloud.endpoint).score)
+    pool = PoolConfig(redis_url=redis_url, key_prefix=prefix)
 
     async def go():
-        env = EnvWorkerBody(WorkerConfig(console_url=runner_cloud.url), pool, "runner-test")
+        env = EnvWorkerBody(WorkerConfig(console_url=cloud.url), pool, "runner-test")
         try:
-            return await runner.run(_Breaks(env), TASK, scripted_policy(run_oracle),
-                                    max_steps=40, trajectory_id="t-2", seed=3)
+            t0 = time.monotonic()
+            out = await runner.run(wrapper(env), TASK, scripted_policy(run_oracle),
+                                   max_steps=40, trajectory_id="t-2", seed=3)
+            return out, time.monotonic() - t0
         finally:
             await env.drain()
-    outcome = run_async(go())
+    return (runner, *run_async(go()))
+
+
+def test_an_env_worker_that_breaks_mid_episode_is_an_env_error(runner_cloud, accounts,
+                                                              redis_server):
+    runner, outcome, _ = run_wrapped(runner_cloud, accounts, redis_server.url,
+                                     "test:runner:broken", _Breaks)
     assert outcome.env_error is not None and outcome.env_error.kind == "worker_failed"
     assert "actor died" in outcome.env_error.message and outcome.status == "env_error"
     assert outcome.leaked == []                 # destroyed all the same
@@ -132,20 +141,8 @@ class _Hangs(_Breaks):
 def test_an_env_worker_that_hangs_mid_episode_is_an_env_error(runner_cloud, accounts,
                                                              redis_server, monkeypatch):
     monkeypatch.setitem(episode_module.CALL_TIMEOUT_S, "step", 2.0)
-    runner = EpisodeRunner(accounts, runner_cloud.endpoint,
-                           RewardService([TASK], accounts, runner_cloud.endpoint).score)
-    pool = PoolConfig(redis_url=redis_server.url, key_prefix="test:runner:hangs")
-
-    async def go():
-        env = EnvWorkerBody(WorkerConfig(console_url=runner_cloud.url), pool, "runner-test")
-        try:
-            t0 = time.monotonic()
-            out = await runner.run(_Hangs(env), TASK, scripted_policy(run_oracle),
-                                   max_steps=40, trajectory_id="t-3", seed=3)
-            return out, time.monotonic() - t0
-        finally:
-            await env.drain()
-    outcome, seconds = run_async(go())
+    runner, outcome, seconds = run_wrapped(runner_cloud, accounts, redis_server.url,
+                                           "test:runner:hangs", _Hangs)
     assert outcome.env_error is not None and outcome.env_error.kind == "worker_failed"
     assert "step did not answer within 2 s" in outcome.env_error.message
     assert seconds < 120
