@@ -47,7 +47,9 @@ from consolerl.experience import Group, Sample, Turn
 from env_workers.actions import Action, ActionError, parse_action
 from rollout_service.models import HFChatTokenizer, cache_dir, resolve_model
 from trainer.algo import AlgoConfig, build_batch
+from trainer.config import TrainerConfig
 from trainer.engine import EngineConfig, OptimConfig, TrainerWorkerBody
+from trainer.grpo import rows_to_train
 from trainer.sft import (
     DataError,
     Example,
@@ -268,12 +270,13 @@ def grpo_step(worker: TrainerWorkerBody, sampler: Sampler, states: list[State], 
             samples.append(Sample(f"{step}-{k}-{j}", (turn,), r))
         groups.append(Group(f"{step}-{k}", s.task_id, tuple(samples)))
     batch = build_batch(groups, pad, AlgoConfig(temperature=temperature))
-    rows = batch.signal_rows()
+    trained = rows_to_train(batch, TrainerConfig(algo=AlgoConfig(temperature=temperature)))
     out: dict[str, Any] = {"step": step, "success": sum(rewards) / len(rewards),
-                           "rows": batch.num_rows, "rows_trained": len(rows)}
-    if rows:
+                           "rows": batch.num_rows,
+                           "rows_trained": trained.num_rows if trained is not None else 0}
+    if trained is not None:
         t0 = time.perf_counter()
-        m = worker.step(batch.rows(rows), int(batch.num_tokens()), int(batch.num_seqs()))
+        m = worker.step(trained, int(batch.num_tokens()), int(batch.num_seqs()))
         out.update(grad_norm=round(m["grad_norm"], 4), step_s=round(time.perf_counter() - t0, 2))
     return out
 

@@ -102,6 +102,23 @@ class TrainerMetrics:
                                "the last optimizer step (0 before the first).", registry=r)
 
 
+def rows_to_train(batch: TrainBatch, config: TrainerConfig, ranks: int = 1
+                  ) -> TrainBatch | None:
+    """The rows the workers run: with ``skip_zero_advantage`` (and no KL term, which every row
+    feeds) only rows with a non-zero advantage, topped up to one row per rank; None when no
+    row has one (no forward, no backward, no optimizer step: the weights stay)."""
+    if not config.skip_zero_advantage or config.algo.kl_coef > 0:
+        return batch
+    rows = batch.signal_rows()
+    if not rows:
+        return None
+    if len(rows) == batch.num_rows:
+        return batch
+    if len(rows) < ranks:
+        rows += [i for i in range(batch.num_rows) if i not in rows][:ranks - len(rows)]
+    return batch.rows(sorted(rows))
+
+
 class GRPOTrainer:
     """``workers``: trainer worker actors (rank 0 first); ``publish``: called with
     ``(version, state_ref)`` to load weights on every PolicyServer (None: no servers)."""
@@ -249,20 +266,7 @@ class GRPOTrainer:
         return out
 
     def _rows_to_train(self, batch: TrainBatch) -> TrainBatch | None:
-        """The rows the workers run: with ``skip_zero_advantage`` (and no KL term, which every
-        row feeds) only rows with a non-zero advantage, topped up to one row per worker; None
-        when no row has one (no forward, no backward, no optimizer step: the weights stay)."""
-        if not self.config.skip_zero_advantage or self.config.algo.kl_coef > 0:
-            return batch
-        rows = batch.signal_rows()
-        if not rows:
-            return None
-        if len(rows) == batch.num_rows:
-            return batch
-        if len(rows) < len(self.workers):
-            rows += [i for i in range(batch.num_rows) if i not in rows][:len(self.workers)
-                                                                        - len(rows)]
-        return batch.rows(sorted(rows))
+        return rows_to_train(batch, self.config, len(self.workers))
 
     def publish(self, version: int) -> float:
         """Weights of rank 0 to every PolicyServer as ``version``; then the trainer version
