@@ -247,15 +247,19 @@ class TrainBatch:
     def micro_batches(self, max_tokens: int, by_length: bool = False) -> list[TrainBatch]:
         """Row chunks whose padded size ``rows * T`` (after re-trimming) stays within
         ``max_tokens``; a row longer than that alone still makes a chunk of one. Rows in order,
-        or with ``by_length`` sorted by their real length first (longest first), so that rows of
-        like length share a chunk and little of it is padding."""
+        or with ``by_length`` sorted by their real prompt length first (longest first; then by
+        the prompt's tokens, then the response's length), so that rows of like length share a
+        chunk and little of it is padding, and rows with the same prompt (a group's samples)
+        sit together: a chunk then has a long common prefix for the engine to run once."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ConfigError(f"TrainBatch.micro_batches: max_tokens must be an integer >= 1, "
                               f"got {max_tokens!r}")
         prompt_lens, response_lens = (x.tolist() for x in self._lengths())
         order = list(range(self.num_rows))
         if by_length:
-            order.sort(key=lambda i: -(prompt_lens[i] + response_lens[i]))
+            p = self.prompt_len
+            prompts = [tuple(self.input_ids_BT[i, p - prompt_lens[i]:p].tolist()) for i in order]
+            order.sort(key=lambda i: (-prompt_lens[i], prompts[i], -response_lens[i]))
         chunks: list[list[int]] = []
         max_p = max_r = 0
         for i in order:

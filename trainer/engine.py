@@ -73,7 +73,15 @@ class EngineConfig:
     natively (a GPU with bf16, a CPU with AVX512-BF16 or AMX; elsewhere emulated bf16 is slower
     than fp32), ``bfloat16`` always, ``off`` never. ``memory_gib``: what Ray reserves for each
     worker (0 = nothing): Ray then places workers where that much memory is free instead of
-    letting its memory monitor kill them."""
+    letting its memory monitor kill them. ``train_layers``: 0 trains the whole model; N > 0
+    trains only the top N decoder layers and the final norm (LoRA: adapters on those layers
+    only); the embeddings, the (tied) output head and the layers below run forward only, keep
+    no activations for the backward and have no optimizer state. The gradient of what trains
+    is exact; on prompt-heavy batches a step then costs about (L - N) / 3L + N / L of full
+    fine-tuning for a model of L layers. ``share_prefix``: the prompt prefix common to every
+    row of a micro-batch (the system prompt; a group's task) runs once and its keys and values
+    serve every row; the log-probs and the gradient are the same as without (not with gradient
+    checkpointing, whose recomputation cannot replay a cache)."""
 
     workers: int = 1
     backend: str = "gloo"
@@ -86,6 +94,8 @@ class EngineConfig:
     autocast: str = "auto"
     memory_gib: float = 0.0
     threads_per_worker: int = 0                 # torch intra-op threads; 0 = torch's default
+    train_layers: int = 0
+    share_prefix: bool = True
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
@@ -103,6 +113,7 @@ class EngineConfig:
         if not self.memory_gib >= 0:
             raise ConfigError(f"EngineConfig.memory_gib: must be >= 0 (0 = no reservation), "
                               f"got {self.memory_gib!r}")
+        check_int("EngineConfig.train_layers", self.train_layers, 0)
         if self.micro_batch_tokens < 64:
             raise ConfigError(f"EngineConfig.micro_batch_tokens: must be >= 64, "
                               f"got {self.micro_batch_tokens!r}")
@@ -135,6 +146,63 @@ def autocast_dtype(engine: EngineConfig, device: str) -> Any:
     return None
 
 
+def _decoder(model: Any) -> Any:
+    """The decoder stack of a Hugging Face causal LM (Llama, Qwen, Mistral: ``model.model``)."""
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers"):
+        raise ConfigError(f"EngineConfig.train_layers: {type(model).__name__} has no "
+                          f"model.layers to choose from; set train_layers: 0")
+    return inner
+
+
+def top_layers(model: Any, n: int) -> list[int] | None:
+    """The indexes of the top ``n`` decoder layers of ``model`` (None: ``n`` is 0, all)."""
+    if not n:
+        return None
+    total = len(_decoder(model).layers)
+    if n > total:
+        raise ConfigError(f"EngineConfig.train_layers: {n} is more than the model's {total} "
+                          f"layers")
+    return list(range(total - n, total))
+
+
+def freeze_below(model: Any, trained: list[int]) -> None:
+    """Only the layers ``trained`` and the final norm keep ``requires_grad``."""
+    inner = _decoder(model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    keep = [inner.layers[i] for i in trained]
+    if getattr(inner, "norm", None) is not None:
+        keep.append(inner.norm)
+    for module in keep:
+        for p in module.parameters():
+            p.requires_grad_(True)
+
+
+MIN_SHARED_PREFIX = 16      # fewer common prompt tokens than this: not worth a second call
+
+
+def common_prefix(mb: TrainBatch) -> int:
+    """How many leading prompt tokens every row of ``mb`` has in common (left padding aside),
+    at most the shortest prompt's length less one: the last prompt token's logits predict the
+    first response token, so each row keeps at least that one."""
+    p = mb.prompt_len
+    lens = [int(n) for n in mb.attention_mask_BT[:, :p].sum(dim=1).tolist()]
+    limit = min(lens) - 1
+    if limit <= 0:
+        return 0
+    first = mb.input_ids_BT[0, p - lens[0]:p - lens[0] + limit]
+    for i in range(1, mb.num_rows):
+        row = mb.input_ids_BT[i, p - lens[i]:p - lens[i] + limit]
+        differ = (row != first).nonzero()
+        if len(differ):
+            limit = int(differ[0, 0])
+            if limit == 0:
+                return 0
+            first = first[:limit]
+    return limit
+
+
 # compute_loss metrics that are a micro-batch's share of the step's value (summed, not averaged)
 _SHARE_METRICS = frozenset({"loss", "pg_loss", "kl"})
 
@@ -165,13 +233,17 @@ class TrainerWorkerBody:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         self.autocast = autocast_dtype(engine, str(self.device))
+        trained = top_layers(model, engine.train_layers)
         if engine.lora.rank:
             from peft import LoraConfig as PeftLora
             from peft import get_peft_model
             model = get_peft_model(model, PeftLora(
                 r=engine.lora.rank, lora_alpha=engine.lora.alpha,
                 lora_dropout=engine.lora.dropout,
-                target_modules=list(engine.lora.target_modules), task_type="CAUSAL_LM"))
+                target_modules=list(engine.lora.target_modules), task_type="CAUSAL_LM",
+                layers_to_transform=trained or None))
+        elif trained is not None:
+            freeze_below(model, trained)
         self.model = model
         self.tied = bool(getattr(self._base().config, "tie_word_embeddings", False))
         self.ddp: Any = model
@@ -210,13 +282,50 @@ class TrainerWorkerBody:
         mb = mb.to(d)
         autocast = self.torch.autocast(device_type=d.type, dtype=self.autocast) \
             if self.autocast is not None else contextlib.nullcontext()
+        shared = common_prefix(mb) if (self.engine_config.share_prefix and mb.num_rows > 1
+                                       and not self.engine_config.gradient_checkpointing) \
+            else 0
         with autocast:
+            kwargs: dict[str, Any] = {"use_cache": False, "attention_mask": mb.attention_mask_BT}
+            if shared >= MIN_SHARED_PREFIX:
+                mb, kwargs = self._prefix_once(mb, shared)
             # Only the positions that predict response tokens: [B, R+1, V], not [B, T, V].
-            out = module(input_ids=mb.input_ids_BT, attention_mask=mb.attention_mask_BT,
-                         position_ids=mb.position_ids_BT, use_cache=False,
-                         logits_to_keep=mb.response_len + 1)
+            out = module(input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT,
+                         logits_to_keep=mb.response_len + 1, **kwargs)
         # The log-softmax in fp32: bf16 log-probs would put ~1e-2 noise on the PPO ratio.
         return response_logprobs(out.logits.float(), mb, self.algo.temperature)
+
+    def _prefix_once(self, mb: TrainBatch, shared: int) -> tuple[TrainBatch, dict[str, Any]]:
+        """Run the ``shared`` prompt tokens common to every row once; return the rest of the
+        micro-batch and the forward's arguments that put the prefix's keys and values (still
+        in the graph: the backward reaches the prefix through them) before every row."""
+        from dataclasses import replace
+
+        from transformers import DynamicCache
+        torch = self.torch
+        p = mb.prompt_len
+        lens = mb.attention_mask_BT[:, :p].sum(dim=1)
+        start = p - int(lens.max())                  # first column of the longest prompt
+        prefix = mb.input_ids_BT[int(lens.argmax()), start:start + shared]
+        cache = DynamicCache(config=self._base().config)
+        # The inner model, not DDP's wrapper: DDP expects one forward per backward; autograd
+        # sums both paths' gradients into each weight before DDP's hooks see them.
+        positions = torch.arange(shared, device=prefix.device)[None]
+        self.model(input_ids=prefix[None], position_ids=positions, past_key_values=cache,
+                   use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(mb.num_rows)
+        # The rest: columns from the longest prompt's first unshared token; a shorter row's
+        # shared tokens (and its left padding) in there are masked out. Positions are kept:
+        # they already count the prefix.
+        cut = start + shared
+        cols = torch.arange(cut, mb.input_ids_BT.shape[1], device=lens.device)
+        own = cols[None, :] >= (p - lens + shared)[:, None]
+        mask = mb.attention_mask_BT[:, cut:] * own.to(mb.attention_mask_BT.dtype)
+        rest = replace(mb, input_ids_BT=mb.input_ids_BT[:, cut:], attention_mask_BT=mask,
+                       position_ids_BT=mb.position_ids_BT[:, cut:], prompt_len=p - cut)
+        full_mask = torch.cat([torch.ones_like(mask[:, :1]).expand(-1, shared), mask], dim=1)
+        return rest, {"use_cache": True, "past_key_values": cache,
+                      "attention_mask": full_mask}
 
     def step(self, shard: TrainBatch, global_tokens: int, global_seqs: int,
              ref_logprobs: list[Any] | None = None) -> dict[str, float]:

@@ -421,8 +421,8 @@ def test_micro_batches_by_length_cover_every_row_once_with_less_padding(max_toke
     assert sum(m.num_tokens() for m in micro) == full.num_tokens()
     for m in micro:
         assert m.num_rows == 1 or m.num_rows * m.input_ids_BT.shape[1] <= max_tokens
-    lengths = [int(m.attention_mask_BT.sum(dim=-1).max()) for m in micro]
-    assert lengths == sorted(lengths, reverse=True)        # longest rows first
+    prompts = [int(m.attention_mask_BT[:, :m.prompt_len].sum(dim=-1).max()) for m in micro]
+    assert prompts == sorted(prompts, reverse=True)        # longest prompts first
 
 
 def test_micro_batches_by_length_pad_less_when_lengths_alternate():
@@ -481,3 +481,17 @@ def test_rows_without_signal_left_out_give_the_same_loss_and_gradient():
         assert part.item() == pytest.approx(whole.item(), abs=1e-6)
         for a, b in zip(torch.autograd.grad(whole, [w, e]), torch.autograd.grad(part, [w, e])):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_micro_batches_by_length_keep_rows_with_one_prompt_together():
+    # Two groups whose prompts have the same length but differ; rows interleaved in the batch.
+    def t(first, r):
+        return turn([first] + list(range(2, 21)), list(range(1, r + 1)), [-1.0] * r, [1] * r)
+
+    b = build_batch([group("a", ("a0", 1.0, [t(7, 3)]), ("a1", 0.0, [t(7, 1)])),
+                     group("b", ("b0", 1.0, [t(9, 2)]), ("b1", 0.0, [t(9, 4)]))], 0, CFG)
+    order = b.rows([0, 2, 1, 3])                   # a, b, a, b
+    micro = order.micro_batches(2 * 24, by_length=True)
+    firsts = [{int(m.input_ids_BT[i, m.prompt_len - 20]) for i in range(m.num_rows)}
+              for m in micro]
+    assert firsts == [{7}, {9}]                    # each chunk one prompt: shared to the end

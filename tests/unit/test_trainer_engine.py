@@ -115,3 +115,71 @@ def test_autocast_auto_follows_the_cpu(monkeypatch):
         EngineConfig(autocast="fp8")
     with pytest.raises(Exception, match="EngineConfig.memory_gib"):
         EngineConfig(memory_gib=-1)
+
+
+def _prefixed_batch():
+    """Three rows whose prompts share 20 tokens, then differ in content and length (left
+    padding differs), with responses of different lengths."""
+    shared = tuple(range(40, 60))
+    turns = [Turn(shared + (7, 8, 9), (20, 21, 2), (-3.0,) * 3, (1, 1, 1), 0, "", ""),
+             Turn(shared + (11, 12, 13, 14, 15, 16), (30, 2), (-3.0,) * 2, (1, 1), 0, "", ""),
+             Turn(shared + (9,), (22, 23, 24, 2), (-3.0,) * 4, (1, 1, 1, 1), 0, "", "")]
+    samples = tuple(Sample(f"s{i}", (t,), float(i % 2)) for i, t in enumerate(turns))
+    return build_batch([Group("g", "t", samples)], 0, AlgoConfig())
+
+
+def test_common_prefix_counts_the_tokens_every_row_shares():
+    from trainer.engine import common_prefix
+    batch = _prefixed_batch()
+    assert common_prefix(batch) == 20
+    assert common_prefix(batch.rows([2])) == 20       # one row keeps its last prompt token
+    assert common_prefix(_batch()) == 3               # identical prompts of 4: all but one
+
+
+def test_a_shared_prefix_runs_once_and_gives_the_same_logprobs_and_gradient(tiny):
+    from trainer.engine import common_prefix
+    batch = _prefixed_batch()
+    results = []
+    for share in (False, True):
+        worker = TrainerWorkerBody(0, 1, tiny, EngineConfig(autocast="off", share_prefix=share),
+                                   AlgoConfig())
+        worker.init_distributed("")
+        calls = []
+        worker.model.register_forward_hook(lambda m, a, kw, out: calls.append(
+            tuple(kw["input_ids"].shape)), with_kwargs=True)
+        new = worker._forward(worker.model, batch)
+        (new * torch.tensor([[1.0], [-1.0], [0.5]])).sum().backward()
+        grads = {n: p.grad.clone() for n, p in worker.model.named_parameters()
+                 if p.grad is not None}
+        results.append((new.detach(), grads, calls))
+    (plain, plain_grads, plain_calls), (shared, shared_grads, shared_calls) = results
+    assert common_prefix(batch) == 20
+    assert plain_calls == [tuple(batch.input_ids_BT.shape)]
+    # the prefix once (batch 1, 20 tokens), then every row without it
+    assert shared_calls[0] == (1, 20) and shared_calls[1][0] == 3
+    assert shared_calls[1][1] == batch.input_ids_BT.shape[1] - 20
+    assert torch.allclose(plain, shared, atol=1e-5)
+    assert set(plain_grads) == set(shared_grads)
+    for name, g in plain_grads.items():
+        assert torch.allclose(g, shared_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_train_layers_trains_only_the_top_layers_and_publishes_the_whole_model(tiny):
+    worker = TrainerWorkerBody(0, 1, tiny, EngineConfig(train_layers=1, autocast="off",
+                                                        optim=OptimConfig(lr=1e-2)),
+                               AlgoConfig())
+    worker.init_distributed("")
+    layers = len(worker.model.model.layers)
+    before = {k: v.clone() for k, v in worker.state_dict().items()}
+    batch = _prefixed_batch()
+    metrics = worker.step(batch, int(batch.num_tokens()), int(batch.num_seqs()))
+    after = worker.state_dict()
+    assert metrics["grad_norm"] > 0 and set(after) == set(before)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    top = f"model.layers.{layers - 1}."
+    assert changed and all(k.startswith(top) or k == "model.norm.weight" for k in changed)
+    assert any(k.startswith(top) for k in changed)
+    with pytest.raises(Exception, match="EngineConfig.train_layers: 99 is more than"):
+        TrainerWorkerBody(0, 1, tiny, EngineConfig(train_layers=99), AlgoConfig())
+    with pytest.raises(Exception, match="EngineConfig.train_layers"):
+        EngineConfig(train_layers=-1)
