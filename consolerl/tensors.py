@@ -7,6 +7,12 @@ from typing import Any
 from .errors import ConfigError
 
 
+class PartialWeights(dict):
+    """Some of a model's weights by Hugging Face name: the ones a trainer can change (with
+    ``trainer.engine.train_layers`` the frozen layers never do). A policy engine loads these in
+    place and keeps its other weights; a plain dict is the whole model and must cover it."""
+
+
 def unshared_tensors(model_state: Mapping[str, Any], where: str = "state dict"
                      ) -> tuple[dict[str, Any], dict[str, str]]:
     """A state dict as safetensors can store it: CPU, contiguous tensors, and ``alias -> stored

@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from consolerl.config import check_int
 from consolerl.errors import ConfigError, ConsoleRLError
+from consolerl.tensors import PartialWeights
 from infra.observability.discovery import PublishConfig, publish
 
 from .agent import Generation, SamplingParams
@@ -142,13 +143,16 @@ class TransformersEngine:
         return Generation(tuple(tokens), tuple(logprobs), self.version, finish)
 
     def update_weights(self, version: int, state_dict: Mapping[str, Any]) -> float:
-        """Load ``state_dict`` in place (same names and shapes); returns the seconds it took."""
+        """Load ``state_dict`` in place (same names and shapes; the whole model, or
+        :class:`~consolerl.tensors.PartialWeights`); returns the seconds it took."""
         t0 = time.perf_counter()
         with self._lock:
             missing, unexpected = self.model.load_state_dict(dict(state_dict), strict=False)
-            # Tied weights (lm_head = embeddings) may be absent from a state dict.
-            missing = [m for m in missing if not m.endswith("lm_head.weight")]
-            if missing or unexpected:
+            # Tied weights (lm_head = embeddings) may be absent from a state dict; partial
+            # weights leave the rest as they are.
+            missing = [m for m in missing if not m.endswith("lm_head.weight")
+                       and not isinstance(state_dict, PartialWeights)]
+            if missing or unexpected or not state_dict:
                 raise ValueError(f"update_weights: missing {missing[:5]}, unexpected "
                                  f"{unexpected[:5]}")
             self.version = int(version)

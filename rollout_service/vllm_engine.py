@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from consolerl.errors import ConfigError, ConsoleRLError
-from consolerl.tensors import unshared_tensors
+from consolerl.tensors import PartialWeights, unshared_tensors
 
 from .agent import Generation, SamplingParams
 
@@ -225,7 +225,8 @@ class VllmEngine:
                           out["finish_reason"])
 
     def update_weights(self, version: int, state_dict: Mapping[str, Any]) -> float:
-        """Load ``state_dict`` (Hugging Face names) in place; returns the seconds it took."""
+        """Load ``state_dict`` (Hugging Face names: the whole model, or
+        :class:`~consolerl.tensors.PartialWeights`) in place; returns the seconds it took."""
         from safetensors.torch import save_file
 
         t0 = time.perf_counter()
@@ -234,7 +235,8 @@ class VllmEngine:
             # Tied weights are stored once; vLLM ties them again itself.
             save_file(unshared_tensors(state_dict, "update_weights: 'state_dict'")[0],
                       str(path))
-            self._request("update", int(version), str(path))
+            self._request("update", int(version), str(path),
+                          isinstance(state_dict, PartialWeights))
         finally:
             path.unlink(missing_ok=True)
         self.version = int(version)

@@ -32,20 +32,24 @@ from typing import Any
 class WeightLoader:
     """Mixed into each vLLM worker (``worker_extension_cls``)."""
 
-    def consolerl_load_weights(self, path: str) -> int:
+    def consolerl_load_weights(self, path: str, partial: bool = False) -> int:
+        """Load the weights file at ``path``: the whole model, or with ``partial`` some of it
+        in whole decoder layers (what a trainer with ``train_layers`` publishes); the layers
+        not in the file keep their weights."""
         from safetensors.torch import load_file
 
         weights = load_file(path)
         model = self.model_runner.model           # type: ignore[attr-defined]
-        _unpack_cpu_linears(model)
+        scope = _scope(weights) if partial else None
+        _unpack_cpu_linears(model, scope)
         loaded = model.load_weights(weights=iter(weights.items()))
         # On CPU, linear layers (and the embedding used as the LM head) run from a packed copy
         # of their weight made after loading; pack the new weights again.
-        for module in model.modules():
+        for name, module in model.named_modules():
             method = getattr(module, "quant_method", None)
-            if hasattr(module, "cpu_linear") and method is not None:
+            if hasattr(module, "cpu_linear") and method is not None and _within(name, scope):
                 method.process_weights_after_loading(module)
-        if loaded is not None:
+        if loaded is not None and not partial:
             missing = sorted(set(name for name, _ in model.named_parameters()) - set(loaded))
             if missing:
                 raise ValueError(f"weights file {path} left {len(missing)} parameters "
@@ -53,16 +57,32 @@ class WeightLoader:
         return len(weights)
 
 
-def _unpack_cpu_linears(model: Any) -> None:
+def _scope(weights: dict[str, Any]) -> tuple[str, ...]:
+    """The module prefixes a partial weights file replaces: each decoder layer it touches
+    (``model.layers.N.``, whole: vLLM stacks q/k/v and gate/up into one packed weight) and the
+    module of each other tensor."""
+    layers = {".".join(k.split(".")[:3]) + "." for k in weights if k.startswith("model.layers.")}
+    others = {k.rsplit(".", 1)[0] for k in weights if not k.startswith("model.layers.")}
+    return tuple(sorted(layers | others))
+
+
+def _within(name: str, scope: tuple[str, ...] | None) -> bool:
+    return scope is None or any(name == p.rstrip(".") or name.startswith(p if p.endswith(".")
+                                                                          else p + ".")
+                                for p in scope)
+
+
+def _unpack_cpu_linears(model: Any, scope: tuple[str, ...] | None = None) -> None:
     """vLLM on CPU packs each linear layer's weight for oneDNN after loading and replaces the
     parameter with an empty one, so ``load_weights`` has nowhere to write. Give those layers
     a full-size weight parameter again (with its weight loader), created by the layer's own
-    quantisation method just as at construction."""
+    quantisation method just as at construction. With ``scope`` (a partial update), only the
+    layers within it: the others keep their packed weights."""
     from vllm.model_executor.layers.linear import (WEIGHT_LOADER_V2_SUPPORTED, LinearBase,
                                                    UnquantizedLinearMethod)
 
-    for module in model.modules():
-        if not isinstance(module, LinearBase) \
+    for name, module in model.named_modules():
+        if not _within(name, scope) or not isinstance(module, LinearBase) \
                 or not isinstance(module.quant_method, UnquantizedLinearMethod) \
                 or module.weight.numel() != 0:
             continue
@@ -150,13 +170,14 @@ class _Server:
         return {"token_ids": ids, "logprobs": logprobs, "version": version,
                 "finish_reason": "stop" if c.finish_reason == "stop" else "length"}
 
-    async def update(self, version: int, path: str) -> dict:
+    async def update(self, version: int, path: str, partial: bool = False) -> dict:
         async with self.cond:
             await self.cond.wait_for(lambda: not self.updating)
             self.updating = True
             await self.cond.wait_for(lambda: self.active == 0)
         try:
-            loaded = await self.engine.collective_rpc("consolerl_load_weights", args=(path,))
+            loaded = await self.engine.collective_rpc("consolerl_load_weights",
+                                                      args=(path, partial))
             await self.engine.reset_prefix_cache()
             self.version = int(version)
         finally:
@@ -171,7 +192,8 @@ class _Server:
             if kind == "generate":
                 payload = await self.generate(rid, list(message[2]), dict(message[3]))
             elif kind == "update":
-                payload = await self.update(int(message[2]), str(message[3]))
+                payload = await self.update(int(message[2]), str(message[3]),
+                                            bool(message[4]) if len(message) > 4 else False)
             elif kind == "shutdown":
                 self.send(("result", rid, {}))
                 self.closed.set()

@@ -29,6 +29,7 @@ import ray
 
 from consolerl.config import check_int
 from consolerl.errors import ConfigError
+from consolerl.tensors import PartialWeights
 from infra.local_cloud import free_port
 
 from .algo import AlgoConfig, TrainBatch, compute_loss, response_logprobs
@@ -402,6 +403,15 @@ class TrainerWorkerBody:
                 delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
                 out[key] = (module.base_layer.weight.detach() + delta).to("cpu")
         return out
+
+    def published_state(self) -> dict[str, Any]:
+        """What a policy server needs to serve the current weights: with ``train_layers`` (no
+        LoRA) only the weights that train (:class:`~consolerl.tensors.PartialWeights`; the
+        frozen rest is what every server started from), else :meth:`state_dict`."""
+        if not self.engine_config.train_layers or self.engine_config.lora.rank:
+            return self.state_dict()
+        return PartialWeights({name: p.detach().to("cpu")
+                               for name, p in self.model.named_parameters() if p.requires_grad})
 
     def training_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(trainable model state, optimizer state) for a checkpoint."""

@@ -273,7 +273,7 @@ class GRPOTrainer:
         the orchestrator reads."""
         t0 = time.perf_counter()
         if self.publish_fn is not None and version > 0:
-            state_ref = self.workers[0].state_dict.remote()
+            state_ref = self.workers[0].published_state.remote()
             self.publish_fn(version, state_ref)
         self.stream.set_trainer_version(version)
         self.metrics.version.set(version)

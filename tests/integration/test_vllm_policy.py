@@ -123,3 +123,30 @@ def test_vllm_server_rejects_a_prompt_longer_than_the_model_length(server):
     # The engine still serves after refusing them.
     ok = ray.get(server.generate.remote([1, 2, 3], SamplingParams(4, 0.0)), timeout=120)
     assert len(ok.token_ids) >= 1
+
+
+def test_vllm_server_loads_partial_weights_and_keeps_the_rest(server, model_path, hf_model):
+    from consolerl.tensors import PartialWeights
+    tok = HFChatTokenizer(model_path)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Open the RAM console."}])
+    original = {k: v.clone() for k, v in hf_model.state_dict().items()}
+    version = ray.get(server.version.remote())
+    # What a trainer with train_layers: 1 publishes: the top layer and the final norm.
+    top = max(int(k.split(".")[2]) for k in original if k.startswith("model.layers."))
+    gen = torch.Generator().manual_seed(1)
+    part = PartialWeights({k: v + 0.05 * torch.randn(v.shape, generator=gen)
+                           for k, v in original.items()
+                           if k.startswith(f"model.layers.{top}.") or k == "model.norm.weight"})
+    ray.get(server.update_weights.remote(version + 1, ray.put(part)), timeout=300)
+    out = ray.get(server.generate.remote(prompt, SamplingParams(10, 0.0)))
+    assert out.version == version + 1
+    hf_model.load_state_dict({**original, **part})
+    try:
+        for got, want in zip(out.logprobs, _logprobs(hf_model, prompt, out.token_ids)):
+            assert abs(got - want) < 1e-3
+    finally:
+        hf_model.load_state_dict(original)
+    # The same tensors in a plain dict claim to be the whole model: refused, named.
+    with pytest.raises(ray.exceptions.RayTaskError, match="unloaded"):
+        ray.get(server.update_weights.remote(version + 2, ray.put(dict(part))), timeout=300)
+    ray.get(server.update_weights.remote(version + 2, ray.put(original)), timeout=300)

@@ -179,6 +179,19 @@ def test_train_layers_trains_only_the_top_layers_and_publishes_the_whole_model(t
     top = f"model.layers.{layers - 1}."
     assert changed and all(k.startswith(top) or k == "model.norm.weight" for k in changed)
     assert any(k.startswith(top) for k in changed)
+    # Published: only what trains, marked partial; a policy engine loads it and keeps the rest.
+    from consolerl.tensors import PartialWeights
+    part = worker.published_state()
+    assert isinstance(part, PartialWeights) and set(part) <= changed | {"model.norm.weight"}
+    engine = TransformersEngine(tiny)
+    prompt = [5, 6, 7, 8]
+    old = engine.generate(prompt, SamplingParams(4, 0.0))
+    engine.update_weights(1, part)
+    assert engine.generate(prompt, SamplingParams(4, 0.0)).logprobs != old.logprobs
+    assert all(torch.equal(engine.model.state_dict()[k], after[k]) for k in after
+               if k != "lm_head.weight")
+    with pytest.raises(ValueError, match="missing"):
+        engine.update_weights(2, dict(part))         # a plain dict must be the whole model
     with pytest.raises(Exception, match="EngineConfig.train_layers: 99 is more than"):
         TrainerWorkerBody(0, 1, tiny, EngineConfig(train_layers=99), AlgoConfig())
     with pytest.raises(Exception, match="EngineConfig.train_layers"):
