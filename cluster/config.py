@@ -48,7 +48,10 @@ class EnvSection:
 @dataclass(frozen=True)
 class SftSection:
     """The SFT stage before GRPO: oracle trajectories exported from ``tasks`` (a regular
-    expression over train-split task ids; "" = all), ``epochs`` over them."""
+    expression over train-split task ids; "" = all), ``epochs`` over them;
+    ``micro_batch_tokens``, ``gradient_checkpointing`` and ``train_layers`` bound its memory
+    and time (see
+    :class:`trainer.sft.SftConfig`)."""
 
     enabled: bool = False
     data: str = ""                         # a JSONL file; "" = export oracle runs first
@@ -57,6 +60,9 @@ class SftSection:
     epochs: int = 2
     lr: float = 5e-5
     max_tokens_per_batch: int = 8192
+    micro_batch_tokens: int = 4096
+    gradient_checkpointing: bool = False
+    train_layers: int = 0
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,8 @@ from consolerl.config import check_int
 from consolerl.errors import ConfigError
 from rollout_service.models import HFChatTokenizer, resolve_model
 
+from .engine import freeze_below, top_layers
+
 IGNORE = -100
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -75,7 +77,8 @@ class SftConfig:
     """``max_tokens_per_batch``: tokens per optimizer step; ``micro_batch_tokens``: padded
     tokens per forward/backward; ``device``: auto | cpu | cuda; ``gradient_checkpointing``:
     recompute activations in the backward pass (half the memory, twice the time on CPU);
-    ``overwrite``: replace an existing ``out`` folder."""
+    ``train_layers``: 0 trains every weight, N > 0 only the top N decoder layers (see
+    :class:`trainer.engine.EngineConfig`); ``overwrite``: replace an existing ``out`` folder."""
 
     data: str
     out: str
@@ -91,6 +94,7 @@ class SftConfig:
     warmup_ratio: float = 0.05
     device: str = "auto"
     gradient_checkpointing: bool = False
+    train_layers: int = 0
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -98,7 +102,8 @@ class SftConfig:
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ConfigError(f"SftConfig.{name}: required")
         for name, low in (("epochs", 1), ("max_tokens_per_batch", 16),
-                          ("micro_batch_tokens", 16), ("max_seq_len", 8)):
+                          ("micro_batch_tokens", 16), ("max_seq_len", 8),
+                          ("train_layers", 0)):
             check_int(f"SftConfig.{name}", getattr(self, name), low)
         for name, low, high in (("lr", 0.0, 1.0), ("weight_decay", 0.0, 1.0),
                                 ("warmup_ratio", 0.0, 0.5)):
@@ -357,7 +362,11 @@ def train_sft(config: SftConfig) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).to(device)
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    trained = top_layers(model, config.train_layers)
+    if trained is not None:
+        freeze_below(model, trained)
     vocab = model.get_input_embeddings().num_embeddings
     for e in examples:
         if max(e.input_ids) >= vocab:
@@ -497,6 +506,8 @@ def parse_args(argv: Sequence[str] | None = None) -> SftConfig:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="recompute activations in the backward pass (less memory)")
+    parser.add_argument("--train-layers", type=int, default=0,
+                        help="train only the top N decoder layers (0: every weight)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
     try:

@@ -335,3 +335,19 @@ def test_the_jobs_sft_stage_trains_into_the_run_folder_and_logs_its_steps(tmp_pa
     assert all("loss" in r and "step" in r for r in rows[1:])
     assert sft_stage(config, run_dir, str(tiny), progress=said.append) == model   # resume
     assert said[-1].startswith("SFT: reusing")
+
+
+def test_sft_with_train_layers_changes_only_the_top_layers(tmp_path, tiny, tokenizer):
+    from transformers import AutoModelForCausalLM
+    data = tmp_path / "data.jsonl"
+    _synthetic(data, tokenizer)
+    out = tmp_path / "sft"
+    train_sft(SftConfig(data=str(data), out=str(out), model=str(tiny), epochs=1, lr=1e-2,
+                        max_tokens_per_batch=200, micro_batch_tokens=100, train_layers=1))
+    before = AutoModelForCausalLM.from_pretrained(tiny).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    top = f"model.layers.{sum(1 for k in before if k.endswith('input_layernorm.weight')) - 1}."
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.startswith(top) or k == "model.norm.weight" for k in changed)
+    with pytest.raises(ConfigError, match="SftConfig.train_layers"):
+        SftConfig(data="d", out="o", train_layers=-1)
