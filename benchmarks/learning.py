@@ -9,10 +9,13 @@ CPU step is seconds, not minutes.
 
 1. Warm start: the default model (SmolLM2-135M-Instruct) gets a short SFT on ``--sft-states``
    train states (one pass), enough that GRPO's groups are mixed rather than all failures.
-2. Before: on the held-out states, ``--eval-samples`` samples per state at the training
-   temperature (one shared prefill per state), the share whose parsed action equals the
-   oracle's (``accuracy``), plus one greedy reply each, and the oracle action's exact
-   log-likelihood under the model.
+   The SFT states are fixed by ``--sft-seed``; ``--seed`` varies GRPO's states and samples.
+2. Before: on ``--eval-states`` held-out states (taken in turn from each held-out task),
+   ``--eval-samples`` samples per state at the training temperature (one shared prefill per
+   state), the share whose parsed action equals the oracle's (``accuracy``), plus one greedy
+   reply each, and the oracle action's exact log-likelihood under the model. The warm start and
+   this measurement are cached (``~/.cache/consolerl/learning-warm-start``; ``cached`` in the
+   output says which were).
 3. GRPO: ``--steps`` steps, each ``--states-per-step`` train states x ``--group-size`` samples,
    reward 1 when the parsed action equals the oracle's, trained by the unchanged GRPO path
    (:func:`trainer.algo.build_batch`, the rows with signal as :class:`trainer.grpo.GRPOTrainer`
@@ -94,6 +97,23 @@ def load_states(path: Path, tokenizer: HFChatTokenizer) -> dict[str, list[State]
             cut = sum(1 for x in labels if x == -100)
             out[rec["split"]].append(State(rec["task_id"], rec["split"], tuple(ids[:cut]),
                                            action.to_text(), tuple(ids[cut:])))
+    return out
+
+
+def spread(states: list[State], n: int) -> list[State]:
+    """``n`` states (0: all) taken in turn from each task (the file's order within a task):
+    an evaluation of a few states still covers every held-out task."""
+    if not n or n >= len(states):
+        return list(states)
+    by_task: dict[str, list[State]] = {}
+    for s in states:
+        by_task.setdefault(s.task_id, []).append(s)
+    out: list[State] = []
+    queues = [list(v) for v in by_task.values()]
+    while len(out) < n:
+        for q in queues:
+            if q and len(out) < n:
+                out.append(q.pop(0))
     return out
 
 
@@ -212,22 +232,37 @@ def sft_warm_start(model: Any, states: list[State], pad: int, lr: float, batch: 
     return total / max(1, count)
 
 
-def warm_start(model: Any, states: list[State], pad: int, args: argparse.Namespace,
-               model_path: str) -> float:
-    """:func:`sft_warm_start`, or its weights from the cache when this data, model and SFT
-    setting ran before (``--no-cache``: always train)."""
-    import torch
-    key = hashlib.sha256(json.dumps([
+CACHE = "learning-warm-start"
+
+
+def warm_start_key(states: list[State], args: argparse.Namespace, model_path: str) -> str:
+    return hashlib.sha256(json.dumps([
         hashlib.sha256(Path(args.data).read_bytes()).hexdigest(), model_path,
         [s.prompt_ids + s.target_ids for s in states], args.sft_lr, args.sft_batch,
-        args.seed]).encode()).hexdigest()[:16]
-    path = cache_dir().parent / "learning-warm-start" / f"{key}.pt"
+        args.sft_seed]).encode()).hexdigest()[:16]
+
+
+def warm_start(model: Any, states: list[State], pad: int, args: argparse.Namespace,
+               key: str) -> float:
+    """:func:`sft_warm_start`, or its weights from the cache when this data, model and SFT
+    setting (``key``) ran before (``--no-cache``: always train)."""
+    import torch
+    path = cache_dir().parent / CACHE / f"{key}.pt"
     if not args.no_cache and path.exists():
         saved = torch.load(path, weights_only=True)
         model.load_state_dict(saved["model"])
         _progress(f"SFT warm start from the cache ({path})")
         return float(saved["loss"])
-    loss = sft_warm_start(model, states, pad, args.sft_lr, args.sft_batch)
+    # The warm start trains the whole model whatever GRPO then trains (--train-layers).
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(True)
+    try:
+        loss = sft_warm_start(model, states, pad, args.sft_lr, args.sft_batch)
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+            p.grad = None
     if not args.no_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -299,24 +334,44 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = HFChatTokenizer(model_path)
     eot = end_of_turn_id(tokenizer)
     states = load_states(Path(args.data), tokenizer)
-    rng = random.Random(args.seed)
+    # The warm start's states are fixed (--sft-seed); --seed varies GRPO's states and samples.
     train = list(states["train"])
-    rng.shuffle(train)
-    heldout = states["heldout"][:args.eval_states] if args.eval_states else states["heldout"]
+    random.Random(args.sft_seed).shuffle(train)
+    rng = random.Random(args.seed)
+    heldout = spread(states["heldout"], args.eval_states)
     sft, rl = train[:args.sft_states], train[args.sft_states:] or train
     _progress(f"{len(states['train'])} train / {len(states['heldout'])} held-out states; "
               f"SFT on {len(sft)}, GRPO on {len(rl)}, evaluation on {len(heldout)} x "
               f"{args.eval_samples} samples")
     worker = TrainerWorkerBody(0, 1, model_path, EngineConfig(
-        micro_batch_tokens=args.micro_batch_tokens, optim=OptimConfig(lr=args.lr)),
+        micro_batch_tokens=args.micro_batch_tokens, optim=OptimConfig(lr=args.lr),
+        train_layers=args.train_layers),
         AlgoConfig(temperature=args.temperature))
     worker.init_distributed("")
     pad_id = tokenizer.tokenizer.pad_token_id
     pad = int(pad_id) if pad_id is not None else 0
     sampler = Sampler(worker.model, tokenizer, eot, args.max_new_tokens)
-    sft_loss = warm_start(worker.model, sft, pad, args, model_path) if sft else None
+    key = warm_start_key(sft, args, model_path)
+    warm_cached = bool(sft) and not args.no_cache and (cache_dir().parent / CACHE
+                                                       / f"{key}.pt").exists()
+    sft_loss = warm_start(worker.model, sft, pad, args, key) if sft else None
     _progress(f"SFT warm start: loss {sft_loss} ({time.monotonic() - t0:.0f} s)")
-    before = evaluate(sampler, heldout, args.eval_samples, args.seed + 1000, args.temperature)
+    # The evaluation's sampling seeds belong to the warm start, not to --seed: the "before"
+    # of every GRPO seed is then the same measurement, computed once and cached.
+    eval_seed = 1000 + args.sft_seed
+    before_path = cache_dir().parent / CACHE / (key + "-before-" + hashlib.sha256(json.dumps(
+        [[s.prompt_ids for s in heldout], args.eval_samples, eval_seed, args.temperature,
+         args.max_new_tokens]).encode()).hexdigest()[:16] + ".json")
+    before_cached = bool(sft) and not args.no_cache and before_path.exists()
+    if before_cached:
+        before = json.loads(before_path.read_text())
+        _progress(f"before: from the cache ({before_path})")
+    else:
+        before = evaluate(sampler, heldout, args.eval_samples, eval_seed, args.temperature)
+        if sft and not args.no_cache:
+            tmp = before_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(before))
+            tmp.replace(before_path)
     _progress(f"before: accuracy {statistics.fmean(before['accuracy']):.3f} "
               f"({time.monotonic() - t0:.0f} s)")
     curve = []
@@ -326,7 +381,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       args.seed + step, step, pad)
         curve.append(m)
         _progress(f"step {step}: {m} ({time.monotonic() - t0:.0f} s)")
-    after = evaluate(sampler, heldout, args.eval_samples, args.seed + 1000, args.temperature)
+    after = evaluate(sampler, heldout, args.eval_samples, eval_seed, args.temperature)
     acc_b, acc_a = statistics.fmean(before["accuracy"]), statistics.fmean(after["accuracy"])
     ll_b, ll_a = statistics.fmean(before["loglik"]), statistics.fmean(after["loglik"])
     return {
@@ -345,6 +400,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sft_states": len(sft), "sft_loss": round(sft_loss, 4) if sft_loss else None,
         "states_per_step": args.states_per_step, "group_size": args.group_size,
         "lr": args.lr, "temperature": args.temperature, "seed": args.seed,
+        "cached": {"warm_start": warm_cached, "before": before_cached},
+        "sft_seed": args.sft_seed, "eval_tasks": len({s.task_id for s in heldout}),
+        "train_layers": args.train_layers,
     }
 
 
@@ -400,11 +458,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-samples", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
+    parser.add_argument("--train-layers", type=int, default=0,
+                        help="GRPO trains the top N decoder layers (engine.train_layers; 0: all)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="GRPO's states and sampling seeds")
+    parser.add_argument("--sft-seed", type=int, default=0,
+                        help="which train states the SFT warm start uses (its weights are "
+                             "cached per setting)")
     parser.add_argument("--no-cache", action="store_true",
-                        help="always run the SFT warm start (by default its weights are "
-                             "cached per data, model and setting)")
+                        help="always run the SFT warm start and the evaluation before GRPO (by "
+                             "default both are cached per data, model and setting)")
     args = parser.parse_args(argv)
     if args.record:
         out = record(Path(args.data))

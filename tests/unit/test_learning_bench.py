@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from benchmarks.learning import Sampler, bootstrap_ci, reward  # noqa: E402
+from benchmarks.learning import Sampler, State, bootstrap_ci, reward, spread  # noqa: E402
 from rollout_service.models import HFChatTokenizer, cached_tiny_model  # noqa: E402
 
 
@@ -79,3 +79,12 @@ def test_rows_that_finish_early_leave_the_cache_without_disturbing_the_others(ti
             seq.append(tok)
         for ids, lps in per[:3]:
             assert len(ids) == len(lps) and all(x <= 0 for x in lps)
+
+
+def test_spread_takes_states_from_every_task_in_turn():
+    states = [State(task, "heldout", (i,), "click(1)", (2,))
+              for i, task in enumerate("aaaabbc")]
+    picked = spread(states, 4)
+    assert [s.task_id for s in picked] == ["a", "b", "c", "a"]
+    assert [s.prompt_ids for s in picked] == [(0,), (4,), (6,), (1,)]   # file order per task
+    assert spread(states, 0) == states and spread(states, 99) == states
