@@ -171,8 +171,17 @@ def _save_final(rank0: Any, model_path: str, folder: Path) -> str:
 def _sft_stage(config: JobConfig, run_dir: Path, start_model: str) -> str:
     """SFT in a child process: its model, optimizer and allocator arenas (several GB on CPU)
     are returned to the system before GRPO starts its own."""
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    try:
         return pool.submit(_sft_child, config, str(run_dir), start_model).result()
+    except BaseException:
+        # Interrupted (or failed): stop the child now. The executor's own exit would wait
+        # for the whole SFT to finish (measured: a Ctrl-C during SFT waited on it).
+        for child in list((getattr(pool, "_processes", None) or {}).values()):
+            child.kill()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _sft_child(config: JobConfig, run_dir: str, start_model: str) -> str:
@@ -204,7 +213,10 @@ def sft_stage(config: JobConfig, run_dir: Path, start_model: str,
                  f"({exported['turns']} turns) in {exported['wall_s']} s")
     summary = train_sft(SftConfig(data=data, out=str(out), model=start_model,
                                   epochs=sft.epochs, lr=sft.lr,
-                                  max_tokens_per_batch=sft.max_tokens_per_batch))
+                                  max_tokens_per_batch=sft.max_tokens_per_batch,
+                                  micro_batch_tokens=sft.micro_batch_tokens,
+                                  gradient_checkpointing=sft.gradient_checkpointing,
+                                  train_layers=sft.train_layers))
     with (Path(run_dir) / "metrics.jsonl").open("a", encoding="utf-8") as f:
         for line in (out / "metrics.jsonl").read_text().splitlines():
             f.write(json.dumps({"stage": "sft", **json.loads(line)}) + "\n")
@@ -299,7 +311,7 @@ class ReplicaSync:
                 continue
             try:
                 ray.get(server.update_weights.remote(
-                    version, self.trainer.workers[0].state_dict.remote()), timeout=600)
+                    version, self.trainer.workers[0].published_state.remote()), timeout=600)
                 progress(f"policy-{i} was restarted: sent it the weights of version {version}")
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
                     ray.exceptions.GetTimeoutError) as exc:
