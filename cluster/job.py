@@ -171,9 +171,15 @@ def _save_final(rank0: Any, model_path: str, folder: Path) -> str:
 def _sft_stage(config: JobConfig, run_dir: Path, start_model: str) -> str:
     """SFT in a child process: its model, optimizer and allocator arenas (several GB on CPU)
     are returned to the system before GRPO starts its own."""
+    return in_child(_sft_child, config, str(run_dir), start_model)
+
+
+def in_child(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a fresh (spawned) process; its result or its exception. Interrupted
+    (Ctrl-C, SIGTERM), the child is killed at once."""
     pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
     try:
-        return pool.submit(_sft_child, config, str(run_dir), start_model).result()
+        return pool.submit(fn, *args).result()
     except BaseException:
         # Interrupted (or failed): stop the child now. The executor's own exit would wait
         # for the whole SFT to finish (measured: a Ctrl-C during SFT waited on it).
