@@ -446,11 +446,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", action="store_true", help="re-record the oracle states")
     parser.add_argument("--data", default=str(DATA))
     parser.add_argument("--model", default="", help="model folder (default: SmolLM2-135M)")
-    parser.add_argument("--sft-states", type=int, default=32)
+    parser.add_argument("--sft-states", type=int, default=96)
     parser.add_argument("--sft-lr", type=float, default=1e-4)
     parser.add_argument("--sft-batch", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--states-per-step", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--states-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--temperature", type=float, default=1.0)
@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-samples", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
-    parser.add_argument("--train-layers", type=int, default=0,
+    parser.add_argument("--train-layers", type=int, default=6,
                         help="GRPO trains the top N decoder layers (engine.train_layers; 0: all)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0,
