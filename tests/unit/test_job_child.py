@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from cluster.job import in_child
+from cluster.runtime import raise_interrupt
 
 
 def _slow(seconds: float) -> int:
@@ -32,12 +33,19 @@ def test_in_child_raises_the_childs_error():
 
 
 def test_an_interrupt_kills_the_child_at_once():
+    # SIGTERM as the job handles it (cluster.job.main installs raise_interrupt); set here
+    # because other tests in the same process may have left other handlers.
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    timer = threading.Timer(5.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer = threading.Timer(5.0, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        in_child(_slow, 300.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            in_child(_slow, 120.0)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGTERM, previous)
     assert time.monotonic() - t0 < 60
     time.sleep(0.5)
     left = [p for p in psutil.Process().children(recursive=True)
