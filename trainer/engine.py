@@ -251,6 +251,7 @@ class TrainerWorkerBody:
         self.optimizer: Any = None
         self.params: list[Any] = []
         self.steps = 0
+        self.loaded_checkpoint = False
 
     def address(self) -> str:
         """``host:port`` for the process group's rendezvous (called on rank 0)."""
@@ -407,8 +408,12 @@ class TrainerWorkerBody:
     def published_state(self) -> dict[str, Any]:
         """What a policy server needs to serve the current weights: with ``train_layers`` (no
         LoRA) only the weights that train (:class:`~consolerl.tensors.PartialWeights`; the
-        frozen rest is what every server started from), else :meth:`state_dict`."""
-        if not self.engine_config.train_layers or self.engine_config.lora.rank:
+        frozen rest is what every server started from), else (and after a checkpoint was
+        loaded) :meth:`state_dict`."""
+        if not self.engine_config.train_layers or self.engine_config.lora.rank \
+                or self.loaded_checkpoint:
+            # After a checkpoint load the frozen layers are the checkpoint's, which need not
+            # be what the policy servers started from (it may come from other settings).
             return self.state_dict()
         return PartialWeights({name: p.detach().to("cpu")
                                for name, p in self.model.named_parameters() if p.requires_grad})
@@ -427,6 +432,7 @@ class TrainerWorkerBody:
                               f"unexpected {unexpected[:5]}")
         if optimizer_state is not None:
             self.optimizer.load_state_dict(optimizer_state)
+        self.loaded_checkpoint = True
 
     def save_checkpoint(self, config: Any, step: int, version: int,
                         trainer_state: dict[str, Any]) -> str:

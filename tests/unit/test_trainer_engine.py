@@ -192,6 +192,10 @@ def test_train_layers_trains_only_the_top_layers_and_publishes_the_whole_model(t
                if k != "lm_head.weight")
     with pytest.raises(ValueError, match="missing"):
         engine.update_weights(2, dict(part))         # a plain dict must be the whole model
+    # Resumed from a checkpoint, the frozen layers are the checkpoint's: publish everything.
+    worker.load_training_state(*worker.training_state())
+    full = worker.published_state()
+    assert not isinstance(full, PartialWeights) and set(full) == set(after)
     with pytest.raises(Exception, match="EngineConfig.train_layers: 99 is more than"):
         TrainerWorkerBody(0, 1, tiny, EngineConfig(train_layers=99), AlgoConfig())
     with pytest.raises(Exception, match="EngineConfig.train_layers"):
