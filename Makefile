@@ -118,7 +118,7 @@ demo: $(PY)
 LC_DIR := runs/learning-check
 learning-check: $(PY)
 	$(PY) -m cluster.job --config configs/learning-check.yaml $(ARGS)
-	$(PY) -m cluster.evaluate --config configs/learning-check.yaml --runs 3 \
+	$(PY) -m cluster.evaluate --config configs/learning-check.yaml --runs 11 \
 	    --model $(LC_DIR)/final --baseline $(LC_DIR)/sft --out $(LC_DIR)/evaluation.json $(ARGS)
 
 # Every file of the run folder, its Redis (live or its AOF), its cloud's SQLite state and Ray's

@@ -88,15 +88,49 @@ def stratified_bootstrap_diff(before: dict[str, list[float]], after: dict[str, l
     return point, (boots[int((1 - level) / 2 * n)], boots[min(n - 1, int((1 + level) / 2 * n))])
 
 
+def episode_pairs(before: dict[str, list[list[float]]], after: dict[str, list[list[float]]]
+                  ) -> list[tuple[float, float]]:
+    """The episodes of two evaluations on the same tasks and seeds, paired: per task, per run
+    (the run's seed fixes the order and the sampling seeds), the k-th episode of each. An
+    episode one side lost to an env error leaves its partner unpaired."""
+    pairs: list[tuple[float, float]] = []
+    for task in sorted(set(before) & set(after)):
+        for b_run, a_run in zip(before[task], after[task]):
+            pairs.extend(zip(b_run, a_run))
+    return pairs
+
+
+def paired_episode_diff(pairs: list[tuple[float, float]], *, n: int = 10_000, seed: int = 0,
+                        level: float = 0.95) -> tuple[float, tuple[float, float]]:
+    """Mean of ``after - before`` over paired episodes and its paired bootstrap interval
+    (resampling pairs: what the two models share, the task and the seed, stays together)."""
+    if not pairs:
+        raise ValueError("paired_episode_diff: no paired episodes")
+    diffs = [a - b for b, a in pairs]
+    rng = random.Random(seed)
+    k = len(diffs)
+    boots = sorted(sum(diffs[rng.randrange(k)] for _ in range(k)) / k for _ in range(n))
+    return sum(diffs) / k, (boots[int((1 - level) / 2 * n)],
+                            boots[min(n - 1, int((1 + level) / 2 * n))])
+
+
 def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """The difference between two :func:`evaluate` results on the same tasks."""
     diff, (lo, hi) = stratified_bootstrap_diff(before["per_task"], after["per_task"])
     by_task, (tlo, thi) = paired_bootstrap_diff(before["per_task"], after["per_task"])
-    return {"success_diff": diff, "success_diff_ci95": [lo, hi],
-            "method": "mean over tasks of the success difference; 95% interval from "
-                      "resampling episodes within each task (10,000 resamples)",
-            "success_diff_ci95_resampling_tasks": [tlo, thi],
-            "tasks": sorted(set(before["per_task"]) & set(after["per_task"]))}
+    out = {"success_diff": diff, "success_diff_ci95": [lo, hi],
+           "method": "mean over tasks of the success difference; 95% interval from "
+                     "resampling episodes within each task (10,000 resamples)",
+           "success_diff_ci95_resampling_tasks": [tlo, thi],
+           "tasks": sorted(set(before["per_task"]) & set(after["per_task"]))}
+    pairs = episode_pairs(before.get("per_task_runs", {}), after.get("per_task_runs", {}))
+    if pairs:
+        pdiff, (plo, phi) = paired_episode_diff(pairs)
+        out.update(paired_diff=pdiff, paired_diff_ci95=[plo, phi], pairs=len(pairs),
+                   paired_method="mean over episode pairs (same task, same run seed) of the "
+                                 "success difference; 95% paired bootstrap interval "
+                                 "(10,000 resamples of the pairs)")
+    return out
 
 
 def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | None = None,
@@ -120,6 +154,7 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
         raise ConfigError(f"evaluate: no {split} task matches {tasks!r}")
     servers, _ = start_policy(replace(config.policy, model=model_path))
     by_task: dict[str, list[float]] = {t: [] for t in selected}
+    by_task_run: dict[str, list[list[float]]] = {t: [] for t in selected}
     per_run: list[float] = []
     env_errors = leaked = 0
     try:
@@ -143,8 +178,11 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
             leaked += summary["leaked_resources"]
             ok = [r for r in results if not r["env_error"] and r["reward"] is not None]
             wins = [1.0 if r["reward"] >= 1.0 else 0.0 for r in ok]
+            for t in by_task_run:
+                by_task_run[t].append([])
             for r, w in zip(ok, wins):
                 by_task.setdefault(r["task_id"], []).append(w)
+                by_task_run.setdefault(r["task_id"], [[] for _ in range(run + 1)])[-1].append(w)
             per_run.append(sum(wins) / len(wins) if wins else 0.0)
             if progress is not None:
                 progress(f"{label} run {run + 1}/{runs}: success {per_run[-1]:.2f} "
@@ -158,6 +196,7 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
             "success": sum(pooled) / len(pooled) if pooled else 0.0,
             "success_ci95": [lo, hi], "success_per_run": per_run,
             "per_task": {t: ws for t, ws in by_task.items() if ws},
+            "per_task_runs": {t: rs for t, rs in by_task_run.items() if any(rs)},
             "env_errors": env_errors, "leaked_resources": leaked}
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.evaluate import (bootstrap_ci, compare, paired_bootstrap_diff,
+from cluster.evaluate import (bootstrap_ci, compare, episode_pairs, paired_bootstrap_diff,
+                              paired_episode_diff,
                               stratified_bootstrap_diff)
 
 
@@ -61,3 +62,30 @@ def test_compare_reports_both_intervals_over_common_tasks():
     assert lo <= out["success_diff"] <= hi
     tlo, thi = out["success_diff_ci95_resampling_tasks"]
     assert (tlo, thi) == (0.0, pytest.approx(2 / 3))
+
+
+def test_episode_pairs_follow_task_and_run_and_skip_the_unpaired():
+    before = {"a": [[0.0], [1.0]], "b": [[0.0], []], "only-before": [[1.0]]}
+    after = {"a": [[1.0], [1.0]], "b": [[1.0], [1.0]]}
+    assert episode_pairs(before, after) == [(0.0, 1.0), (1.0, 1.0), (0.0, 1.0)]
+
+
+def test_paired_episode_diff_interval():
+    # 100 pairs: 30 gained, 5 lost, the rest the same: +0.25 with an interval above 0.
+    pairs = [(0.0, 1.0)] * 30 + [(1.0, 0.0)] * 5 + [(1.0, 1.0)] * 20 + [(0.0, 0.0)] * 45
+    diff, (lo, hi) = paired_episode_diff(pairs)
+    assert diff == pytest.approx(0.25)
+    assert 0.0 < lo < diff < hi < 0.5
+    same, (lo0, hi0) = paired_episode_diff([(b, b) for b, _ in pairs])
+    assert same == 0.0 and lo0 == hi0 == 0.0
+    with pytest.raises(ValueError):
+        paired_episode_diff([])
+
+
+def test_compare_adds_the_paired_interval_when_runs_are_known():
+    before = {"per_task": {"a": [0.0, 1.0]}, "per_task_runs": {"a": [[0.0], [1.0]]}}
+    after = {"per_task": {"a": [1.0, 1.0]}, "per_task_runs": {"a": [[1.0], [1.0]]}}
+    out = compare(before, after)
+    assert out["pairs"] == 2 and out["paired_diff"] == pytest.approx(0.5)
+    assert "paired_diff" not in compare({"per_task": before["per_task"]},
+                                        {"per_task": after["per_task"]})
