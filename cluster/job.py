@@ -44,7 +44,7 @@ from tqdm import tqdm
 from cluster.builders import rollout_parts
 from cluster.config import JobConfig, check_training, metrics_publish
 from cluster.export import ExportConfig, run_export
-from cluster.rollout import RolloutActor, start_policy
+from cluster.rollout import RolloutActor, start_policy, success_by_version
 from cluster.runtime import (LocalServices, Observed, PeakMemory, TrainingBeacon, progress,
                              raise_interrupt, ray_init, stop_actors)
 from consolerl.config import load_config, to_dict
@@ -348,6 +348,11 @@ def _stop_rollouts(orchestrator: Any, run_ref: Any, lease_ttl_s: float) -> dict[
     except Exception as exc:  # noqa: BLE001 - still drain below
         out["rollout_error"] = f"{type(exc).__name__}: {exc}"[:500]
     try:
+        out["train_curve"] = success_by_version(ray.get(orchestrator.results.remote(),
+                                                        timeout=120))
+    except Exception as exc:  # noqa: BLE001 - still drain below
+        out["train_curve_error"] = f"{type(exc).__name__}: {exc}"[:500]
+    try:
         # What dead holders (this run's, or a killed run's before a --resume) left behind.
         out["orphans_cleaned"] = ray.get(orchestrator.sweep.remote(lease_ttl_s + 15),
                                          timeout=lease_ttl_s + 120)
@@ -441,6 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     if "error" in summary:
         print(f"error: {explain_no_experience(summary)}", file=sys.stderr)
     ok = _healthy(summary, config)
+    if summary.get("train_curve"):
+        progress("train success by policy version: " + ", ".join(
+            f"v{c['version']} {c['success']:.2f} ({c['episodes']})"
+            for c in summary["train_curve"]))
     progress(("done" if ok else "done with problems") + f" in {summary['wall_s']} s; "
              f"summary in {config.run.dir}/summary.json")
     return 0 if ok else 1

@@ -47,6 +47,19 @@ def start_policy(config: PolicyConfig, metrics: PublishConfig | None = None
     return servers, PolicyRouter(servers)
 
 
+def success_by_version(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The train success curve: per policy version (the weights after that many steps), the
+    share of scored episodes (env errors left out) that succeeded, whether their group was
+    trained or dropped as uniform."""
+    by: dict[int, list[float]] = {}
+    for r in results:
+        if r.get("env_error") or r.get("reward") is None or r.get("version", -1) < 0:
+            continue
+        by.setdefault(int(r["version"]), []).append(1.0 if r["reward"] >= 1.0 else 0.0)
+    return [{"version": v, "episodes": len(ws), "success": round(sum(ws) / len(ws), 4)}
+            for v, ws in sorted(by.items())]
+
+
 @dataclass(frozen=True)
 class RolloutParts:
     """The component configs the rollout side is built from (what crosses into
@@ -105,7 +118,10 @@ class RolloutBody:
                  "reward": None if e.reward is None else e.reward.reward,
                  "verdict": None if e.reward is None else e.reward.verdict,
                  "end_reason": e.trajectory.end_reason if e.trajectory else None,
-                 "steps": len(e.trajectory.turns) if e.trajectory else 0}
+                 "steps": len(e.trajectory.turns) if e.trajectory else 0,
+                 # The policy version of its first turn (-1: no turn ran).
+                 "version": e.trajectory.turns[0].version if e.trajectory and
+                 e.trajectory.turns else -1}
                 for e in self.orchestrator.episodes]
 
     async def stop(self) -> None:

@@ -38,3 +38,18 @@ def test_overrides_and_errors():
         load_config(JobConfig, CONFIGS / "cpu.yaml", ["trainer.algo.adv_estimator=magic"])
     with pytest.raises(ConfigError, match="unknown field.*trainers"):
         load_config(JobConfig, CONFIGS / "cpu.yaml", ["trainers.steps=1"])
+
+
+def test_success_by_version_is_the_train_curve_over_scored_episodes():
+    from cluster.rollout import success_by_version
+    results = [
+        {"task_id": "a", "env_error": None, "reward": 1.0, "version": 0},
+        {"task_id": "a", "env_error": None, "reward": 0.0, "version": 0},
+        {"task_id": "b", "env_error": None, "reward": 1.0, "version": 2},
+        {"task_id": "b", "env_error": "browser_died", "reward": 0.0, "version": 2},
+        {"task_id": "b", "env_error": None, "reward": None, "version": 2},
+        {"task_id": "c", "env_error": None, "reward": 0.0, "version": -1},
+    ]
+    assert success_by_version(results) == [
+        {"version": 0, "episodes": 2, "success": 0.5},
+        {"version": 2, "episodes": 1, "success": 1.0}]
