@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from consolerl.config import check_resources
 from consolerl.errors import ConfigError
 from env_workers.worker import WorkerConfig
 from infra.observability.discovery import PublishConfig
@@ -43,6 +44,10 @@ class EnvSection:
     lease_ttl_s: float = 60.0
     lease_prefix: str = "consolerl:pool"
     scheduling_strategy: str = "DEFAULT"    # SPREAD: one worker per node, in turn
+    resources: dict[str, float] = field(default_factory=dict)   # Ray custom resources
+
+    def __post_init__(self) -> None:
+        check_resources("EnvSection.resources", self.resources)
 
 
 @dataclass(frozen=True)

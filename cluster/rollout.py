@@ -41,6 +41,8 @@ def start_policy(config: PolicyConfig, metrics: PublishConfig | None = None
                                  "max_restarts": -1, "max_task_retries": 0}
     if config.num_gpus_per_replica:
         resources["num_gpus"] = config.num_gpus_per_replica
+    if config.resources:
+        resources["resources"] = dict(config.resources)
     servers = [PolicyServer.options(**resources).remote(pinned, None, None, f"policy-{i}",
                                                         metrics)
                for i in range(config.replicas)]

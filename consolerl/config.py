@@ -36,6 +36,29 @@ def check_int(where: str, value: Any, minimum: int) -> None:
         raise ConfigError(f"{where}: must be an integer >= {minimum}, got {value!r}")
 
 
+# Resources with their own settings (num_cpus, num_gpus, memory_gib), not custom ones.
+_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
+
+
+def check_resources(where: str, value: Any) -> None:
+    """Ray custom resources an actor needs (``{"browser": 1}``): it is placed only on a node
+    that offers them. Names other than Ray's built-in ones; amounts > 0, whole numbers above
+    1 (Ray's rule for fractional resources)."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: must be a mapping of resource name to amount, "
+                          f"got {type(value).__name__}")
+    for name, amount in value.items():
+        if not isinstance(name, str) or not name or name in _BUILTIN_RESOURCES:
+            raise ConfigError(f"{where}: {name!r} is not a custom resource name (CPUs, GPUs "
+                              "and memory have settings of their own)")
+        if (isinstance(amount, bool) or not isinstance(amount, (int, float))
+                or not amount > 0 or amount == float("inf")):
+            raise ConfigError(f"{where}.{name}: must be a number > 0, got {amount!r}")
+        if amount > 1 and amount != int(amount):
+            raise ConfigError(f"{where}.{name}: an amount above 1 must be a whole number, "
+                              f"got {amount!r}")
+
+
 def _convert(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)

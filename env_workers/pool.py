@@ -22,6 +22,7 @@ import ray
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from consolerl.accounts import lease_agent
+from consolerl.config import check_resources
 from consolerl.errors import ConfigError
 from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
 from infra.observability.discovery import PublishConfig, publish
@@ -58,6 +59,9 @@ class EnvPoolConfig:
     max_restarts: int = -1                  # -1: restart a crashed worker forever
     # Ray placement: DEFAULT packs workers, SPREAD puts them on distinct nodes.
     scheduling_strategy: str = "DEFAULT"
+    # Ray custom resources each worker needs (e.g. {"browser": 1}): workers go only to nodes
+    # that offer them.
+    resources: dict[str, float] = field(default_factory=dict)
     # Each worker serves its Prometheus metrics (consolerl_env_worker_*, consolerl_env_pool_*)
     # on a free port of its node, announced for discovery (listed by health()); None: not served.
     metrics: PublishConfig | None = None
@@ -71,6 +75,7 @@ class EnvPoolConfig:
         if self.scheduling_strategy not in ("DEFAULT", "SPREAD"):
             raise ConfigError(f"env pool: field 'scheduling_strategy' must be DEFAULT or "
                               f"SPREAD, got {self.scheduling_strategy!r}")
+        check_resources("env pool: field 'resources'", self.resources)
 
 
 class EnvWorkerBody:
@@ -220,11 +225,14 @@ class EnvPool:
 
     def __init__(self, config: EnvPoolConfig):
         self.config = config
+        options: dict[str, Any] = {
+            "max_restarts": config.max_restarts, "max_task_retries": 0,
+            "num_cpus": config.num_cpus_per_worker, "max_concurrency": 4,
+            "scheduling_strategy": config.scheduling_strategy}
+        if config.resources:
+            options["resources"] = dict(config.resources)
         self.actors = [
-            EnvWorkerActor.options(name=None, max_restarts=config.max_restarts,
-                                   max_task_retries=0, num_cpus=config.num_cpus_per_worker,
-                                   max_concurrency=4,
-                                   scheduling_strategy=config.scheduling_strategy)
+            EnvWorkerActor.options(**options)
             .remote(config.worker, config.pool, f"env-worker-{i}", config.metrics)
             for i in range(config.workers)]
 

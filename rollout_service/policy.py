@@ -22,14 +22,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import ray
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from consolerl.config import check_int
+from consolerl.config import check_int, check_resources
 from consolerl.errors import ConfigError, ConsoleRLError
 from consolerl.tensors import PartialWeights
 from infra.observability.discovery import PublishConfig, publish
@@ -59,6 +59,8 @@ class PolicyConfig:
     num_gpus_per_replica: float = 0.0
     # Ray placement of the replicas: DEFAULT packs them, SPREAD puts them on distinct nodes.
     scheduling_strategy: str = "DEFAULT"
+    # Ray custom resources each replica needs (e.g. {"policy": 1}).
+    resources: dict[str, float] = field(default_factory=dict)
     vllm_python: str = ""
     gpu_memory_utilization: float = 0.9
     kv_cache_gib: float = 0.0
@@ -66,6 +68,7 @@ class PolicyConfig:
     startup_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
+        check_resources("PolicyConfig.resources", self.resources)
         if self.backend not in ("transformers", "vllm"):
             raise ConfigError(f"PolicyConfig.backend: must be transformers or vllm, "
                               f"got {self.backend!r}")

@@ -27,7 +27,7 @@ from typing import Any
 
 import ray
 
-from consolerl.config import check_int
+from consolerl.config import check_int, check_resources
 from consolerl.errors import ConfigError
 from consolerl.tensors import PartialWeights
 from infra.local_cloud import free_port
@@ -97,6 +97,8 @@ class EngineConfig:
     threads_per_worker: int = 0                 # torch intra-op threads; 0 = torch's default
     train_layers: int = 0
     share_prefix: bool = True
+    # Ray custom resources each worker needs (e.g. {"trainer": 1}).
+    resources: dict[str, float] = field(default_factory=dict)
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
@@ -115,6 +117,7 @@ class EngineConfig:
             raise ConfigError(f"EngineConfig.memory_gib: must be >= 0 (0 = no reservation), "
                               f"got {self.memory_gib!r}")
         check_int("EngineConfig.train_layers", self.train_layers, 0)
+        check_resources("EngineConfig.resources", self.resources)
         if self.micro_batch_tokens < 64:
             raise ConfigError(f"EngineConfig.micro_batch_tokens: must be >= 64, "
                               f"got {self.micro_batch_tokens!r}")
@@ -473,6 +476,8 @@ def start_workers(model_path: str, engine: EngineConfig, algo: AlgoConfig) -> li
         resources["num_gpus"] = engine.num_gpus_per_worker
     if engine.memory_gib:
         resources["memory"] = int(engine.memory_gib * 2**30)
+    if engine.resources:
+        resources["resources"] = dict(engine.resources)
     threads = engine.threads_per_worker or max(1, int(engine.num_cpus_per_worker))
     env = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
     workers = [TrainerWorker.options(**resources, runtime_env=env).remote(

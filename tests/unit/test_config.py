@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from consolerl.config import load_config, to_dict
+from consolerl.config import check_resources, load_config, to_dict
 from consolerl.errors import ConfigError
 from rollout_service.agent import AgentConfig
 
@@ -67,3 +67,36 @@ def test_errors_name_the_field(tmp_path, text, overrides, message):
     with pytest.raises(ConfigError) as err:
         load_config(Root, path, overrides)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("value, message", [
+    ({"CPU": 1}, "'CPU' is not a custom resource name"),
+    ({"memory": 1}, "'memory' is not a custom resource name"),
+    ({"browser": 0}, "resources.browser: must be a number > 0"),
+    ({"browser": True}, "resources.browser: must be a number > 0"),
+    ({"browser": float("inf")}, "resources.browser: must be a number > 0"),
+    ({"browser": 1.5}, "an amount above 1 must be a whole number"),
+    ([1], "must be a mapping of resource name to amount"),
+])
+def test_custom_resources_are_checked(value, message):
+    with pytest.raises(ConfigError) as err:
+        check_resources("X.resources", value)
+    assert message in str(err.value)
+
+
+def test_custom_resources_reach_each_actor_config(tmp_path):
+    """env, policy and trainer each name what their actors need; bad ones fail at load."""
+    from cluster.builders import rollout_parts
+    from cluster.config import JobConfig
+    path = tmp_path / "c.yaml"
+    path.write_text("env: {resources: {browser: 1}}\npolicy: {resources: {policy: 0.5}}\n"
+                    "trainer: {engine: {resources: {trainer: 2}}}\n")
+    config = load_config(JobConfig, path)
+    assert rollout_parts(config).env_pool.resources == {"browser": 1.0}
+    assert config.policy.resources == {"policy": 0.5}
+    assert config.trainer.engine.resources == {"trainer": 2.0}
+    check_resources("ok", {"browser": 0.25, "policy": 3})
+    for bad in ("env.resources={GPU: 1}", "policy.resources={policy: 0}",
+                "trainer.engine.resources={trainer: 2.5}"):
+        with pytest.raises(ConfigError):
+            load_config(JobConfig, path, [bad])
