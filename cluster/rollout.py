@@ -115,15 +115,9 @@ class RolloutBody:
 
     async def results(self) -> list[dict[str, Any]]:
         """Every episode so far: task, reward, verdict, env error (for evaluation)."""
-        return [{"task_id": e.task_id,
-                 "env_error": None if e.env_error is None else e.env_error.kind,
-                 "reward": None if e.reward is None else e.reward.reward,
-                 "verdict": None if e.reward is None else e.reward.verdict,
-                 "end_reason": e.trajectory.end_reason if e.trajectory else None,
-                 "steps": len(e.trajectory.turns) if e.trajectory else 0,
-                 # The policy version of its first turn (-1: no turn ran).
-                 "version": e.trajectory.turns[0].version if e.trajectory and
-                 e.trajectory.turns else -1}
+        return [{"task_id": e.task_id, "env_error": e.env_error, "reward": e.reward,
+                 "verdict": e.verdict, "end_reason": e.end_reason, "steps": e.steps,
+                 "version": e.version}
                 for e in self.orchestrator.episodes]
 
     async def stop(self) -> None:

@@ -22,13 +22,16 @@ such as :func:`rollout_service.oracle.run_oracle`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
+import functools
 import logging
 import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import oss2
 
@@ -51,6 +54,7 @@ from .agent import AgentLoop
 from .policy import call
 
 log = logging.getLogger("rollout_service.episode")
+T = TypeVar("T")
 StepFn = Callable[[str], Awaitable[StepResult]]
 # A scripted agent: acts through ``step`` and returns the last step's result.
 Script = Callable[[Task, Mapping[str, str], StepFn, Observation], Awaitable[StepResult]]
@@ -297,7 +301,8 @@ class EpisodeRunner:
     def __init__(self, accounts: Mapping[str, Account] | list[Account], endpoint: str,
                  scorer: Scorer, *,
                  client_factory: Callable[[Account], CloudClient] | None = None,
-                 ready_timeout_s: float = 120.0, acquire_timeout_s: float | None = 300.0):
+                 ready_timeout_s: float = 120.0, acquire_timeout_s: float | None = 300.0,
+                 executor: concurrent.futures.Executor | None = None):
         self.accounts = dict(accounts) if isinstance(accounts, Mapping) else {
             a.account_id: a for a in accounts}
         self.scorer = scorer
@@ -307,6 +312,16 @@ class EpisodeRunner:
         self.ready_timeout_s = ready_timeout_s
         self.cleanup_wait_s = 60.0
         self._provisioners: dict[str, SdkProvisioner] = {}
+        # The blocking calls (SDK, audit log, scoring) run here: the loop's default executor
+        # (None) has cpu_count + 4 threads, which a scorer waiting out ActionTrail's rate
+        # limit for hundreds of workers fills; the orchestrator passes one sized to them.
+        self.executor = executor
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the runner's executor (as ``asyncio.to_thread`` does in the
+        default one: the caller's context variables go with it)."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, call)
 
     def provisioner(self, account: Account) -> SdkProvisioner:
         p = self._provisioners.get(account.account_id)
@@ -323,7 +338,7 @@ class EpisodeRunner:
         cleaned = 0
         for orphan in orphans:
             try:
-                report = await asyncio.to_thread(provisioner.destroy, orphan)
+                report = await self.blocking(provisioner.destroy, orphan)
             except (CloudAPIError, oss2.exceptions.OssError) as exc:
                 log.warning("orphaned episode %s: %s (left for later)", orphan, exc)
                 continue
@@ -410,7 +425,7 @@ class EpisodeRunner:
         method = self.scorer
         if getattr(method, "remote", None) is not None:
             return await method.remote(request.model_dump())
-        return await asyncio.to_thread(method, request, task)
+        return await self.blocking(method, request, task)
 
     async def run(self, env: Any, task: Task, policy: EpisodePolicy, *, max_steps: int,
                   trajectory_id: str = "", seed: int = 0, observer: Observer | None = None
@@ -449,7 +464,7 @@ class EpisodeRunner:
                 await _env_call(env.begin, outcome.episode_id)
             try:
                 t0 = time.perf_counter()
-                ready = await asyncio.to_thread(provisioner.provision,
+                ready = await self.blocking(provisioner.provision,
                                                 list(task.prerequisites), outcome.episode_id)
                 outcome.provision_s = time.perf_counter() - t0
             except (ProvisionError, CloudAPIError) as exc:
@@ -522,11 +537,11 @@ class EpisodeRunner:
             client = provisioner.client
             named = {fill(v, values) for req in task.success.required_events
                      for v in req.literals()}
-            outcome.broken_prerequisites = await asyncio.to_thread(lambda: [
+            outcome.broken_prerequisites = await self.blocking(lambda: [
                 f"{r.type} {r.cloud_id}" for r in ready.resources
                 if r.cloud_id not in named and not exists(client, r)])
             try:
-                console = await asyncio.to_thread(self._console_events, client, account,
+                console = await self.blocking(self._console_events, client, account,
                                                   started)
             except CloudAPIError as exc:
                 # What the agent did cannot be read back (the cloud failing): not trusted.
@@ -546,9 +561,9 @@ class EpisodeRunner:
             if outcome.env_error is not None and not extra:
                 # Ended by an env error after the browser opened: what the agent created
                 # is found from the audit log all the same, so that it is destroyed too.
-                extra = await asyncio.to_thread(self._agent_created, provisioner, account,
+                extra = await self.blocking(self._agent_created, provisioner, account,
                                                 started_at[0])
-            clean = await asyncio.to_thread(self._clean_up, provisioner, outcome, extra)
+            clean = await self.blocking(self._clean_up, provisioner, outcome, extra)
             if tracked and clean:
                 await _quiet(env.cleaned, outcome.episode_id)
             provisioner.user_agent = ""         # the lease ends here

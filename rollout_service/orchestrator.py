@@ -25,6 +25,7 @@ the trainer's version moves before the next batch (the batch barrier of verl's c
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import re
 import secrets
 import time
@@ -63,11 +64,14 @@ class OrchestratorConfig:
     # groups opened, then is tried again (the policy has moved). 0 = off.
     uniform_streak: int = 0
     uniform_cooldown: int = 8
+    # Threads for the episodes' blocking calls (SDK, audit log, scoring); 0: one per env
+    # worker plus 4, so no episode queues behind another's ActionTrail wait.
+    io_threads: int = 0
 
     def __post_init__(self) -> None:
         for name, low in (("group_size", 1), ("max_staleness", 0), ("groups_per_step", 1),
                           ("max_env_retries", 0), ("uniform_streak", 0),
-                          ("uniform_cooldown", 1)):
+                          ("uniform_cooldown", 1), ("io_threads", 0)):
             check_int(f"OrchestratorConfig.{name}", getattr(self, name), low)
         if self.mode not in ("async", "sync"):
             raise ConfigError(f"OrchestratorConfig.mode: must be async or sync, "
@@ -79,6 +83,30 @@ class OrchestratorConfig:
             re.compile(self.task_filter)
         except re.error as exc:
             raise ConfigError(f"OrchestratorConfig.task_filter: {exc}") from None
+
+
+@dataclass(frozen=True)
+class EpisodeSummary:
+    """What the orchestrator keeps of a finished episode (the trajectory itself goes to the
+    stream with its group; keeping every one would grow without bound in a long run)."""
+
+    task_id: str
+    env_error: str | None          # its kind
+    reward: float | None
+    verdict: str | None
+    end_reason: str | None
+    steps: int
+    version: int                   # the policy version of its first turn (-1: no turn)
+    leaked: int
+
+    @classmethod
+    def of(cls, e: EpisodeOutcome) -> EpisodeSummary:
+        traj = e.trajectory
+        return cls(e.task_id, None if e.env_error is None else e.env_error.kind,
+                   None if e.reward is None else e.reward.reward,
+                   None if e.reward is None else e.reward.verdict,
+                   traj.end_reason if traj else None, len(traj.turns) if traj else 0,
+                   traj.turns[0].version if traj and traj.turns else -1, len(e.leaked))
 
 
 @dataclass
@@ -144,7 +172,8 @@ class Orchestrator:
                  workers: Sequence[Any], accounts: Sequence[Account], endpoint: str,
                  agent: AgentLoop, scorer: Any, stream: ExperienceStream,
                  registry: CollectorRegistry | None = None,
-                 client_factory: Callable[[Account], CloudClient] | None = None):
+                 client_factory: Callable[[Account], CloudClient] | None = None,
+                 executor: concurrent.futures.Executor | None = None):
         self.config = config
         pick = [t for t in tasks if (config.split == "all" or t.split == config.split)
                 and re.search(config.task_filter, t.id)]
@@ -155,8 +184,11 @@ class Orchestrator:
         self.workers = list(workers)
         if not self.workers:
             raise ConfigError("orchestrator: needs at least one env worker")
+        self.executor = executor or concurrent.futures.ThreadPoolExecutor(
+            config.io_threads or len(self.workers) + 4, thread_name_prefix="rollout-io")
         self.runner = EpisodeRunner(accounts, endpoint, scorer, client_factory=client_factory,
-                                    acquire_timeout_s=config.acquire_timeout_s)
+                                    acquire_timeout_s=config.acquire_timeout_s,
+                                    executor=self.executor)
         self.agent = agent
         self.policy = model_policy(agent)
         self.stream = stream
@@ -172,9 +204,11 @@ class Orchestrator:
         self._resting: dict[str, int] = {}         # task -> groups_opened when it may return
         self.groups_dropped = 0
         self.groups_abandoned = 0
-        self.episodes: list[EpisodeOutcome] = []
+        self.episodes: list[EpisodeSummary] = []
         self.busy_s: dict[str, float] = {}
         self._stop = asyncio.Event()           # only polled (is_set), never awaited
+        self._version, self._version_at = 0, float("-inf")
+        self._version_reading = False
 
     # ---- one episode ---------------------------------------------------------------------------
     async def episode(self, worker: Any, task: Task, trajectory_id: str, seed: int
@@ -268,19 +302,21 @@ class Orchestrator:
         """Groups opened that were not dropped or abandoned: pushed, or still running."""
         return self.groups_opened - self.groups_dropped - self.groups_abandoned
 
-    async def _capacity(self, stop: asyncio.Event | None = None) -> None:
-        """Wait until staleness capacity allows opening one more group (or ``stop`` is set)."""
-        t0 = time.monotonic()
-        while stop is None or not stop.is_set():
-            version = await asyncio.to_thread(self.stream.trainer_version)
-            self.metrics.trainer_version.set(version)
-            limit = (version + self.config.max_staleness + 1) * self.config.groups_per_step
-            if self.groups_admitted < limit:
-                break
-            await asyncio.sleep(0.2)
-        waited = time.monotonic() - t0
-        if waited > 0.01:
-            self.metrics.admission_wait.inc(waited)
+    def _limit(self, version: int) -> int:
+        return (version + self.config.max_staleness + 1) * self.config.groups_per_step
+
+    async def _trainer_version(self) -> int:
+        """The trainer's version, read from Redis at most every 0.2 s however many workers
+        ask: one read at a time, the others take the last value."""
+        if not self._version_reading and time.monotonic() - self._version_at >= 0.2:
+            self._version_at = time.monotonic()
+            self._version_reading = True
+            try:
+                self._version = await self.runner.blocking(self.stream.trainer_version)
+            finally:
+                self._version_reading = False
+            self.metrics.trainer_version.set(self._version)
+        return self._version
 
     async def run(self, max_groups: int | None, deadline_s: float | None = None
                   ) -> dict[str, Any]:
@@ -314,7 +350,7 @@ class Orchestrator:
             "groups_abandoned": self.groups_abandoned,
             "episodes_per_min": round(len(self.episodes) / wall_s * 60, 2) if wall_s else 0.0,
             "env_utilization": round(busy / (wall_s * n_workers), 4) if wall_s else 0.0,
-            "leaked_resources": sum(len(e.leaked) for e in self.episodes),
+            "leaked_resources": sum(e.leaked for e in self.episodes),
         }
 
     def _returned(self, group: _Group, index: int, result: EpisodeOutcome) -> None:
@@ -346,25 +382,30 @@ class Orchestrator:
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
 
         async def claim() -> tuple[_Group, int] | None:
+            """The next sample to run: a pending one of the oldest open group, or the first
+            of a new group when staleness capacity allows; waiting re-checks both (a worker
+            held at capacity still takes a retry or a sample of a group opened by another)."""
+            waited_since = None
             while not stop.is_set():
+                version = await self._trainer_version()
                 async with lock:
                     for g in open_groups:            # oldest open group first
                         if not g.abandoned and g.pending:
                             g.in_flight += 1
                             return g, g.pending.pop(0)
                     may_open = self.groups_opened < max_groups
-                if not may_open:
-                    if not open_groups:
-                        return None
-                    await asyncio.sleep(0.1)      # a retry may still need a worker
-                    continue
-                await self._capacity(stop)
-                async with lock:
-                    if self.groups_opened < max_groups and not stop.is_set():
+                    if may_open and self.groups_admitted < self._limit(version):
+                        if waited_since is not None:
+                            self.metrics.admission_wait.inc(time.monotonic() - waited_since)
                         g = self._open_group()
                         open_groups.append(g)
                         g.in_flight += 1
                         return g, g.pending.pop(0)
+                if not may_open and not open_groups:
+                    return None
+                if may_open and waited_since is None:
+                    waited_since = time.monotonic()
+                await asyncio.sleep(0.1)          # a retry, a new group, or capacity
             return None
 
         async def work(worker: Any) -> None:
@@ -379,12 +420,12 @@ class Orchestrator:
                 group, i = slot
                 result = await self.episode(worker, group.task, f"{group.group_id}-{i}",
                                             self._seed(group, i))
-                self.episodes.append(result)
+                self.episodes.append(EpisodeSummary.of(result))
                 async with lock:
                     self._returned(group, i, result)
                     if group.done and group in open_groups:
                         open_groups.remove(group)
-                        await asyncio.to_thread(self._finish, group)
+                        await self.runner.blocking(self._finish, group)
                         finished += 1
                         if finished >= max_groups:
                             stop.set()
@@ -394,7 +435,7 @@ class Orchestrator:
     async def _run_sync(self, max_groups: float, deadline_s: float | None) -> None:
         done = 0
         unconsumed = 0                 # groups pushed that the trainer has not stepped on yet
-        version = await asyncio.to_thread(self.stream.trainer_version)
+        version = await self.runner.blocking(self.stream.trainer_version)
         deadline = None if deadline_s is None else time.monotonic() + deadline_s
         while done < max_groups and not self._stop.is_set():
             if deadline is not None and time.monotonic() > deadline:
@@ -412,19 +453,19 @@ class Orchestrator:
                     group.in_flight += 1
                     result = await self.episode(worker, group.task, f"{group.group_id}-{i}",
                                                 self._seed(group, i))
-                    self.episodes.append(result)
+                    self.episodes.append(EpisodeSummary.of(result))
                     self._returned(group, i, result)
             while not all(g.done for g in batch):
                 await asyncio.gather(*(work(w) for w in self.workers))    # the batch barrier
             for g in batch:
-                unconsumed += await asyncio.to_thread(self._finish, g) == "pushed"
+                unconsumed += await self.runner.blocking(self._finish, g) == "pushed"
             done += len(batch)
             steps = unconsumed // self.config.groups_per_step
             if done < max_groups and steps:
                 # The barrier: the next batch waits until the trainer has stepped on this one.
                 # (Dropped or abandoned groups leave the batch short: generate more first.)
                 while not self._stop.is_set() and \
-                        await asyncio.to_thread(self.stream.trainer_version) < version + steps:
+                        await self.runner.blocking(self.stream.trainer_version) < version + steps:
                     await asyncio.sleep(0.2)
                 version += steps
                 unconsumed -= steps * self.config.groups_per_step

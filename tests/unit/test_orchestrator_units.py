@@ -103,6 +103,30 @@ def test_staleness_capacity_holds_new_groups_until_the_trainer_moves():
     assert summary["groups_pushed"] == 2
 
 
+def test_workers_held_at_capacity_still_take_samples_of_open_groups():
+    # Staleness 0, two groups a step: two groups of 4 may be open at version 0, eight
+    # samples for eight workers. All eight start at once: the ones that find no group and
+    # no capacity must still take the other samples of the groups opened meanwhile (they
+    # used to wait at the capacity check until the trainer moved, with samples pending).
+    stream = FakeStream()
+    orch, stream, calls = orchestrator(
+        OrchestratorConfig(group_size=4, max_staleness=0, groups_per_step=2),
+        lambda n, i: float(i), stream=stream, workers=8)
+    running, peak = [0], [0]
+    fake = orch.episode
+
+    async def episode(*args):
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        await asyncio.sleep(0.3)
+        running[0] -= 1
+        return await fake(*args)
+    orch.episode = episode
+    summary = run_async(asyncio.wait_for(orch.run(max_groups=2), 10))
+    assert summary["groups_pushed"] == 2 and calls[0] == 8
+    assert peak[0] == 8
+
+
 def test_dropped_groups_give_their_capacity_back():
     # Staleness 0 at version 0 admits one group. The first two groups are uniform (dropped):
     # the trainer never sees them and never moves, so the third group, the first one it can
@@ -181,3 +205,36 @@ def test_tasks_whose_groups_are_uniform_rest_then_return():
     off = OrchestratorConfig(group_size=2)
     orch2, _, _ = orchestrator(off, lambda n, i: 0.0, workers=1)
     assert [orch2._open_group().task.id for _ in range(4)] == [a, b, a, b]
+
+
+def test_the_orchestrator_keeps_a_summary_of_each_episode_not_its_trajectory():
+    orch, stream, _ = orchestrator(OrchestratorConfig(group_size=2, max_staleness=5),
+                                   lambda n, i: "env_error" if n == 1 else float(i))
+    stream.version = 3
+    summary = run_async(orch.run(max_groups=2))
+    assert summary["episodes"] == len(orch.episodes) == 5 and summary["env_errors"] == 1
+    first, second = orch.episodes[0], orch.episodes[1]
+    assert first.env_error == "browser_crashed" and first.reward is None and first.steps == 0
+    assert first.version == -1
+    assert second.env_error is None and second.steps == 1 and second.version == 3
+    assert second.end_reason == "stop" and second.verdict in ("success", "failure")
+    assert not any(hasattr(e, "trajectory") for e in orch.episodes)
+
+
+def test_blocking_calls_run_in_an_executor_sized_to_the_workers():
+    # The runner's SDK, audit-log and scoring calls block a thread each for their whole
+    # duration (a scorer may wait out ActionTrail's 2/s): one thread per env worker.
+    import threading
+    orch, _, _ = orchestrator(OrchestratorConfig(group_size=2), lambda n, i: 1.0, workers=40)
+    assert orch.executor._max_workers == 44
+
+    async def names_of_threads():
+        return await asyncio.gather(*(orch.runner.blocking(
+            lambda: threading.current_thread().name) for _ in range(3)))
+    names = run_async(names_of_threads())
+    assert all(name.startswith("rollout-io") for name in names)
+    sized, _, _ = orchestrator(OrchestratorConfig(group_size=2, io_threads=7),
+                               lambda n, i: 1.0, workers=40)
+    assert sized.executor._max_workers == 7
+    with pytest.raises(ConfigError, match="io_threads"):
+        OrchestratorConfig(io_threads=-1)
