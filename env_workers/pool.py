@@ -82,11 +82,17 @@ class EnvWorkerBody:
     """The actor's body (kept a plain class so it can be tested without Ray)."""
 
     def __init__(self, worker_config: WorkerConfig, pool_config: PoolConfig, name: str,
-                 metrics: PublishConfig | None = None):
+                 metrics: PublishConfig | None = None, *, pool: AccountPool | None = None,
+                 browser: Any = None):
+        """``pool``: an account pool shared with other workers of this process (built from
+        ``pool_config`` when None); ``browser``: what runs the episode's browser side (an
+        :class:`EnvWorker` when None; the scale benchmark passes a simulated one)."""
         self.name = name
         self.registry = CollectorRegistry()
-        self.worker = EnvWorker(worker_config, self.registry)
-        self.pool = AccountPool.from_config(pool_config, registry=self.registry)
+        self.worker = browser if browser is not None else EnvWorker(worker_config,
+                                                                    self.registry)
+        self.pool = pool if pool is not None else AccountPool.from_config(
+            pool_config, registry=self.registry)
         self.heartbeat: Heartbeat | None = None
         self.lease: Lease | None = None
         self.leased_at: float | None = None

@@ -543,3 +543,49 @@ def test_accounts_from_environment_and_secrets_file(tmp_path):
     with pytest.raises(ConfigError, match="not valid YAML at line 2") as caught:
         secrets_file_accounts(path)
     assert "Hunter2" not in str(caught.value)
+
+
+# -- the free index (issue 25: an acquire no longer scans every account) ---------------------
+
+def test_the_index_follows_the_account_list_redis_losing_it_and_quarantine(
+        make_pool, rclient, redis_server, accounts):
+    prefix = f"test:{secrets.token_hex(4)}"
+    small = make_pool(2, key_prefix=prefix)
+    a = small.acquire("w0", timeout_s=0)
+    b = small.acquire("w1", timeout_s=0)
+    with pytest.raises(NoAccountAvailable):
+        small.acquire("w2", timeout_s=0)
+    # The operator adds an account: pools built from the new list (same prefix) rebuild the
+    # index and lease the new one, while the held two stay held.
+    grown = make_pool(3, key_prefix=prefix)
+    c = grown.acquire("w2", timeout_s=0)
+    assert c.account_id == accounts[2].account_id
+    assert {a.account_id, b.account_id, c.account_id} == {x.account_id for x in accounts[:3]}
+    assert grown.release(c) and grown.release(a)
+    # Redis loses everything: the next acquire rebuilds the index from the lease keys.
+    rclient.flushall()
+    got = {grown.acquire(f"x{i}", timeout_s=0).account_id for i in range(3)}
+    assert got == {x.account_id for x in accounts[:3]}
+    # Quarantined accounts leave the free set; unquarantined ones come back.
+    fresh = make_pool(2, quarantine_threshold=1)
+    lease = fresh.acquire("w", timeout_s=0)
+    assert fresh.report_signin_failure(lease.account_id)
+    fresh.release(lease)
+    other = fresh.acquire("w", timeout_s=0)
+    assert other.account_id != lease.account_id
+    with pytest.raises(NoAccountAvailable):
+        fresh.acquire("v", timeout_s=0)
+    fresh.unquarantine(lease.account_id)
+    assert fresh.acquire("v", timeout_s=0).account_id == lease.account_id
+
+
+def test_a_dead_holders_lapsed_lease_frees_its_account_first(make_pool, rclient):
+    pool = make_pool(3, lease_ttl_s=0.3)
+    dead = pool.acquire("dead", timeout_s=0)
+    pool.episode_begun(dead.account_id, "ep-1")   # it may have left resources behind
+    others = [pool.acquire(f"w{i}", timeout_s=0) for i in range(2)]
+    for lease in others:
+        pool.release(lease)
+    time.sleep(0.5)                                # the dead holder never renews
+    # Its account is taken first (resources to clean up), not the least recently leased.
+    assert pool.acquire("next", timeout_s=1).account_id == dead.account_id
