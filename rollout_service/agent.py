@@ -156,6 +156,11 @@ def _cut(text: str, limit: int) -> str:
     return text[:limit] + f"\n[... {len(text) - limit} more characters of the page omitted]"
 
 
+def stable_part(title: str, procedure: str) -> str:
+    """The start of every turn's user message in an episode (:func:`build_messages`)."""
+    return f"TASK: {title}\n\nPROCEDURE:\n{procedure.strip()}"
+
+
 def build_messages(title: str, procedure: str, history: Sequence[_Step],
                    observation: Observation, observation_chars: int,
                    system: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
@@ -188,11 +193,15 @@ class AgentLoop:
         """The turn's prompt ids, the page cut until the prompt fits (``None``: it never
         does)."""
         chars = self.config.max_observation_chars
+        stable = getattr(self.tokenizer, "apply_chat_template_stable", None)
         while True:
-            ids = list(self.tokenizer.apply_chat_template(
-                build_messages(title, procedure, history, observation, chars,
-                               SYSTEM_PROMPTS[self.config.system_prompt]),
-                tokenize=True, add_generation_prompt=True))
+            messages = build_messages(title, procedure, history, observation, chars,
+                                      SYSTEM_PROMPTS[self.config.system_prompt])
+            if stable is not None:      # the task and procedure are encoded once an episode
+                ids = list(stable(messages, stable_part(title, procedure)))
+            else:
+                ids = list(self.tokenizer.apply_chat_template(
+                    messages, tokenize=True, add_generation_prompt=True))
             if len(ids) <= self.config.max_prompt_tokens:
                 return ids
             if chars <= self.config.min_observation_chars:

@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import re
 import secrets
 import shutil
 import sys
 import tempfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from consolerl.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -178,6 +182,56 @@ class HFChatTokenizer:
         self._heads = tuple({s[:i] for s in self._strings for i in range(1, len(s))})
         self._tails = tuple({s[i:] for s in self._strings for i in range(1, len(s))})
         self._plain = _plain_tokenizer(backend)
+        self._heads_ids: OrderedDict[str, list[int]] = OrderedDict()
+        self._checks_left = 32          # split encodings compared with the whole one
+        self._split_ok = True
+
+    def apply_chat_template_stable(self, messages: list[dict[str, str]], stable: str
+                                   ) -> list[int]:
+        """:meth:`apply_chat_template` (with the generation prompt) for a prompt whose
+        rendered text holds ``stable``, the part of it that stays the same from turn to turn
+        (the agent's task and procedure): the text up to the end of ``stable`` is encoded
+        once and kept (the last 4,096 of them), only the rest each turn; the prompt's ids
+        are the same. The cut falls between a non-space and a space character, where the
+        tokenizer's pre-tokenizer always splits; the first 32 cut encodings are compared
+        with the whole one, and a difference turns the cut off for good. On a 2-core host a
+        turn's 600-token prompt took ~1.4 ms to encode, most of the rollout actor's CPU time
+        per step."""
+        nonce, literals = secrets.token_hex(4), []
+        safe = [{**m, "content": self._hide(m.get("content"), literals, nonce)}
+                for m in messages]
+        if literals or not self._split_ok or not stable:
+            return self.apply_chat_template(messages)
+        text = self.tokenizer.apply_chat_template(safe, tokenize=False,
+                                                  add_generation_prompt=True)
+        at = text.find(stable)
+        cut = at + len(stable)
+        if at < 0 or cut >= len(text) or text[cut - 1].isspace() or not text[cut].isspace():
+            return self.apply_chat_template(messages)
+        head = text[:cut]
+        head_ids = self._heads_ids.get(head)
+        if head_ids is None:
+            head_ids = self._encode_text(head)
+            self._heads_ids[head] = head_ids
+            if len(self._heads_ids) > 4096:
+                self._heads_ids.popitem(last=False)
+        else:
+            self._heads_ids.move_to_end(head)
+        ids = head_ids + self._encode_text(text[cut:])
+        if self._checks_left > 0:
+            self._checks_left -= 1
+            whole = self.apply_chat_template(messages)
+            if whole != ids:
+                log.warning("this tokenizer splits differently at a prompt's stable part: "
+                            "prompts are encoded whole from now on")
+                self._split_ok = False
+                return whole
+        return ids
+
+    def _encode_text(self, text: str) -> list[int]:
+        """The rendered template's text as ``apply_chat_template(tokenize=True)`` encodes it
+        (control tokens matched, no BOS/EOS added)."""
+        return [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
 
     def apply_chat_template(self, messages: list[dict[str, str]], *, tokenize: bool = True,
                             add_generation_prompt: bool = True) -> list[int]:
