@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import sys
@@ -133,12 +134,64 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _one_run(config: JobConfig, servers: Any, selected: list[str], per_task: int, temp: float,
+             split: str, tasks: str | None, label: str, run: int
+             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One pass over the selected tasks (seed ``run + 1``): the episodes' results and the
+    rollout summary."""
+    cfg = replace(
+        config,
+        agent=replace(config.agent, temperature=temp),
+        orchestrator=replace(config.orchestrator, group_size=1, groups_per_step=1,
+                             max_staleness=10**6, mode="async", drop_uniform_groups=False,
+                             split=split, task_filter=tasks or "", seed=run + 1),
+        stream=replace(config.stream, stream=f"{config.stream.stream}:{label}"))
+    actor = RolloutActor.options(num_cpus=0).remote(rollout_parts(cfg), servers)
+    try:
+        summary = ray.get(actor.run.remote(len(selected) * per_task))
+        results = ray.get(actor.results.remote())
+    finally:
+        ray.get(actor.drain.remote(), timeout=120)
+        ray.kill(actor)
+    return results, summary
+
+
+def recorded_runs(path: Path, key: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The runs in ``path`` (JSON lines) made with ``key``'s settings, by run index. A line
+    cut short by a crash while it was written is skipped (that run is made again)."""
+    out: dict[int, dict[str, Any]] = {}
+    if not path.exists():
+        return out
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            print(f"[evaluate] {path}:{n}: not a whole record (cut short?): skipped",
+                  file=sys.stderr, flush=True)
+            continue
+        if isinstance(rec, dict) and all(rec.get(k) == v for k, v in key.items()):
+            out[int(rec["run"])] = rec
+    return out
+
+
+def append_record(path: Path, rec: dict[str, Any]) -> None:
+    """One finished run, appended as one line and flushed to disk."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(rec) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | None = None,
              tasks: str | None = None, episodes_per_task: int | None = None,
              temperature: float | None = None, label: str = "eval",
-             progress: Any = None) -> dict[str, Any]:
+             progress: Any = None, record: Path | None = None) -> dict[str, Any]:
     """Evaluate ``model_path`` (Ray initialised, Redis and the cloud up). Returns per-run and
-    pooled success, per-task outcomes, env errors and leaks."""
+    pooled success, per-task outcomes, env errors and leaks. ``record``: a JSON-lines file
+    of finished runs; a run already in it (same label, model, split, tasks, temperature and
+    episodes per task: the same seeds) is taken from it, not run again, so an evaluation
+    that was stopped goes on where it stopped."""
     ev = config.eval
     split = split or ev.split
     tasks = ev.tasks if tasks is None else tasks
@@ -152,28 +205,28 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
                                                               pattern.search(t.id))]
     if not selected:
         raise ConfigError(f"evaluate: no {split} task matches {tasks!r}")
-    servers, _ = start_policy(replace(config.policy, model=model_path))
+    key = {"label": label, "model": str(model_path), "split": split, "tasks": tasks or "",
+           "temperature": temp, "episodes_per_task": per_task}
+    done = recorded_runs(record, key) if record is not None else {}
     by_task: dict[str, list[float]] = {t: [] for t in selected}
     by_task_run: dict[str, list[list[float]]] = {t: [] for t in selected}
     per_run: list[float] = []
     env_errors = leaked = 0
+    servers = None if all(r in done for r in range(runs)) else start_policy(
+        replace(config.policy, model=model_path))[0]
     try:
         for run in range(runs):
-            cfg = replace(
-                config,
-                agent=replace(config.agent, temperature=temp),
-                orchestrator=replace(config.orchestrator, group_size=1, groups_per_step=1,
-                                     max_staleness=10**6, mode="async",
-                                     drop_uniform_groups=False, split=split,
-                                     task_filter=tasks or "", seed=run + 1),
-                stream=replace(config.stream, stream=f"{config.stream.stream}:{label}"))
-            actor = RolloutActor.options(num_cpus=0).remote(rollout_parts(cfg), servers)
-            try:
-                summary = ray.get(actor.run.remote(len(selected) * per_task))
-                results = ray.get(actor.results.remote())
-            finally:
-                ray.get(actor.drain.remote(), timeout=120)
-                ray.kill(actor)
+            if run in done:
+                rec = done[run]
+                results, summary = rec["results"], rec["summary"]
+                if progress is not None:
+                    progress(f"{label} run {run + 1}/{runs}: taken from {record}")
+            else:
+                results, summary = _one_run(config, servers, selected, per_task, temp, split,
+                                            tasks, label, run)
+                if record is not None:
+                    append_record(record, {**key, "run": run, "results": results,
+                                           "summary": summary})
             env_errors += summary["env_errors"]
             leaked += summary["leaked_resources"]
             ok = [r for r in results if not r["env_error"] and r["reward"] is not None]
@@ -188,7 +241,8 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
                 progress(f"{label} run {run + 1}/{runs}: success {per_run[-1]:.2f} "
                          f"({len(wins)} episodes, {summary['env_errors']} env errors)")
     finally:
-        stop_actors(servers)
+        if servers is not None:
+            stop_actors(servers)
     pooled = [w for ws in by_task.values() for w in ws]
     lo, hi = bootstrap_ci(pooled) if pooled else (0.0, 0.0)
     return {"model": model_path, "split": split, "tasks": len(selected), "runs": runs,
@@ -210,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
                              "the output adds the difference model - baseline with its CI")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", default="", help="also write the JSON result to this file")
+    parser.add_argument("--record", default="",
+                        help="JSON lines of finished runs (default: beside --out, "
+                             "<out>.runs.jsonl): runs already there are not made again, so "
+                             "a stopped evaluation goes on where it stopped")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     try:
@@ -225,15 +283,17 @@ def main(argv: list[str] | None = None) -> int:
         ray_init(config.run)
         def progress(m: str) -> None:
             print(f"[evaluate] {m}", file=sys.stderr, flush=True)
+        record = Path(args.record) if args.record else (
+            Path(args.out + ".runs.jsonl") if args.out else None)
         if args.baseline:
             before = evaluate(config, resolve_model(args.baseline), runs=args.runs,
-                              label="baseline", progress=progress)
+                              label="baseline", progress=progress, record=record)
             after = evaluate(config, resolve_model(args.model), runs=args.runs,
-                             label="model", progress=progress)
+                             label="model", progress=progress, record=record)
             result = {"baseline": before, "model": after, "difference": compare(before, after)}
         else:
             result = evaluate(config, resolve_model(args.model), runs=args.runs,
-                              progress=progress)
+                              progress=progress, record=record)
     finally:
         if ray.is_initialized():
             ray.shutdown()
