@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from consolerl.errors import ConfigError
@@ -88,8 +88,27 @@ def sample_of(trajectory: Trajectory, reward: float, verdict: str = "") -> Sampl
                   trajectory.end_reason)
 
 
+def _turn_body(t: Turn) -> dict[str, Any]:
+    return {"prompt_ids": t.prompt_ids, "response_ids": t.response_ids,
+            "logprobs": t.logprobs, "loss_mask": t.loss_mask, "version": t.version,
+            "response_text": t.response_text, "action_text": t.action_text,
+            "action_error": t.action_error}
+
+
+def group_body(group: Group) -> dict[str, Any]:
+    """``asdict(group)`` without its deep copy of every token id (json.dumps writes tuples
+    as lists): a group's ~12,000 ids took ~10 ms through ``asdict`` on the rollout actor's
+    CPU. Tests hold it equal to ``asdict``, so a new field cannot be left out."""
+    return {"group_id": group.group_id, "task_id": group.task_id,
+            "samples": [{"trajectory_id": s.trajectory_id,
+                         "turns": [_turn_body(t) for t in s.turns], "reward": s.reward,
+                         "verdict": s.verdict, "end_reason": s.end_reason}
+                        for s in group.samples],
+            "created_at": group.created_at, "meta": group.meta}
+
+
 def encode_group(group: Group) -> dict[str, str | bytes]:
-    body = {"format": FORMAT_VERSION, **asdict(group)}
+    body = {"format": FORMAT_VERSION, **group_body(group)}
     versions = group.versions or (-1,)
     return {"group_id": group.group_id, "task_id": group.task_id, "n": str(len(group.samples)),
             "min_version": str(versions[0]), "max_version": str(versions[-1]),

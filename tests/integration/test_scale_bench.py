@@ -35,6 +35,9 @@ def test_the_bench_runs_the_control_plane_and_names_what_saturates(tmp_path, cap
     # Every episode leases an account through Redis and its group goes through the stream.
     assert result["lease_acquires"] > 0 and result["lease_acquire_p99_ms"] > 0
     assert result["lease_probes"] > 0 and result["lease_acquire_in_host_p99_ms"] > 0
+    assert result["lease_acquire_shared_cpu_p99_ms"] > 0
+    # The process's CPU in the window, by thread: the event loop's share is there.
+    assert result["orchestrator_ms_per_step_by_thread"]["event_loop"] > 0
     assert result["trainer_steps"] > 0 and result["stream_xadd_per_s"] > 0
     # Two LookupEvents per episode (the scorer's, the runner's audit read) through the real
     # per-account limiter (2/s, a burst of 1): at most 3 in any one-second bucket.
