@@ -86,13 +86,17 @@ class RunSection:
     """``dir``: where the run's files go (checkpoints, metrics.jsonl, curves); ``resume``:
     continue from the latest checkpoint in ``dir``; ``redis``: start an embedded Redis on the
     stream URL's port when nothing answers there; ``ray_address``: "" = the cluster of
-    ``RAY_ADDRESS`` (under ``ray job submit``) or an embedded local one."""
+    ``RAY_ADDRESS`` (under ``ray job submit``) or an embedded local one;
+    ``services_host``: where the Redis and local cloud this job starts listen and are reached
+    from other Ray nodes ("" = the driver's Ray node IP on a cluster, 127.0.0.1 with an
+    embedded one; see :mod:`cluster.addresses`)."""
 
     dir: str = "runs/default"
     resume: bool = False
     redis: bool = True
     ray_address: str = ""
     ray_num_cpus: int = 0                   # embedded cluster only; 0 = the machine's
+    services_host: str = ""
 
 
 @dataclass(frozen=True)

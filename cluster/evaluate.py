@@ -277,10 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = Path(config.run.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    services = LocalServices(config.cloud, config.stream.url, config.run.redis, run_dir)
+    services = LocalServices(config, run_dir)
     try:
-        services.start()
         ray_init(config.run)
+        config = services.start()      # the addresses every Ray node reaches
         def progress(m: str) -> None:
             print(f"[evaluate] {m}", file=sys.stderr, flush=True)
         record = Path(args.record) if args.record else (

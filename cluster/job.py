@@ -55,6 +55,7 @@ from trainer.curves import plot_curves
 from trainer.engine import start_workers
 from trainer.grpo import GRPOTrainer, NoExperienceError
 from trainer.sft import SftConfig, train_sft
+from trainer.stream import redact_url
 
 log = logging.getLogger("cluster.job")
 # The last memory sample of every process of the job, by pid: (kind, PSS bytes), for the
@@ -75,17 +76,20 @@ def run(config: JobConfig) -> dict[str, Any]:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     t_start = time.monotonic()
     memory = PeakMemory(last=LAST_PSS)
-    services = LocalServices(config.cloud, config.stream.url, config.run.redis, run_dir)
+    services = LocalServices(config, run_dir)
     orchestrator = run_ref = beacon = None
     servers: list[Any] = []
     workers: list[Any] = []
     summary: dict[str, Any] = {"run_dir": str(run_dir), "completed": False}
     trainer: GRPOTrainer | None = None
-    observed = Observed(metrics_publish(config))
+    observed = Observed(None)
     try:
-        services.start()
         ray_init(config.run)
+        config = services.start()      # the addresses every Ray node reaches
+        observed = Observed(metrics_publish(config))
         observed.local_cloud(config.cloud)
+        summary["services"] = {"redis": redact_url(config.stream.url),
+                               "cloud": config.cloud.endpoint}
         stream = ExperienceStream(config.stream)
         if not config.run.resume:
             # A fresh run starts from an empty stream: groups of an earlier run were sampled

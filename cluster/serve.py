@@ -123,12 +123,13 @@ class Stack:
 def serve(config: JobConfig) -> int:
     run_dir = Path(config.run.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    services = LocalServices(config.cloud, config.stream.url, config.run.redis, run_dir)
+    services = LocalServices(config, run_dir)
     stack: Stack | None = None
-    observed = Observed(metrics_publish(config))
+    observed = Observed(None)
     try:
-        services.start()
         ray_init(config.run)
+        config = services.start()      # the addresses every Ray node reaches
+        observed = Observed(metrics_publish(config))
         observed.local_cloud(config.cloud)
         token = first_token(config)
         stack = Stack(config)
