@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from consolerl.config import check_resources
+from consolerl.config import check_int, check_resources
 from consolerl.errors import ConfigError
 from env_workers.worker import WorkerConfig
 from infra.observability.discovery import PublishConfig
@@ -36,7 +36,10 @@ class CloudSection:
 @dataclass(frozen=True)
 class EnvSection:
     """The env workers; their account leases live in the stream's Redis under
-    ``lease_prefix``."""
+    ``lease_prefix``. ``resources``: Ray custom resources each worker needs (``{browser: 1}``:
+    only nodes that offer them host workers); ``max_restarts``: how often Ray restarts a
+    worker whose process or node died (-1: always, on any node with its resources; 0: never,
+    the run goes on without it)."""
 
     workers: int = 2
     num_cpus_per_worker: float = 0.5
@@ -45,9 +48,11 @@ class EnvSection:
     lease_prefix: str = "consolerl:pool"
     scheduling_strategy: str = "DEFAULT"    # SPREAD: one worker per node, in turn
     resources: dict[str, float] = field(default_factory=dict)   # Ray custom resources
+    max_restarts: int = -1
 
     def __post_init__(self) -> None:
         check_resources("EnvSection.resources", self.resources)
+        check_int("EnvSection.max_restarts", self.max_restarts, -1)
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,9 @@ class RolloutBody:
         """After the episodes stopped: destroy what dead holders (a killed job, a lost
         worker) left in any account, waiting up to ``timeout_s`` for their leases to expire;
         returns how many such episodes were cleaned."""
+        live = self.orchestrator.live_workers()       # not one lost with its node
+        if not live:
+            return 0
         pool = AccountPool.from_config(self.pool_config)
         deadline = time.monotonic() + timeout_s
         cleaned = 0
@@ -134,7 +137,7 @@ class RolloutBody:
             while any(pool.unfinished_episodes(a.account_id) for a in self.accounts):
                 if time.monotonic() > deadline:
                     break
-                found = await self.orchestrator.runner.clear_orphans(self.pool.actors[0])
+                found = await self.orchestrator.runner.clear_orphans(live[0])
                 cleaned += found
                 if not found:
                     await asyncio.sleep(1.0)

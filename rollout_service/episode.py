@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import oss2
+import ray.exceptions
 
 from consolerl.accounts import Account, lease_agent
 from consolerl.errors import CloudAPIError, ConsoleRLError, EpisodeCancelled
@@ -233,8 +234,16 @@ async def _env_call(method: Any, *args: Any, wait_s: float | None = 0.0) -> Any:
         raise _WorkerFailed(EnvError("worker_failed", f"env worker {name} did not answer "
                                      f"within {timeout:g} s")) from None
     except Exception as exc:  # noqa: BLE001 - any failure of the worker is an env error
-        raise _WorkerFailed(EnvError("worker_failed", f"env worker {name} failed: "
+        kind = "worker_lost" if worker_lost(exc) else "worker_failed"
+        raise _WorkerFailed(EnvError(kind, f"env worker {name} failed: "
                                      f"{type(exc).__name__}: {str(exc)[:200]}")) from None
+
+
+def worker_lost(exc: BaseException) -> bool:
+    """Whether an env worker call failed because the actor itself is gone (its process
+    died, its node was lost: Ray restarts it elsewhere, or never) rather than inside it.
+    Such an episode's worker holds no state worth a clean-up call (its lease ends by TTL)."""
+    return isinstance(exc, ray.exceptions.RayActorError)     # ActorDied, ActorUnavailable
 
 
 async def _quiet(method: Any, *args: Any) -> Any:
@@ -558,16 +567,19 @@ class EpisodeRunner:
             outcome.env_error = exc.error
             return outcome
         finally:
+            # A worker lost with its process or node answers no clean-up call (a call to an
+            # actor Ray is restarting waits for the restart): its lease expires by TTL.
+            lost = outcome.env_error is not None and outcome.env_error.kind == "worker_lost"
             if outcome.env_error is not None and not extra:
                 # Ended by an env error after the browser opened: what the agent created
                 # is found from the audit log all the same, so that it is destroyed too.
                 extra = await self.blocking(self._agent_created, provisioner, account,
                                                 started_at[0])
             clean = await self.blocking(self._clean_up, provisioner, outcome, extra)
-            if tracked and clean:
+            if tracked and clean and not lost:
                 await _quiet(env.cleaned, outcome.episode_id)
             provisioner.user_agent = ""         # the lease ends here
-            released = await _quiet(env.end_episode)
+            released = None if lost else await _quiet(env.end_episode)
             if released is False and outcome.env_error is None:
                 # Someone else may have held the account meanwhile: the reward is not the
                 # agent's alone.

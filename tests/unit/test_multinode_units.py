@@ -3,11 +3,23 @@ each actor kind is started with (the resources named in its config, always), and
 orchestrator copes with an env worker lost with its node."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+import ray.exceptions
 
 from cluster.addresses import advertise, is_loopback, loopback_left, services_host
 from cluster.config import JobConfig
 from consolerl.config import load_config
+from consolerl.accounts import Account
+from consolerl.experience import Trajectory, Turn
+from consolerl.rewards import RewardResult
+from consolerl.tasks import TASKS_DIR, load_suite
+from env_workers.pool import EpisodeStart
+from rollout_service.agent import AgentConfig, AgentLoop
+from rollout_service.episode import EpisodeOutcome, EpisodeRunner, worker_lost
+from rollout_service.orchestrator import Orchestrator, OrchestratorConfig
+from tests.conftest import run_async
 
 
 def _config(*overrides: str) -> JobConfig:
@@ -68,3 +80,173 @@ def test_advertise_keeps_a_password_and_leaves_external_services_alone():
 def test_loopback_left_never_shows_a_password():
     left = loopback_left(_config("stream.url=redis://:s3cret@127.0.0.1:6391/0"))
     assert left and not any("s3cret" in x for x in left)
+
+
+# ---- a worker lost with its node ----------------------------------------------------------------
+
+
+TASKS = [t for t in load_suite(TASKS_DIR) if t.id in ("ram-create-user-0", "ram-grant-policy-0")]
+DIED = ray.exceptions.ActorDiedError()
+UNAVAILABLE = ray.exceptions.ActorUnavailableError("its node is gone", b"\0" * 16)
+
+
+class FakeStream:
+    def __init__(self):
+        self.pushed = []
+
+    def push(self, group):
+        self.pushed.append(group)
+        return "1-0"
+
+    def trainer_version(self):
+        return 0
+
+
+class LostWorker:
+    """An env worker actor whose node is gone: every call raises Ray's error; ``health``
+    answers from ``probes`` (an exception raises, anything else answers), then the last."""
+
+    def __init__(self, name: str, error: Exception, probes=()):
+        self.name, self.error, self.probes = name, error, list(probes)
+        self.calls: list[str] = []
+        self.restarted = False
+
+    async def acquire(self, timeout_s=None):
+        self.calls.append("acquire")
+        raise self.error
+
+    async def health(self):
+        self.calls.append("health")
+        answer = self.probes.pop(0) if len(self.probes) > 1 else (
+            self.probes[0] if self.probes else self.error)
+        if isinstance(answer, Exception):
+            raise answer
+        self.restarted = True                     # Ray restarted it: it works again
+        return {"worker": self.name}
+
+
+class LiveWorker:
+    name = "live"
+
+
+def lost_orchestrator(workers, config: OrchestratorConfig):
+    """The real episode path (runner included) for :class:`LostWorker`; a scored episode
+    (rewards 0 and 1 by index in the group) on any other worker."""
+    stream = FakeStream()
+    orch = Orchestrator(config, TASKS, workers, [], "127.0.0.1:1",
+                        AgentLoop(None, None, AgentConfig()), None, stream)
+    real = orch.episode
+    ran: dict[str, int] = {}
+
+    async def episode(worker, task, trajectory_id, seed):
+        ran[worker.name] = ran.get(worker.name, 0) + 1
+        if isinstance(worker, LostWorker) and not worker.restarted:
+            return await real(worker, task, trajectory_id, seed)
+        await asyncio.sleep(0.01)
+        i = int(trajectory_id.rsplit("-", 1)[1])
+        turn = Turn((1,), (2,), (-0.1,), (1,), 0, "x", "click(1)")
+        traj = Trajectory(trajectory_id, task.id, (turn,), "stop", answer="done")
+        return EpisodeOutcome(task.id, task.expected, "e1", traj, RewardResult(
+            float(i), True, "success" if i else "failure", "rule"))
+    orch.episode = episode
+    return orch, stream, ran
+
+
+@pytest.mark.parametrize("error", [DIED, UNAVAILABLE, ray.exceptions.RayActorError()])
+def test_ray_actor_errors_mean_the_worker_is_lost(error):
+    assert worker_lost(error)
+    assert not worker_lost(RuntimeError("The actor died unexpectedly"))   # inside the worker
+    assert not worker_lost(TimeoutError())
+
+
+@pytest.mark.parametrize("error", [DIED, UNAVAILABLE])
+def test_a_lost_worker_is_an_env_error_and_is_parked_while_the_others_go_on(error):
+    lost = LostWorker("env-worker-0", error)          # never answers again
+    orch, stream, ran = lost_orchestrator(
+        [lost, LiveWorker()], OrchestratorConfig(group_size=2, max_staleness=5,
+                                                 lost_probe_s=0.05, lost_probes_dead=10**6))
+    summary = run_async(asyncio.wait_for(orch.run(max_groups=3), 20))
+    # Its one episode is an env error of kind worker_lost, retried on the live worker.
+    assert ran["env-worker-0"] == 1 and lost.calls.count("acquire") == 1
+    assert summary["env_errors_by_kind"] == {"worker_lost": 1}
+    assert summary["workers_lost"] == 1 and summary["groups_pushed"] == 3
+    assert summary["workers_parked"] == 1 and orch.live_workers() == [orch.workers[1]]
+    # Nothing it touched is trained on: every pushed sample ran on the live worker.
+    assert len(stream.pushed) == 3 and all(len(g.samples) == 2 for g in stream.pushed)
+    assert lost.calls.count("health") >= 1
+    lost_metric = orch.registry.get_sample_value("consolerl_rollout_workers_lost_total")
+    assert lost_metric == 1.0
+    assert orch.registry.get_sample_value("consolerl_rollout_workers_parked") == 1.0
+
+
+def test_a_lost_worker_that_ray_restarts_takes_episodes_again():
+    # Unavailable twice (its node gone, Ray restarting it elsewhere), then it answers.
+    lost = LostWorker("env-worker-0", UNAVAILABLE, probes=[UNAVAILABLE, UNAVAILABLE, "ok"])
+    orch, _, ran = lost_orchestrator(
+        [lost, LiveWorker()], OrchestratorConfig(group_size=2, max_staleness=100,
+                                                 lost_probe_s=0.05))
+    summary = run_async(asyncio.wait_for(orch.run(max_groups=30), 20))
+    assert lost.calls.count("health") == 3
+    assert ran["env-worker-0"] >= 2                    # back in the pool after answering
+    assert summary["workers_lost"] == 1 and summary["workers_parked"] == 0
+    assert summary["groups_pushed"] == 30
+
+
+def test_a_worker_dead_for_good_is_retired_and_the_run_ends_without_it():
+    lost = LostWorker("env-worker-0", DIED)          # no restarts left: DIED on every probe
+    orch, _, ran = lost_orchestrator(
+        [lost, LiveWorker()], OrchestratorConfig(group_size=2, max_staleness=100,
+                                                 lost_probe_s=0.01, lost_probes_dead=3))
+    summary = run_async(asyncio.wait_for(orch.run(max_groups=40), 30))
+    assert summary["workers_retired"] == 1 and summary["workers_parked"] == 0
+    assert lost.calls.count("health") == 3 and ran["env-worker-0"] == 1
+    assert summary["groups_pushed"] == 40
+
+
+def test_sync_mode_parks_a_lost_worker_too():
+    lost = LostWorker("env-worker-0", UNAVAILABLE)
+    orch, stream, ran = lost_orchestrator(
+        [lost, LiveWorker()], OrchestratorConfig(group_size=2, mode="sync", groups_per_step=2,
+                                                 lost_probe_s=0.01))
+    summary = run_async(asyncio.wait_for(orch.run(max_groups=2), 20))
+    assert summary["groups_pushed"] == 2 and summary["workers_lost"] == 1
+    assert ran["env-worker-0"] == 1
+
+
+class LostMidEpisode:
+    """Leased an account, then lost with its node (``begin`` raises): clean-up calls to it
+    would wait on an actor Ray is restarting, so none are made."""
+
+    name = "env-worker-1"
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    async def acquire(self, timeout_s=None):
+        self.calls.append("acquire")
+        return EpisodeStart(None, None, "acct-1", 7, self.name, 4242)
+
+    async def begin(self, episode_id):
+        self.calls.append("begin")
+        raise DIED
+
+    async def cleaned(self, episode_id):
+        self.calls.append("cleaned")
+
+    async def end_episode(self):
+        self.calls.append("end_episode")
+        return True
+
+
+def test_an_episode_lost_mid_way_is_cleaned_up_from_the_cloud_side_only():
+    account = Account("acct-1", "u1", "pw", "ak", "secret")
+    runner = EpisodeRunner([account], "127.0.0.1:1", None, client_factory=lambda a: None)
+    cleaned = []
+    runner._clean_up = lambda provisioner, outcome, extra: cleaned.append(
+        outcome.episode_id) or True
+    env = LostMidEpisode()
+    outcome = run_async(runner.run(env, TASKS[0], None, max_steps=3))
+    assert outcome.env_error is not None and outcome.env_error.kind == "worker_lost"
+    assert outcome.status == "env_error" and outcome.reward is None
+    assert cleaned == [outcome.episode_id]          # the cloud side is destroyed all the same
+    assert env.calls == ["acquire", "begin"]         # no call waits on the lost actor
