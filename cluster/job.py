@@ -46,7 +46,7 @@ from cluster.config import JobConfig, check_training, metrics_publish
 from cluster.export import ExportConfig, run_export
 from cluster.rollout import RolloutActor, start_policy, success_by_version
 from cluster.runtime import (LocalServices, Observed, PeakMemory, TrainingBeacon, progress,
-                             raise_interrupt, ray_init, stop_actors)
+                             on_driver_node, raise_interrupt, ray_init, stop_actors)
 from consolerl.config import load_config, to_dict
 from consolerl.errors import ConfigError, ConsoleRLError
 from rollout_service.experience import ExperienceStream
@@ -124,7 +124,9 @@ def run(config: JobConfig) -> dict[str, Any]:
         trainer.start()                 # the trainer version before the orchestrator reads it
         # API jobs on the same cluster keep to their share of the pool while this runs.
         beacon = TrainingBeacon(config.stream.url, f"{config.api.prefix}:training").start()
-        orchestrator = RolloutActor.options(num_cpus=0).remote(rollout_parts(config), servers)
+        # On the driver's node: losing a worker node never takes the control plane with it.
+        orchestrator = RolloutActor.options(num_cpus=0, scheduling_strategy=on_driver_node()
+                                            ).remote(rollout_parts(config), servers)
         run_ref = orchestrator.run.remote(None)
         budget = config.trainer.time_budget_s
         summary["history"] = trainer.run(config.trainer.steps, _step_printer(config, trainer),

@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 import ray
 import redis as redis_lib
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from cluster.addresses import advertise, is_loopback, loopback_left, on_cluster, services_host
 from cluster.config import CloudSection, JobConfig, RunSection
@@ -245,6 +246,13 @@ def process_kind(cmdline: list[str], is_driver: bool = False) -> str:
         if needle in text:
             return kind
     return os.path.basename(first) or "other"
+
+
+def on_driver_node() -> NodeAffinitySchedulingStrategy:
+    """Placement for the control plane (the rollout actor, the jobs API's scheduler and HTTP
+    server): the driver's own node, hard. Left to Ray, an actor asking ``num_cpus=0`` may
+    land on any node, and losing a worker node would then stop the whole job."""
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
 def raise_interrupt(signum: int, frame: Any) -> None:

@@ -226,17 +226,25 @@ class EnvWorkerBody:
 EnvWorkerActor = ray.remote(EnvWorkerBody)
 
 
+def worker_options(config: EnvPoolConfig) -> dict[str, Any]:
+    """The Ray actor options of every env worker: its CPUs, the custom resources its config
+    names (only nodes that offer them host it: never an assumption of one node), placement
+    and restarts."""
+    options: dict[str, Any] = {
+        "max_restarts": config.max_restarts, "max_task_retries": 0,
+        "num_cpus": config.num_cpus_per_worker, "max_concurrency": 4,
+        "scheduling_strategy": config.scheduling_strategy}
+    if config.resources:
+        options["resources"] = dict(config.resources)
+    return options
+
+
 class EnvPool:
     """N env worker actors on the current Ray cluster (``ray.init`` first)."""
 
     def __init__(self, config: EnvPoolConfig):
         self.config = config
-        options: dict[str, Any] = {
-            "max_restarts": config.max_restarts, "max_task_retries": 0,
-            "num_cpus": config.num_cpus_per_worker, "max_concurrency": 4,
-            "scheduling_strategy": config.scheduling_strategy}
-        if config.resources:
-            options["resources"] = dict(config.resources)
+        options = worker_options(config)
         self.actors = [
             EnvWorkerActor.options(**options)
             .remote(config.worker, config.pool, f"env-worker-{i}", config.metrics)

@@ -3,23 +3,29 @@ each actor kind is started with (the resources named in its config, always), and
 orchestrator copes with an env worker lost with its node."""
 from __future__ import annotations
 
+import ast
 import asyncio
+from pathlib import Path
 
 import pytest
 import ray.exceptions
 
+from cluster import rollout as rollout_module
 from cluster.addresses import advertise, is_loopback, loopback_left, services_host
+from cluster.builders import rollout_parts
 from cluster.config import JobConfig
-from consolerl.config import load_config
 from consolerl.accounts import Account
+from consolerl.config import load_config
 from consolerl.experience import Trajectory, Turn
 from consolerl.rewards import RewardResult
 from consolerl.tasks import TASKS_DIR, load_suite
+from env_workers import pool as pool_module
 from env_workers.pool import EpisodeStart
 from rollout_service.agent import AgentConfig, AgentLoop
 from rollout_service.episode import EpisodeOutcome, EpisodeRunner, worker_lost
 from rollout_service.orchestrator import Orchestrator, OrchestratorConfig
 from tests.conftest import run_async
+from trainer import engine as engine_module
 
 
 def _config(*overrides: str) -> JobConfig:
@@ -51,7 +57,6 @@ def test_advertise_moves_the_services_this_job_starts():
     assert config.env.worker.console_url == "http://10.0.0.5:18090"
     assert loopback_left(config) == []
     # What every component is built from carries the advertised addresses.
-    from cluster.builders import rollout_parts
     parts = rollout_parts(config)
     assert parts.env_pool.pool.redis_url == "redis://10.0.0.5:6391/0"
     assert parts.env_pool.worker.console_url == "http://10.0.0.5:18090"
@@ -250,3 +255,111 @@ def test_an_episode_lost_mid_way_is_cleaned_up_from_the_cloud_side_only():
     assert outcome.status == "env_error" and outcome.reward is None
     assert cleaned == [outcome.episode_id]          # the cloud side is destroyed all the same
     assert env.calls == ["acquire", "begin"]         # no call waits on the lost actor
+
+
+# ---- placement: the resources named in the config, on every actor ------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+PLACED = ("env.resources={browser: 1}", "policy.resources={policy: 1}",
+          "trainer.engine.resources={trainer: 1}")
+
+
+class Recorder:
+    """Stands in for a Ray actor class: records the options each actor is started with."""
+
+    def __init__(self):
+        self.options_seen: list[dict] = []
+
+    def options(self, **options):
+        self.options_seen.append(options)
+        recorder = self
+
+        class Started:
+            def remote(self, *args, **kwargs):
+                return recorder
+
+        return Started()
+
+    # What start_workers asks of a trainer worker once started.
+    class _Method:
+        def remote(self, *args):
+            return "ref"
+    address = init_distributed = _Method()
+
+
+def _started(monkeypatch, config: JobConfig) -> dict[str, list[dict]]:
+    """Start every actor kind of a training job through its real start path, with Ray's actor
+    classes replaced by recorders; the options each was given, by kind."""
+    kinds = {"env": Recorder(), "policy": Recorder(), "trainer": Recorder()}
+    monkeypatch.setattr(pool_module, "EnvWorkerActor", kinds["env"])
+    monkeypatch.setattr(rollout_module, "PolicyServer", kinds["policy"])
+    monkeypatch.setattr(rollout_module, "resolve_model", lambda model: model)
+    monkeypatch.setattr(engine_module, "TrainerWorker", kinds["trainer"])
+    monkeypatch.setattr(engine_module.ray, "get", lambda refs, **kw: refs)
+    pool_module.EnvPool(rollout_parts(config).env_pool)
+    rollout_module.start_policy(config.policy)
+    engine_module.start_workers("model", config.trainer.engine, config.trainer.algo)
+    return {k: r.options_seen for k, r in kinds.items()}
+
+
+def test_every_actor_is_started_with_the_resources_its_config_names(monkeypatch):
+    config = _config(*PLACED, "policy.replicas=2", "env.workers=3")
+    started = _started(monkeypatch, config)
+    assert [len(v) for v in started.values()] == [3, 2, 2]
+    wanted = {"env": {"browser": 1.0}, "policy": {"policy": 1.0}, "trainer": {"trainer": 1.0}}
+    for kind, seen in started.items():
+        for options in seen:
+            assert options.get("resources") == wanted[kind], (kind, options)
+    assert all(o["max_restarts"] == -1 for o in started["env"])
+    # With none named, none asked (any node will do).
+    started = _started(monkeypatch, _config("env.max_restarts=0"))
+    assert all("resources" not in o for seen in started.values() for o in seen)
+    assert all(o["max_restarts"] == 0 for o in started["env"])
+
+
+def test_option_builders_carry_the_config(monkeypatch):
+    config = _config(*PLACED, "policy.num_gpus_per_replica=1", "trainer.engine.memory_gib=2")
+    assert pool_module.worker_options(rollout_parts(config).env_pool)["resources"] == {
+        "browser": 1.0}
+    policy = rollout_module.policy_options(config.policy)
+    assert policy["resources"] == {"policy": 1.0} and policy["num_gpus"] == 1
+    trainer = engine_module.worker_options(config.trainer.engine)
+    assert trainer["resources"] == {"trainer": 1.0} and trainer["memory"] == 2 * 2**30
+    assert trainer["runtime_env"]["env_vars"]["OMP_NUM_THREADS"] == "1"
+
+
+# Every place the project starts an actor of these kinds, and the option builder it must use.
+_ACTOR_STARTS = {"EnvWorkerActor": "worker_options", "PolicyServer": "policy_options",
+                 "TrainerWorker": "worker_options"}
+
+
+def test_no_actor_of_a_placed_kind_is_started_around_its_option_builder():
+    """A new call site that starts env workers, PolicyServers or trainer workers with options
+    of its own (and so, perhaps, without the resources of the config) fails here."""
+    bad, found = [], set()
+    for package in ("cluster", "rollout_service", "env_workers", "trainer", "benchmarks"):
+        for path in (ROOT / package).rglob("*.py"):
+            tree = ast.parse(path.read_text(), str(path))
+            builders = {n.targets[0].id: n.value for n in ast.walk(tree)
+                        if isinstance(n, ast.Assign) and len(n.targets) == 1
+                        and isinstance(n.targets[0], ast.Name)}
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "options"
+                        and isinstance(node.func.value, ast.Name)
+                        and node.func.value.id in _ACTOR_STARTS):
+                    continue
+                builder = _ACTOR_STARTS[node.func.value.id]
+                found.add(node.func.value.id)
+                ok = (len(node.args) == 0 and len(node.keywords) == 1
+                      and node.keywords[0].arg is None
+                      and isinstance(node.keywords[0].value, ast.Name))
+                if ok:
+                    source = builders.get(node.keywords[0].value.id)
+                    ok = (isinstance(source, ast.Call) and isinstance(source.func, ast.Name)
+                          and source.func.id == builder)
+                if not ok:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: "
+                               f"{node.func.value.id}.options(...) not from {builder}()")
+    assert bad == []
+    assert found == set(_ACTOR_STARTS)         # the scan sees the real start paths
