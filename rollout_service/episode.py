@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import oss2
+import ray
+import ray._private.state
 import ray.exceptions
 
 from consolerl.accounts import Account, lease_agent
@@ -204,22 +206,66 @@ def _call_timeout(method: Any, extra_s: float | None = 0.0) -> float | None:
     return CALL_TIMEOUT_S.get(name, DEFAULT_CALL_TIMEOUT_S) + extra_s
 
 
-async def _bounded(method: Any, args: tuple[Any, ...], timeout: float | None) -> Any:
-    """``method(*args)``; :class:`_NoAnswer` when it has not answered within ``timeout``."""
-    task = asyncio.ensure_future(call(method, *args))
+# A call to a Ray actor that has not answered after this long is checked against the actor's
+# state in Ray's GCS, then again as often: one that Ray is restarting (its process or node was
+# lost; with no node offering its resources it may wait for one indefinitely) or that is dead
+# ends the call at once instead of waiting out its whole bound.
+LOST_CHECK_S = 5.0
+
+
+def actor_state(actor: Any) -> str | None:
+    """The GCS's state of the Ray actor behind a handle or one of its methods (``ALIVE``,
+    ``RESTARTING``, ``DEAD``, ...); None for anything else, or when Ray cannot say."""
+    actor = getattr(actor, "_actor", actor)          # an ActorMethod's handle
+    actor_id = getattr(actor, "_actor_id", None)
+    if actor_id is None or not ray.is_initialized():
+        return None
     try:
-        done, _ = await asyncio.wait({task}, timeout=timeout)
+        # Ray's own GCS accessor (no dashboard needed, unlike ray.util.state).
+        return ray._private.state.actors(actor_id.hex()).get("State")
+    except Exception:  # noqa: BLE001 - unknown: the caller keeps waiting
+        return None
+
+
+async def _bounded(method: Any, args: tuple[Any, ...], timeout: float | None) -> Any:
+    """``method(*args)``; :class:`_NoAnswer` when it has not answered within ``timeout``,
+    :class:`_ActorGone` as soon as Ray says its actor is restarting or dead."""
+    task = asyncio.ensure_future(call(method, *args))
+    ray_actor = getattr(getattr(method, "_actor", None), "_actor_id", None) is not None
+    end = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            wait = None if end is None else max(0.0, end - time.monotonic())
+            if ray_actor:
+                wait = LOST_CHECK_S if wait is None else min(wait, LOST_CHECK_S)
+            done, _ = await asyncio.wait({task}, timeout=wait)
+            if done:
+                return task.result()
+            if end is not None and time.monotonic() >= end:
+                task.cancel()
+                raise _NoAnswer(timeout)
+            state = await asyncio.to_thread(actor_state, method)
+            if state in ("RESTARTING", "DEAD"):
+                task.cancel()
+                raise _ActorGone(state)
     except asyncio.CancelledError:
         task.cancel()
         raise
-    if not done:
-        task.cancel()
-        raise _NoAnswer(timeout)
-    return task.result()
 
 
 class _NoAnswer(ConsoleRLError, TimeoutError):
     """An env worker call that did not answer within its bound."""
+
+
+class _ActorGone(ConsoleRLError, RuntimeError):
+    """An env worker call whose actor Ray reports restarting or dead (``state``)."""
+
+    def __init__(self, state: str):
+        super().__init__(f"its actor is {state} (its process or node was lost)")
+        self.state = state
+
+    def __reduce__(self):
+        return (type(self), (self.state,))
 
 
 async def _env_call(method: Any, *args: Any, wait_s: float | None = 0.0) -> Any:
@@ -233,6 +279,8 @@ async def _env_call(method: Any, *args: Any, wait_s: float | None = 0.0) -> Any:
     except _NoAnswer:
         raise _WorkerFailed(EnvError("worker_failed", f"env worker {name} did not answer "
                                      f"within {timeout:g} s")) from None
+    except _ActorGone as exc:
+        raise _WorkerFailed(EnvError("worker_lost", f"env worker {name}: {exc}")) from None
     except Exception as exc:  # noqa: BLE001 - any failure of the worker is an env error
         kind = "worker_lost" if worker_lost(exc) else "worker_failed"
         raise _WorkerFailed(EnvError(kind, f"env worker {name} failed: "
@@ -243,7 +291,8 @@ def worker_lost(exc: BaseException) -> bool:
     """Whether an env worker call failed because the actor itself is gone (its process
     died, its node was lost: Ray restarts it elsewhere, or never) rather than inside it.
     Such an episode's worker holds no state worth a clean-up call (its lease ends by TTL)."""
-    return isinstance(exc, ray.exceptions.RayActorError)     # ActorDied, ActorUnavailable
+    return isinstance(exc, (ray.exceptions.RayActorError,      # ActorDied, ActorUnavailable
+                            _ActorGone))
 
 
 async def _quiet(method: Any, *args: Any) -> Any:

@@ -52,7 +52,7 @@ from consolerl.tasks import Task
 from infra.cloud import CloudClient
 
 from .agent import AgentLoop
-from .episode import EpisodeOutcome, EpisodeRunner, model_policy
+from .episode import EpisodeOutcome, EpisodeRunner, actor_state, model_policy
 from .experience import ExperienceStream
 from .policy import call
 
@@ -293,6 +293,13 @@ class Orchestrator:
         health = getattr(worker, "health", None)
         if health is None:
             return True
+        # A Ray actor: its state in the GCS first (a call to one that Ray is restarting
+        # would only queue until it is back).
+        state = await asyncio.to_thread(actor_state, worker)
+        if state == "DEAD":
+            return False
+        if state is not None and state != "ALIVE":
+            return None
         try:
             await asyncio.wait_for(call(health), timeout=self.config.lost_probe_s)
             return True

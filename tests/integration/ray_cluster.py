@@ -130,6 +130,23 @@ class RayCluster:
                 raise RuntimeError(f"nodes not up within {timeout_s:g} s: {sorted(by_name)}")
             time.sleep(2)
 
+    def actors(self) -> list[dict]:
+        """Every actor the cluster has had (alive, restarting or dead), from Ray's state API:
+        ``actor_id``, ``class_name``, ``state``, ``node_id``, ``required_resources``."""
+        code = ("import json; from ray.util.state import list_actors; print(json.dumps(["
+                "{k: getattr(a, k) for k in ('actor_id', 'class_name', 'state', 'node_id', "
+                "'required_resources', 'pid')} for a in list_actors(address="
+                f"{self.dashboard!r}, detail=True, limit=10000)]))")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120, env=self.env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"list_actors failed: {proc.stderr[-3000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def node_named(self, node_id: str) -> str:
+        """The name of the node with Ray node id ``node_id`` ("" if not one of ours)."""
+        return next((n.name for n in self.nodes.values() if n.node_id == node_id), "")
+
     def processes(self, node: str | None = None) -> list[psutil.Process]:
         """The processes of one node (or of every node): those whose command line or
         ``RAY_TMPDIR`` names its temp dir, with their children (agents rename themselves,

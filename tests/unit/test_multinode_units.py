@@ -21,6 +21,8 @@ from consolerl.rewards import RewardResult
 from consolerl.tasks import TASKS_DIR, load_suite
 from env_workers import pool as pool_module
 from env_workers.pool import EpisodeStart
+from rollout_service import episode as episode_module
+from rollout_service import orchestrator as orchestrator_module
 from rollout_service.agent import AgentConfig, AgentLoop
 from rollout_service.episode import EpisodeOutcome, EpisodeRunner, worker_lost
 from rollout_service.orchestrator import Orchestrator, OrchestratorConfig
@@ -363,3 +365,61 @@ def test_no_actor_of_a_placed_kind_is_started_around_its_option_builder():
                                f"{node.func.value.id}.options(...) not from {builder}()")
     assert bad == []
     assert found == set(_ACTOR_STARTS)         # the scan sees the real start paths
+
+
+class _ActorId:
+    def hex(self):
+        return "ab" * 16
+
+
+class _Handle:
+    _actor_id = _ActorId()
+
+
+class _HangingMethod:
+    """A Ray actor method (its handle's id) whose call never answers: a call queued on an
+    actor that Ray is restarting, with no node offering its resources."""
+
+    _actor = _Handle()
+    _method_name = "acquire"
+
+    async def __call__(self, *args):
+        await asyncio.sleep(3600)
+
+
+@pytest.mark.parametrize("state, kind", [("RESTARTING", "worker_lost"), ("DEAD", "worker_lost")])
+def test_a_call_on_an_actor_ray_is_restarting_ends_at_once(monkeypatch, state, kind):
+    monkeypatch.setattr(episode_module, "LOST_CHECK_S", 0.05)
+    monkeypatch.setattr(episode_module, "actor_state", lambda actor: state)
+
+    async def go():
+        try:
+            await episode_module._env_call(_HangingMethod(), 300.0, wait_s=300.0)
+        except episode_module._WorkerFailed as exc:
+            return exc.error
+    error = run_async(asyncio.wait_for(go(), 10))
+    assert error.kind == kind and state in error.message
+
+
+def test_a_slow_call_on_a_live_actor_is_waited_for(monkeypatch):
+    monkeypatch.setattr(episode_module, "LOST_CHECK_S", 0.02)
+    checks = []
+    monkeypatch.setattr(episode_module, "actor_state", lambda actor: checks.append(1) or "ALIVE")
+
+    class Slow(_HangingMethod):
+        async def __call__(self, *args):
+            await asyncio.sleep(0.3)
+            return "answer"
+    assert run_async(episode_module._env_call(Slow(), wait_s=0.0)) == "answer"
+    assert len(checks) >= 3                  # checked while it waited, and let it finish
+
+
+def test_a_parked_actor_is_probed_by_its_state_before_any_call(monkeypatch):
+    lost = LostWorker("env-worker-0", UNAVAILABLE, probes=["ok"])
+    lost._actor_id = _ActorId()
+    orch, _, _ = lost_orchestrator([lost, LiveWorker()], OrchestratorConfig(lost_probe_s=0.05))
+    for state, answer in (("RESTARTING", None), ("PENDING_CREATION", None), ("DEAD", False),
+                          ("ALIVE", True)):
+        monkeypatch.setattr(orchestrator_module, "actor_state", lambda w, s=state: s)
+        assert run_async(orch._probe(lost)) is answer, state
+    assert lost.calls == ["health"]           # only the live one was called
