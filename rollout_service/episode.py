@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import oss2
-import ray
-import ray._private.state
 import ray.exceptions
 
 from consolerl.accounts import Account, lease_agent
@@ -46,6 +44,7 @@ from consolerl.rewards import RewardResult
 from consolerl.tasks import Task
 from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
 from env_workers.driver import DriverError
+from env_workers.pool import actor_state
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.provisioning.sdk import Provisioned, ProvisionError, SdkProvisioner
 from reward_service.actiontrail import TrailClient
@@ -211,20 +210,6 @@ def _call_timeout(method: Any, extra_s: float | None = 0.0) -> float | None:
 # lost; with no node offering its resources it may wait for one indefinitely) or that is dead
 # ends the call at once instead of waiting out its whole bound.
 LOST_CHECK_S = 5.0
-
-
-def actor_state(actor: Any) -> str | None:
-    """The GCS's state of the Ray actor behind a handle or one of its methods (``ALIVE``,
-    ``RESTARTING``, ``DEAD``, ...); None for anything else, or when Ray cannot say."""
-    actor = getattr(actor, "_actor", actor)          # an ActorMethod's handle
-    actor_id = getattr(actor, "_actor_id", None)
-    if actor_id is None or not ray.is_initialized():
-        return None
-    try:
-        # Ray's own GCS accessor (no dashboard needed, unlike ray.util.state).
-        return ray._private.state.actors(actor_id.hex()).get("State")
-    except Exception:  # noqa: BLE001 - unknown: the caller keeps waiting
-        return None
 
 
 async def _bounded(method: Any, args: tuple[Any, ...], timeout: float | None) -> Any:

@@ -49,10 +49,11 @@ from consolerl.config import check_int
 from consolerl.errors import ConfigError
 from consolerl.experience import Group, sample_of
 from consolerl.tasks import Task
+from env_workers.pool import actor_state
 from infra.cloud import CloudClient
 
 from .agent import AgentLoop
-from .episode import EpisodeOutcome, EpisodeRunner, actor_state, model_policy
+from .episode import EpisodeOutcome, EpisodeRunner, model_policy
 from .experience import ExperienceStream
 from .policy import call
 
