@@ -23,7 +23,8 @@ def rollout_parts(config: JobConfig, suite_dir: str | None = None) -> RolloutPar
     env = config.env
     pool = EnvPoolConfig(
         workers=env.workers, worker=env.worker, num_cpus_per_worker=env.num_cpus_per_worker,
-        scheduling_strategy=env.scheduling_strategy, resources=env.resources, metrics=metrics_publish(config),
+        scheduling_strategy=env.scheduling_strategy, resources=env.resources,
+        max_restarts=env.max_restarts, metrics=metrics_publish(config),
         pool=PoolConfig(redis_url=config.stream.url, key_prefix=env.lease_prefix,
                         lease_ttl_s=env.lease_ttl_s, accounts_file=accounts_file))
     return RolloutParts(pool, config.policy, config.agent, config.orchestrator, config.stream,

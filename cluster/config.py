@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-from consolerl.config import check_resources
+from consolerl.config import check_int, check_resources
 from consolerl.errors import ConfigError
 from env_workers.worker import WorkerConfig
 from infra.observability.discovery import PublishConfig
@@ -36,7 +36,10 @@ class CloudSection:
 @dataclass(frozen=True)
 class EnvSection:
     """The env workers; their account leases live in the stream's Redis under
-    ``lease_prefix``."""
+    ``lease_prefix``. ``resources``: Ray custom resources each worker needs (``{browser: 1}``:
+    only nodes that offer them host workers); ``max_restarts``: how often Ray restarts a
+    worker whose process or node died (-1: always, on any node with its resources; 0: never,
+    the run goes on without it)."""
 
     workers: int = 2
     num_cpus_per_worker: float = 0.5
@@ -45,9 +48,11 @@ class EnvSection:
     lease_prefix: str = "consolerl:pool"
     scheduling_strategy: str = "DEFAULT"    # SPREAD: one worker per node, in turn
     resources: dict[str, float] = field(default_factory=dict)   # Ray custom resources
+    max_restarts: int = -1
 
     def __post_init__(self) -> None:
         check_resources("EnvSection.resources", self.resources)
+        check_int("EnvSection.max_restarts", self.max_restarts, -1)
 
 
 @dataclass(frozen=True)
@@ -86,13 +91,17 @@ class RunSection:
     """``dir``: where the run's files go (checkpoints, metrics.jsonl, curves); ``resume``:
     continue from the latest checkpoint in ``dir``; ``redis``: start an embedded Redis on the
     stream URL's port when nothing answers there; ``ray_address``: "" = the cluster of
-    ``RAY_ADDRESS`` (under ``ray job submit``) or an embedded local one."""
+    ``RAY_ADDRESS`` (under ``ray job submit``) or an embedded local one;
+    ``services_host``: where the Redis and local cloud this job starts listen and are reached
+    from other Ray nodes ("" = the driver's Ray node IP on a cluster, 127.0.0.1 with an
+    embedded one; see :mod:`cluster.addresses`)."""
 
     dir: str = "runs/default"
     resume: bool = False
     redis: bool = True
     ray_address: str = ""
     ray_num_cpus: int = 0                   # embedded cluster only; 0 = the machine's
+    services_host: str = ""
 
 
 @dataclass(frozen=True)

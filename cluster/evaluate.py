@@ -27,7 +27,7 @@ import ray
 from cluster.builders import rollout_parts
 from cluster.config import JobConfig
 from cluster.rollout import RolloutActor, start_policy
-from cluster.runtime import LocalServices, ray_init, stop_actors
+from cluster.runtime import LocalServices, on_driver_node, ray_init, stop_actors
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
 from consolerl.tasks import TASKS_DIR, load_suite
@@ -146,7 +146,8 @@ def _one_run(config: JobConfig, servers: Any, selected: list[str], per_task: int
                              max_staleness=10**6, mode="async", drop_uniform_groups=False,
                              split=split, task_filter=tasks or "", seed=run + 1),
         stream=replace(config.stream, stream=f"{config.stream.stream}:{label}"))
-    actor = RolloutActor.options(num_cpus=0).remote(rollout_parts(cfg), servers)
+    actor = RolloutActor.options(num_cpus=0, scheduling_strategy=on_driver_node()
+                                 ).remote(rollout_parts(cfg), servers)
     try:
         summary = ray.get(actor.run.remote(len(selected) * per_task))
         results = ray.get(actor.results.remote())
@@ -277,10 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = Path(config.run.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    services = LocalServices(config.cloud, config.stream.url, config.run.redis, run_dir)
+    services = LocalServices(config, run_dir)
     try:
-        services.start()
         ray_init(config.run)
+        config = services.start()      # the addresses every Ray node reaches
         def progress(m: str) -> None:
             print(f"[evaluate] {m}", file=sys.stderr, flush=True)
         record = Path(args.record) if args.record else (

@@ -46,7 +46,7 @@ from cluster.config import JobConfig, check_training, metrics_publish
 from cluster.export import ExportConfig, run_export
 from cluster.rollout import RolloutActor, start_policy, success_by_version
 from cluster.runtime import (LocalServices, Observed, PeakMemory, TrainingBeacon, progress,
-                             raise_interrupt, ray_init, stop_actors)
+                             on_driver_node, raise_interrupt, ray_init, stop_actors)
 from consolerl.config import load_config, to_dict
 from consolerl.errors import ConfigError, ConsoleRLError
 from rollout_service.experience import ExperienceStream
@@ -55,6 +55,7 @@ from trainer.curves import plot_curves
 from trainer.engine import start_workers
 from trainer.grpo import GRPOTrainer, NoExperienceError
 from trainer.sft import SftConfig, train_sft
+from trainer.stream import redact_url
 
 log = logging.getLogger("cluster.job")
 # The last memory sample of every process of the job, by pid: (kind, PSS bytes), for the
@@ -75,17 +76,20 @@ def run(config: JobConfig) -> dict[str, Any]:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     t_start = time.monotonic()
     memory = PeakMemory(last=LAST_PSS)
-    services = LocalServices(config.cloud, config.stream.url, config.run.redis, run_dir)
+    services = LocalServices(config, run_dir)
     orchestrator = run_ref = beacon = None
     servers: list[Any] = []
     workers: list[Any] = []
     summary: dict[str, Any] = {"run_dir": str(run_dir), "completed": False}
     trainer: GRPOTrainer | None = None
-    observed = Observed(metrics_publish(config))
+    observed = Observed(None)
     try:
-        services.start()
         ray_init(config.run)
+        config = services.start()      # the addresses every Ray node reaches
+        observed = Observed(metrics_publish(config))
         observed.local_cloud(config.cloud)
+        summary["services"] = {"redis": redact_url(config.stream.url),
+                               "cloud": config.cloud.endpoint}
         stream = ExperienceStream(config.stream)
         if not config.run.resume:
             # A fresh run starts from an empty stream: groups of an earlier run were sampled
@@ -120,7 +124,9 @@ def run(config: JobConfig) -> dict[str, Any]:
         trainer.start()                 # the trainer version before the orchestrator reads it
         # API jobs on the same cluster keep to their share of the pool while this runs.
         beacon = TrainingBeacon(config.stream.url, f"{config.api.prefix}:training").start()
-        orchestrator = RolloutActor.options(num_cpus=0).remote(rollout_parts(config), servers)
+        # On the driver's node: losing a worker node never takes the control plane with it.
+        orchestrator = RolloutActor.options(num_cpus=0, scheduling_strategy=on_driver_node()
+                                            ).remote(rollout_parts(config), servers)
         run_ref = orchestrator.run.remote(None)
         budget = config.trainer.time_budget_s
         summary["history"] = trainer.run(config.trainer.steps, _step_printer(config, trainer),

@@ -34,19 +34,26 @@ def start_policy(config: PolicyConfig, metrics: PublishConfig | None = None
     config), each announcing its metrics when ``metrics`` is given."""
     model = resolve_model(config.model)
     pinned = replace(config, model=model)
-    # A crashed replica is restarted by Ray; it serves again once the job sends it the
-    # current weights (cluster.job syncs replicas whose version differs from the trainer's).
-    resources: dict[str, Any] = {"num_cpus": config.num_cpus_per_replica,
-                                 "scheduling_strategy": config.scheduling_strategy,
-                                 "max_restarts": -1, "max_task_retries": 0}
-    if config.num_gpus_per_replica:
-        resources["num_gpus"] = config.num_gpus_per_replica
-    if config.resources:
-        resources["resources"] = dict(config.resources)
-    servers = [PolicyServer.options(**resources).remote(pinned, None, None, f"policy-{i}",
-                                                        metrics)
+    options = policy_options(config)
+    servers = [PolicyServer.options(**options).remote(pinned, None, None, f"policy-{i}",
+                                                      metrics)
                for i in range(config.replicas)]
     return servers, PolicyRouter(servers)
+
+
+def policy_options(config: PolicyConfig) -> dict[str, Any]:
+    """The Ray actor options of every PolicyServer: CPUs, GPUs, the custom resources its
+    config names (only nodes that offer them host it), placement, restarts."""
+    # A crashed replica is restarted by Ray; it serves again once the job sends it the
+    # current weights (cluster.job syncs replicas whose version differs from the trainer's).
+    options: dict[str, Any] = {"num_cpus": config.num_cpus_per_replica,
+                               "scheduling_strategy": config.scheduling_strategy,
+                               "max_restarts": -1, "max_task_retries": 0}
+    if config.num_gpus_per_replica:
+        options["num_gpus"] = config.num_gpus_per_replica
+    if config.resources:
+        options["resources"] = dict(config.resources)
+    return options
 
 
 def success_by_version(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -127,6 +134,9 @@ class RolloutBody:
         """After the episodes stopped: destroy what dead holders (a killed job, a lost
         worker) left in any account, waiting up to ``timeout_s`` for their leases to expire;
         returns how many such episodes were cleaned."""
+        live = self.orchestrator.live_workers()       # not one lost with its node
+        if not live:
+            return 0
         pool = AccountPool.from_config(self.pool_config)
         deadline = time.monotonic() + timeout_s
         cleaned = 0
@@ -134,7 +144,7 @@ class RolloutBody:
             while any(pool.unfinished_episodes(a.account_id) for a in self.accounts):
                 if time.monotonic() > deadline:
                     break
-                found = await self.orchestrator.runner.clear_orphans(self.pool.actors[0])
+                found = await self.orchestrator.runner.clear_orphans(live[0])
                 cleaned += found
                 if not found:
                     await asyncio.sleep(1.0)

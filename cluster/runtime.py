@@ -1,6 +1,7 @@
 """The runtime every entry point shares: Ray bootstrap (embedded, or the cluster of
-``RAY_ADDRESS``), the local services launcher (Redis, the local cloud), peak-memory sampling,
-signal handling and stopping actors."""
+``RAY_ADDRESS``), the local services launcher (Redis, the local cloud, on an address every Ray
+node reaches), pinning actors to the driver's node, peak-memory sampling, signal handling and
+stopping actors."""
 from __future__ import annotations
 
 import os
@@ -15,8 +16,10 @@ from typing import Any
 import psutil
 import ray
 import redis as redis_lib
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from cluster.config import CloudSection, RunSection
+from cluster.addresses import advertise, is_loopback, loopback_left, on_cluster, services_host
+from cluster.config import CloudSection, JobConfig, RunSection
 from consolerl.errors import ConfigError
 from infra.local_cloud import LocalCloud
 from infra.observability.discovery import PublishConfig, announce, forget_run, publish
@@ -29,32 +32,52 @@ def progress(msg: str) -> None:
 
 class LocalServices:
     """Redis (on the stream URL's port) and the local cloud (on ``cloud.endpoint``), started
-    here when nothing answers at the configured addresses and they are loopback ones."""
+    here when nothing answers at the configured addresses and they are this job's to start
+    (``run.redis``, ``cloud.local``) on a loopback address, or on the services host.
 
-    def __init__(self, cloud: CloudSection, stream_url: str, start_redis: bool, run_dir: Path):
-        self.cloud_section, self.stream_url, self.start_redis = cloud, stream_url, start_redis
-        self.run_dir = run_dir
+    :meth:`start` is called once Ray is up (:func:`ray_init`): on a cluster the services
+    listen on an address every node reaches and the config it returns names that address
+    (:mod:`cluster.addresses`)."""
+
+    def __init__(self, config: JobConfig, run_dir: Path):
+        self.config, self.run_dir = config, run_dir
         self.redis: Any = None
         self.cloud: Any = None
 
-    def start(self) -> None:
-        url = urllib.parse.urlparse(self.stream_url)
+    def start(self, node_ip: str | None = None) -> JobConfig:
+        """Start what is missing; returns the config with the addresses as advertised to the
+        components. ``node_ip``: the driver's Ray node IP (asked of Ray when None)."""
+        if node_ip is None:
+            node_ip = ray.util.get_node_ip_address() if ray.is_initialized() else ""
+        host = services_host(self.config.run, node_ip)
+        config = advertise(self.config, host)
+        ours = ("127.0.0.1", "localhost", host)
+        url = urllib.parse.urlparse(config.stream.url)
         try:
-            redis_lib.Redis.from_url(self.stream_url, socket_timeout=2).ping()
+            redis_lib.Redis.from_url(config.stream.url, socket_timeout=2).ping()
         except redis_lib.ConnectionError:
-            if not self.start_redis or url.hostname not in ("127.0.0.1", "localhost"):
-                raise ConfigError(f"stream.url: no Redis answers at {self.stream_url} "
+            if not config.run.redis or url.hostname not in ours:
+                raise ConfigError(f"stream.url: no Redis answers at {url.hostname}:{url.port} "
                                   "(run.redis=true starts one on a loopback URL)") from None
-            self.redis = RedisServer(self.run_dir / "redis", port=url.port or 6390).start()
-            progress(f"started Redis on {self.redis.url}")
-        if self.cloud_section.local:
-            host, _, port = self.cloud_section.endpoint.rpartition(":")
-            if not answers(f"http://{self.cloud_section.endpoint}/healthz"):
-                if host not in ("127.0.0.1", "localhost"):
-                    raise ConfigError(f"cloud.endpoint: {self.cloud_section.endpoint} does not "
-                                      "answer and is not a loopback address")
-                self.cloud = LocalCloud(self.run_dir / "cloud", port=int(port)).start()
+            self.redis = RedisServer(self.run_dir / "redis", port=url.port or 6390,
+                                     host=url.hostname).start()
+            progress(f"started Redis on {url.hostname}:{self.redis.port}")
+        if config.cloud.local:
+            cloud_host, _, port = config.cloud.endpoint.rpartition(":")
+            if not answers(f"http://{config.cloud.endpoint}/healthz"):
+                if cloud_host not in ours:
+                    raise ConfigError(f"cloud.endpoint: {config.cloud.endpoint} does not "
+                                      "answer and is not a loopback address (nor "
+                                      f"run.services_host {host})")
+                self.cloud = LocalCloud(self.run_dir / "cloud", port=int(port),
+                                        host=cloud_host).start()
                 progress(f"started the local cloud on {self.cloud.endpoint}")
+        if on_cluster(config.run) and not is_loopback(host):
+            left = loopback_left(config)
+            if left:
+                progress("warning: on a Ray cluster these still name loopback, which is each "
+                         f"node itself: {', '.join(left)}")
+        return config
 
     def stop(self) -> None:
         if self.cloud is not None:
@@ -223,6 +246,13 @@ def process_kind(cmdline: list[str], is_driver: bool = False) -> str:
         if needle in text:
             return kind
     return os.path.basename(first) or "other"
+
+
+def on_driver_node() -> NodeAffinitySchedulingStrategy:
+    """Placement for the control plane (the rollout actor, the jobs API's scheduler and HTTP
+    server): the driver's own node, hard. Left to Ray, an actor asking ``num_cpus=0`` may
+    land on any node, and losing a worker node would then stop the whole job."""
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
 def raise_interrupt(signum: int, frame: Any) -> None:

@@ -21,7 +21,7 @@ import ray
 from cluster.api import (SCHEDULER_NAME, HttpParts, HttpServerActor, SchedulerActor,
                          SchedulerParts)
 from cluster.config import JobConfig, metrics_publish
-from cluster.runtime import LocalServices, Observed, progress, ray_init
+from cluster.runtime import LocalServices, Observed, on_driver_node, progress, ray_init
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
 from consolerl.tasks import TASKS_DIR
@@ -76,7 +76,8 @@ class Stack:
     def start_scheduler(self) -> None:
         if self.config.api.hosting == "serve":
             return                       # a deployment of the Serve application
-        self.scheduler = SchedulerActor.options(name=SCHEDULER_NAME, num_cpus=0).remote(
+        self.scheduler = SchedulerActor.options(
+            name=SCHEDULER_NAME, num_cpus=0, scheduling_strategy=on_driver_node()).remote(
             self.sched_parts)
         self.run_ref = self.scheduler.run.remote()
 
@@ -91,8 +92,9 @@ class Stack:
                       route_prefix="/")
             self.url = f"http://{api.host}:{api.port}"
         else:
-            self.http = HttpServerActor.options(num_cpus=0).remote(self.http_parts, api.host,
-                                                                   api.port)
+            self.http = HttpServerActor.options(
+                num_cpus=0, scheduling_strategy=on_driver_node()).remote(self.http_parts,
+                                                                         api.host, api.port)
             self.url = ray.get(self.http.start.remote(), timeout=60)
         return self.url
 
@@ -123,12 +125,13 @@ class Stack:
 def serve(config: JobConfig) -> int:
     run_dir = Path(config.run.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    services = LocalServices(config.cloud, config.stream.url, config.run.redis, run_dir)
+    services = LocalServices(config, run_dir)
     stack: Stack | None = None
-    observed = Observed(metrics_publish(config))
+    observed = Observed(None)
     try:
-        services.start()
         ray_init(config.run)
+        config = services.start()      # the addresses every Ray node reaches
+        observed = Observed(metrics_publish(config))
         observed.local_cloud(config.cloud)
         token = first_token(config)
         stack = Stack(config)

@@ -10,7 +10,8 @@ class EnvError:
     """An infrastructure failure (not the agent's): the episode is marked env_error and kept
     out of the training signal. ``kind``: signin_failed | signin_locked | browser_crashed |
     navigation_failed | timeout | lease_lost | provision_failed | score_failed |
-    worker_failed | policy_failed | internal."""
+    worker_failed | worker_lost (the worker's actor died: its process or node was lost) |
+    policy_failed | internal."""
 
     kind: str
     message: str

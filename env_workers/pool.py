@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+import ray._private.state
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from consolerl.accounts import lease_agent
@@ -226,17 +227,39 @@ class EnvWorkerBody:
 EnvWorkerActor = ray.remote(EnvWorkerBody)
 
 
+def actor_state(actor: Any) -> str | None:
+    """The GCS's state of the Ray actor behind a handle or one of its methods (``ALIVE``,
+    ``RESTARTING``, ``DEAD``, ...); None for anything else, or when Ray cannot say."""
+    actor = getattr(actor, "_actor", actor)          # an ActorMethod's handle
+    actor_id = getattr(actor, "_actor_id", None)
+    if actor_id is None or not ray.is_initialized():
+        return None
+    try:
+        # Ray's own GCS accessor (no dashboard needed, unlike ray.util.state).
+        return ray._private.state.actors(actor_id.hex()).get("State")
+    except Exception:  # noqa: BLE001 - unknown: the caller keeps waiting
+        return None
+
+
+def worker_options(config: EnvPoolConfig) -> dict[str, Any]:
+    """The Ray actor options of every env worker: its CPUs, the custom resources its config
+    names (only nodes that offer them host it: never an assumption of one node), placement
+    and restarts."""
+    options: dict[str, Any] = {
+        "max_restarts": config.max_restarts, "max_task_retries": 0,
+        "num_cpus": config.num_cpus_per_worker, "max_concurrency": 4,
+        "scheduling_strategy": config.scheduling_strategy}
+    if config.resources:
+        options["resources"] = dict(config.resources)
+    return options
+
+
 class EnvPool:
     """N env worker actors on the current Ray cluster (``ray.init`` first)."""
 
     def __init__(self, config: EnvPoolConfig):
         self.config = config
-        options: dict[str, Any] = {
-            "max_restarts": config.max_restarts, "max_task_retries": 0,
-            "num_cpus": config.num_cpus_per_worker, "max_concurrency": 4,
-            "scheduling_strategy": config.scheduling_strategy}
-        if config.resources:
-            options["resources"] = dict(config.resources)
+        options = worker_options(config)
         self.actors = [
             EnvWorkerActor.options(**options)
             .remote(config.worker, config.pool, f"env-worker-{i}", config.metrics)
@@ -257,7 +280,10 @@ class EnvPool:
     def drain(self, timeout_s: float = 30.0) -> None:
         """End running episodes, release their leases, stop the browsers and the actors."""
         deadline = time.monotonic() + timeout_s
-        refs = [actor.drain.remote() for actor in self.actors]
+        # A worker lost with its node (Ray restarting it, perhaps waiting for a node with its
+        # resources) would only queue the call: it is killed below without one.
+        refs = [actor.drain.remote() for actor in self.actors
+                if actor_state(actor) in ("ALIVE", None)]
         for ref in refs:
             try:
                 ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))

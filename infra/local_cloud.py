@@ -1,5 +1,6 @@
-"""A ``python -m infra.console_sim`` process on a free loopback port with its own state dir,
-for benchmarks and the suite runner (tests have their own, restartable ``CloudServer``)."""
+"""A ``python -m infra.console_sim`` process on a free port (of loopback, or of ``host``) with
+its own state dir, for benchmarks, the suite runner and the job's embedded local cloud (tests
+have their own, restartable ``CloudServer``)."""
 from __future__ import annotations
 
 import socket
@@ -36,10 +37,11 @@ class LocalCloud:
     args: tuple[str, ...] = ()
     port: int = 0
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    host: str = "127.0.0.1"             # where it listens (a Ray node's IP on a cluster)
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def url(self) -> str:
@@ -48,7 +50,8 @@ class LocalCloud:
     def start(self, timeout_s: float = 30.0) -> LocalCloud:
         self.port = self.port or free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.console_sim", "--port", str(self.port),
+            [sys.executable, "-m", "infra.console_sim", "--host", self.host,
+             "--port", str(self.port),
              "--state-dir", str(self.state_dir), *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s

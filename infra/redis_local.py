@@ -1,6 +1,7 @@
 """A local ``redis-server`` process on a free loopback port, with AOF (fsync every second)
 unless ``persistent=False``: for tests, benchmarks and the embedded single-machine setup.
-Never port 6379, which Ray's GCS takes."""
+Never port 6379, which Ray's GCS takes. ``host``: another address to listen on as well (a
+Ray node's IP, so that actors on the cluster's other nodes reach it)."""
 from __future__ import annotations
 
 import shutil
@@ -28,13 +29,21 @@ class RedisServer:
     port: int = 0
     persistent: bool = True
     proc: subprocess.Popen | None = None
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True)
+        return redis.Redis(host=self.host, port=self.port, decode_responses=True)
+
+    def _bind_args(self) -> list[str]:
+        if self.host == "127.0.0.1":
+            return ["--bind", "127.0.0.1"]
+        # Protected mode refuses every client but loopback ones when no password is set:
+        # reached from the cluster's nodes (a trusted network, as Ray's own ports are).
+        return ["--bind", self.host, "127.0.0.1", "--protected-mode", "no"]
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         self.port = self.port or free_port()
@@ -43,7 +52,7 @@ class RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.data_dir / "redis.log", "ab")
         self.proc = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
+            [REDIS_SERVER, "--port", str(self.port), *self._bind_args(),
              "--save", "", "--appendonly", "yes" if self.persistent else "no",
              "--appendfsync", "everysec",
              "--dir", str(self.data_dir)],

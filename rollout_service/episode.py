@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import oss2
+import ray.exceptions
 
 from consolerl.accounts import Account, lease_agent
 from consolerl.errors import CloudAPIError, ConsoleRLError, EpisodeCancelled
@@ -43,6 +44,7 @@ from consolerl.rewards import RewardResult
 from consolerl.tasks import Task
 from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
 from env_workers.driver import DriverError
+from env_workers.pool import actor_state
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.provisioning.sdk import Provisioned, ProvisionError, SdkProvisioner
 from reward_service.actiontrail import TrailClient
@@ -203,22 +205,52 @@ def _call_timeout(method: Any, extra_s: float | None = 0.0) -> float | None:
     return CALL_TIMEOUT_S.get(name, DEFAULT_CALL_TIMEOUT_S) + extra_s
 
 
+# A call to a Ray actor that has not answered after this long is checked against the actor's
+# state in Ray's GCS, then again as often: one that Ray is restarting (its process or node was
+# lost; with no node offering its resources it may wait for one indefinitely) or that is dead
+# ends the call at once instead of waiting out its whole bound.
+LOST_CHECK_S = 5.0
+
+
 async def _bounded(method: Any, args: tuple[Any, ...], timeout: float | None) -> Any:
-    """``method(*args)``; :class:`_NoAnswer` when it has not answered within ``timeout``."""
+    """``method(*args)``; :class:`_NoAnswer` when it has not answered within ``timeout``,
+    :class:`_ActorGone` as soon as Ray says its actor is restarting or dead."""
     task = asyncio.ensure_future(call(method, *args))
+    ray_actor = getattr(getattr(method, "_actor", None), "_actor_id", None) is not None
+    end = None if timeout is None else time.monotonic() + timeout
     try:
-        done, _ = await asyncio.wait({task}, timeout=timeout)
+        while True:
+            wait = None if end is None else max(0.0, end - time.monotonic())
+            if ray_actor:
+                wait = LOST_CHECK_S if wait is None else min(wait, LOST_CHECK_S)
+            done, _ = await asyncio.wait({task}, timeout=wait)
+            if done:
+                return task.result()
+            if end is not None and time.monotonic() >= end:
+                task.cancel()
+                raise _NoAnswer(timeout)
+            state = await asyncio.to_thread(actor_state, method)
+            if state in ("RESTARTING", "DEAD"):
+                task.cancel()
+                raise _ActorGone(state)
     except asyncio.CancelledError:
         task.cancel()
         raise
-    if not done:
-        task.cancel()
-        raise _NoAnswer(timeout)
-    return task.result()
 
 
 class _NoAnswer(ConsoleRLError, TimeoutError):
     """An env worker call that did not answer within its bound."""
+
+
+class _ActorGone(ConsoleRLError, RuntimeError):
+    """An env worker call whose actor Ray reports restarting or dead (``state``)."""
+
+    def __init__(self, state: str):
+        super().__init__(f"its actor is {state} (its process or node was lost)")
+        self.state = state
+
+    def __reduce__(self):
+        return (type(self), (self.state,))
 
 
 async def _env_call(method: Any, *args: Any, wait_s: float | None = 0.0) -> Any:
@@ -232,9 +264,20 @@ async def _env_call(method: Any, *args: Any, wait_s: float | None = 0.0) -> Any:
     except _NoAnswer:
         raise _WorkerFailed(EnvError("worker_failed", f"env worker {name} did not answer "
                                      f"within {timeout:g} s")) from None
+    except _ActorGone as exc:
+        raise _WorkerFailed(EnvError("worker_lost", f"env worker {name}: {exc}")) from None
     except Exception as exc:  # noqa: BLE001 - any failure of the worker is an env error
-        raise _WorkerFailed(EnvError("worker_failed", f"env worker {name} failed: "
+        kind = "worker_lost" if worker_lost(exc) else "worker_failed"
+        raise _WorkerFailed(EnvError(kind, f"env worker {name} failed: "
                                      f"{type(exc).__name__}: {str(exc)[:200]}")) from None
+
+
+def worker_lost(exc: BaseException) -> bool:
+    """Whether an env worker call failed because the actor itself is gone (its process
+    died, its node was lost: Ray restarts it elsewhere, or never) rather than inside it.
+    Such an episode's worker holds no state worth a clean-up call (its lease ends by TTL)."""
+    return isinstance(exc, (ray.exceptions.RayActorError,      # ActorDied, ActorUnavailable
+                            _ActorGone))
 
 
 async def _quiet(method: Any, *args: Any) -> Any:
@@ -558,16 +601,19 @@ class EpisodeRunner:
             outcome.env_error = exc.error
             return outcome
         finally:
+            # A worker lost with its process or node answers no clean-up call (a call to an
+            # actor Ray is restarting waits for the restart): its lease expires by TTL.
+            lost = outcome.env_error is not None and outcome.env_error.kind == "worker_lost"
             if outcome.env_error is not None and not extra:
                 # Ended by an env error after the browser opened: what the agent created
                 # is found from the audit log all the same, so that it is destroyed too.
                 extra = await self.blocking(self._agent_created, provisioner, account,
                                                 started_at[0])
             clean = await self.blocking(self._clean_up, provisioner, outcome, extra)
-            if tracked and clean:
+            if tracked and clean and not lost:
                 await _quiet(env.cleaned, outcome.episode_id)
             provisioner.user_agent = ""         # the lease ends here
-            released = await _quiet(env.end_episode)
+            released = None if lost else await _quiet(env.end_episode)
             if released is False and outcome.env_error is None:
                 # Someone else may have held the account meanwhile: the reward is not the
                 # agent's alone.

@@ -21,11 +21,19 @@ learns nothing from them).
 
 Sync mode: open ``groups_per_step`` groups, run all their episodes, push them, then wait until
 the trainer's version moves before the next batch (the batch barrier of verl's colocated loop).
+
+Lost workers: an env worker whose actor died (its process, or its node: ``worker_lost``) ends
+its episode as an env error (retried on another worker within the budget above; its lease
+expires by TTL) and is parked: it takes no episode until it answers a health probe again
+(Ray restarted it, on its node or on another that offers its resources), probed every
+``lost_probe_s``; one that Ray reports dead ``lost_probes_dead`` times in a row (no restarts
+left) is retired for the run. The other workers carry on.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import re
 import secrets
 import time
@@ -33,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ray.exceptions
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from consolerl.accounts import Account
@@ -40,11 +49,15 @@ from consolerl.config import check_int
 from consolerl.errors import ConfigError
 from consolerl.experience import Group, sample_of
 from consolerl.tasks import Task
+from env_workers.pool import actor_state
 from infra.cloud import CloudClient
 
 from .agent import AgentLoop
 from .episode import EpisodeOutcome, EpisodeRunner, model_policy
 from .experience import ExperienceStream
+from .policy import call
+
+log = logging.getLogger("rollout_service.orchestrator")
 
 
 @dataclass(frozen=True)
@@ -67,12 +80,21 @@ class OrchestratorConfig:
     # Threads for the episodes' blocking calls (SDK, audit log, scoring); 0: one per env
     # worker plus 4, so no episode queues behind another's ActionTrail wait.
     io_threads: int = 0
+    # A lost env worker (its actor died) is parked and probed this often until it answers
+    # again; retired after this many probes in a row find it dead for good.
+    lost_probe_s: float = 5.0
+    lost_probes_dead: int = 3
 
     def __post_init__(self) -> None:
         for name, low in (("group_size", 1), ("max_staleness", 0), ("groups_per_step", 1),
                           ("max_env_retries", 0), ("uniform_streak", 0),
-                          ("uniform_cooldown", 1), ("io_threads", 0)):
+                          ("uniform_cooldown", 1), ("io_threads", 0),
+                          ("lost_probes_dead", 1)):
             check_int(f"OrchestratorConfig.{name}", getattr(self, name), low)
+        if isinstance(self.lost_probe_s, bool) or not isinstance(
+                self.lost_probe_s, (int, float)) or not 0 < self.lost_probe_s <= 3600:
+            raise ConfigError(f"OrchestratorConfig.lost_probe_s: must be a number of seconds "
+                              f"in (0, 3600], got {self.lost_probe_s!r}")
         if self.mode not in ("async", "sync"):
             raise ConfigError(f"OrchestratorConfig.mode: must be async or sync, "
                               f"got {self.mode!r}")
@@ -157,6 +179,12 @@ class RolloutMetrics:
         self.trainer_version = Gauge("consolerl_rollout_trainer_version", "The trainer "
                                      "version the admission control last read.",
                                      registry=registry)
+        self.workers_lost = Counter("consolerl_rollout_workers_lost_total", "Env workers "
+                                    "lost mid-episode (their actor died with its process or "
+                                    "node).", registry=registry)
+        self.workers_parked = Gauge("consolerl_rollout_workers_parked", "Env workers taking "
+                                    "no episodes now: lost and not answering again, or "
+                                    "retired.", registry=registry)
 
 
 class Orchestrator:
@@ -209,6 +237,9 @@ class Orchestrator:
         self._stop = asyncio.Event()           # only polled (is_set), never awaited
         self._version, self._version_at = 0, float("-inf")
         self._version_reading = False
+        self.workers_lost = 0
+        self._parked: set[int] = set()             # id(worker): lost, not answering yet
+        self._retired: set[int] = set()            # id(worker): dead for good
 
     # ---- one episode ---------------------------------------------------------------------------
     async def episode(self, worker: Any, task: Task, trajectory_id: str, seed: int
@@ -233,6 +264,80 @@ class Orchestrator:
                 self.metrics.episodes.labels(end).inc()
                 if outcome.reward is not None and outcome.env_error is None:
                     self.metrics.reward.observe(outcome.reward.reward)
+
+    # ---- lost workers ----------------------------------------------------------------------------
+    def live_workers(self) -> list[Any]:
+        """The workers taking episodes now (not parked after a loss, not retired)."""
+        return [w for w in self.workers
+                if id(w) not in self._parked and id(w) not in self._retired]
+
+    def _lost(self, worker: Any, outcome: EpisodeOutcome) -> bool:
+        """Whether ``outcome`` says its worker was lost (then it is parked)."""
+        if outcome.env_error is None or outcome.env_error.kind != "worker_lost":
+            return False
+        self.workers_lost += 1
+        self.metrics.workers_lost.inc()
+        self._parked.add(id(worker))
+        self._count_parked()
+        if not self.live_workers():
+            log.warning("every env worker is lost or retired: episodes wait for one to "
+                        "answer again")
+        return True
+
+    def _count_parked(self) -> None:
+        self.metrics.workers_parked.set(len(self._parked | self._retired))
+
+    async def _probe(self, worker: Any) -> bool | None:
+        """One health probe of a lost worker: True when it answers (Ray restarted it),
+        False when Ray reports it dead (no restarts left), None when it does not answer yet
+        (restarting, or waiting for a node with its resources)."""
+        health = getattr(worker, "health", None)
+        if health is None:
+            return True
+        # A Ray actor: its state in the GCS first (a call to one that Ray is restarting
+        # would only queue until it is back).
+        state = await asyncio.to_thread(actor_state, worker)
+        if state == "DEAD":
+            return False
+        if state is not None and state != "ALIVE":
+            return None
+        try:
+            await asyncio.wait_for(call(health), timeout=self.config.lost_probe_s)
+            return True
+        except ray.exceptions.ActorUnavailableError:
+            return None
+        except ray.exceptions.RayActorError:
+            return False
+        except Exception:  # noqa: BLE001 - no answer in time (a queued call) or a hiccup
+            return None
+
+    async def _wait_back(self, worker: Any) -> bool:
+        """Park ``worker`` until it answers again (True) or is retired, or the run stops
+        (False)."""
+        dead = 0
+        while not self._stop.is_set():
+            answer = await self._probe(worker)
+            if answer:
+                self._parked.discard(id(worker))
+                self._count_parked()
+                log.info("env worker %s answers again: back in the pool",
+                         getattr(worker, "name", "") or id(worker))
+                return True
+            dead = dead + 1 if answer is False else 0
+            if dead >= self.config.lost_probes_dead:
+                self._parked.discard(id(worker))
+                self._retired.add(id(worker))
+                self._count_parked()
+                log.warning("env worker %s is dead for good: retired for this run",
+                            getattr(worker, "name", "") or id(worker))
+                return False
+            await self._sleep_unless_stopped(self.config.lost_probe_s)
+        return False
+
+    async def _sleep_unless_stopped(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not self._stop.is_set() and time.monotonic() < end:
+            await asyncio.sleep(min(0.2, end - time.monotonic()))
 
     # ---- groups ----------------------------------------------------------------------------------
     def _open_group(self) -> _Group:
@@ -351,6 +456,11 @@ class Orchestrator:
             "episodes_per_min": round(len(self.episodes) / wall_s * 60, 2) if wall_s else 0.0,
             "env_utilization": round(busy / (wall_s * n_workers), 4) if wall_s else 0.0,
             "leaked_resources": sum(e.leaked for e in self.episodes),
+            "env_errors_by_kind": {k: sum(e.env_error == k for e in self.episodes)
+                                   for k in sorted({e.env_error for e in self.episodes
+                                                    if e.env_error})},
+            "workers_lost": self.workers_lost,
+            "workers_parked": len(self._parked), "workers_retired": len(self._retired),
         }
 
     def _returned(self, group: _Group, index: int, result: EpisodeOutcome) -> None:
@@ -429,8 +539,10 @@ class Orchestrator:
                         finished += 1
                         if finished >= max_groups:
                             stop.set()
+                if self._lost(worker, result) and not await self._wait_back(worker):
+                    return
 
-        await asyncio.gather(*(work(w) for w in self.workers))
+        await asyncio.gather(*(work(w) for w in self.workers if id(w) not in self._retired))
 
     async def _run_sync(self, max_groups: float, deadline_s: float | None) -> None:
         done = 0
@@ -455,8 +567,20 @@ class Orchestrator:
                                                 self._seed(group, i))
                     self.episodes.append(EpisodeSummary.of(result))
                     self._returned(group, i, result)
+                    if self._lost(worker, result):
+                        return                     # parked: probed before the next round
             while not all(g.done for g in batch):
-                await asyncio.gather(*(work(w) for w in self.workers))    # the batch barrier
+                for w in [w for w in self.workers if id(w) in self._parked]:
+                    if await self._probe(w):
+                        self._parked.discard(id(w))
+                        self._count_parked()
+                live = self.live_workers()
+                if not live:
+                    if self._stop.is_set():
+                        return
+                    await self._sleep_unless_stopped(self.config.lost_probe_s)
+                    continue
+                await asyncio.gather(*(work(w) for w in live))    # the batch barrier
             for g in batch:
                 unconsumed += await self.runner.blocking(self._finish, g) == "pushed"
             done += len(batch)

@@ -468,19 +468,26 @@ class TrainerWorkerBody:
 TrainerWorker = ray.remote(TrainerWorkerBody)
 
 
+def worker_options(engine: EngineConfig) -> dict[str, Any]:
+    """The Ray actor options of every trainer worker: CPUs, GPUs, memory, the custom
+    resources its config names (only nodes that offer them host it), its threads."""
+    options: dict[str, Any] = {"num_cpus": engine.num_cpus_per_worker}
+    if engine.num_gpus_per_worker:
+        options["num_gpus"] = engine.num_gpus_per_worker
+    if engine.memory_gib:
+        options["memory"] = int(engine.memory_gib * 2**30)
+    if engine.resources:
+        options["resources"] = dict(engine.resources)
+    threads = engine.threads_per_worker or max(1, int(engine.num_cpus_per_worker))
+    options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
+    return options
+
+
 def start_workers(model_path: str, engine: EngineConfig, algo: AlgoConfig) -> list[Any]:
     """``engine.workers`` ranks as Ray actors, joined in one process group (rendezvous on
     rank 0's node)."""
-    resources: dict[str, float] = {"num_cpus": engine.num_cpus_per_worker}
-    if engine.num_gpus_per_worker:
-        resources["num_gpus"] = engine.num_gpus_per_worker
-    if engine.memory_gib:
-        resources["memory"] = int(engine.memory_gib * 2**30)
-    if engine.resources:
-        resources["resources"] = dict(engine.resources)
-    threads = engine.threads_per_worker or max(1, int(engine.num_cpus_per_worker))
-    env = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
-    workers = [TrainerWorker.options(**resources, runtime_env=env).remote(
+    options = worker_options(engine)
+    workers = [TrainerWorker.options(**options).remote(
         rank, engine.workers, model_path, engine, algo) for rank in range(engine.workers)]
     master = ray.get(workers[0].address.remote())
     ray.get([w.init_distributed.remote(master) for w in workers])

@@ -5,58 +5,40 @@ completes its 2 GRPO steps. Slow (a cluster start plus the smoke run): ``make te
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from infra.local_cloud import free_port
+from tests.integration.ray_cluster import RAY, RayCluster
 
 ROOT = Path(__file__).resolve().parents[2]
-RAY = str(Path(sys.executable).with_name("ray"))
 
-pytestmark = pytest.mark.slow
-
-
-# Ray >= 2.59 authenticates local clusters by token: the head and the CLI share one, as they
-# would on a real cluster (a Secret there).
-AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture
 def head():
-    dashboard = free_port()
-    env = {**os.environ, "RAY_ADDRESS": "", **AUTH}
-    # Ray's Unix socket paths must stay short: not under pytest's long tmp_path.
-    temp = Path(tempfile.mkdtemp(prefix="rj-", dir="/tmp"))
-    subprocess.run([RAY, "start", "--head", "--port", str(free_port()), "--num-cpus", "4",
-                    "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
-                    "--dashboard-port", str(dashboard),
-                    "--temp-dir", str(temp)],
-                   check=True, capture_output=True, env=env, timeout=120)
+    """A one-node cluster (``ray start --head`` with the dashboard), stopped by its own
+    processes (tests.integration.ray_cluster: ``ray stop`` would stop every cluster here)."""
+    cluster = RayCluster({}, head_cpus=4).start()
     try:
-        yield f"http://127.0.0.1:{dashboard}"
+        yield cluster
     finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120, env=env)
-        shutil.rmtree(temp, ignore_errors=True)
+        cluster.stop()
 
 
 def test_trainer_main_runs_under_ray_job_submit(head, tmp_path):
     run_dir = tmp_path / "run"
     for _attempt in range(4):
         proc = subprocess.run(
-            [RAY, "job", "submit", "--address", head, "--working-dir", ".",
+            [RAY, "job", "submit", "--address", head.dashboard, "--working-dir", ".",
              "--runtime-env", "cluster/deploy/runtime-env.yaml", "--",
              sys.executable, "-m", "cluster.job", "--config", "configs/smoke.yaml",
              "--run-dir", str(run_dir)],
-            cwd=ROOT, capture_output=True, text=True, timeout=1200,
-            env={**os.environ, "RAY_ADDRESS": "", **AUTH})
+            cwd=ROOT, capture_output=True, text=True, timeout=1200, env=head.env)
         # A fresh head's job agent may not have registered yet: the submission is refused
         # before anything runs, and Ray's own message says to try again.
         if "No available agent to submit job" not in proc.stderr:

@@ -64,6 +64,7 @@ ARGS: dict[str, Callable[[], tuple]] = {
     "env_workers.actions.RefusedURLError": lambda: (
         "goto: only http:// and https:// URLs are allowed, not 'javascript:'",
         "javascript:alert(1)"),
+    "rollout_service.episode._ActorGone": lambda: ("RESTARTING",),
     "rollout_service.episode._WorkerFailed": lambda: (
         _env_error("worker_failed", "env worker step failed: ActorDiedError: the actor died"),),
     "reward_service.service.ScoreRequestError": lambda: (
