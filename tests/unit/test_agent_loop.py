@@ -126,7 +126,7 @@ def test_invalid_actions_are_turns_with_the_error_and_appear_in_history():
 
 
 def test_history_is_bounded():
-    outputs = [f"scroll(\"down\")" for _ in range(6)] + ['stop("x")']
+    outputs = ["scroll(\"down\")" for _ in range(6)] + ['stop("x")']
     traj, policy, _ = run(outputs, AgentConfig(history_turns=2, max_prompt_tokens=4000))
     last_prompt = ByteTokenizer().decode(policy.prompts[-1])
     assert last_prompt.count('- scroll("down")') == 2

@@ -18,7 +18,6 @@ import textwrap
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
