@@ -717,8 +717,10 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
         "ideal_steps_per_s": round(ideal * statistics.fmean(latency.turns), 2),
         "model_episode_s": round(ideal_ep_s, 2),
         "throughput_vs_ideal": round(achieved / ideal, 4),
-        # The share of worker time spent in modelled latencies (the rest is overhead:
-        # queueing, leases, Ray calls, rate limits): the same question asked the other way.
+        # Modelled latency drawn per unit of worker time. Not a share: an episode's audit
+        # read and scoring overlap, so it passes 1 when workers are never idle (2026-11-25,
+        # N = 10: 1.43 with the staleness bound off); well under 1: workers wait (for
+        # admission, a lease, the loop).
         "modelled_share": round((tally["modelled_s"] - model0 + host1["modelled_s"]
                                  - host0["modelled_s"]) / (n * wall), 4),
         "env_errors": sum(1 for e in episodes if e.env_error is not None),
