@@ -645,7 +645,7 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
     host0 = await host.stats.remote(t0)
     redis0 = redis_info(client)
     steps0, eps0, busy0 = host0["steps"], len(orch.episodes), executor.busy_s
-    tok0, tokc0, model0 = timed_tok.seconds, timed_tok.calls, tally["modelled_s"]
+    tok0, tokc0 = timed_tok.seconds, timed_tok.calls
     for k in range(int(args.window // 10)):
         await asyncio.sleep(10)
         _progress(f"N={n}: {10 * (k + 1)}/{args.window:g} s of the window, "
@@ -717,12 +717,6 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
         "ideal_steps_per_s": round(ideal * statistics.fmean(latency.turns), 2),
         "model_episode_s": round(ideal_ep_s, 2),
         "throughput_vs_ideal": round(achieved / ideal, 4),
-        # Modelled latency drawn per unit of worker time. Not a share: an episode's audit
-        # read and scoring overlap, so it passes 1 when workers are never idle (2026-11-25,
-        # N = 10: 1.43 with the staleness bound off); well under 1: workers wait (for
-        # admission, a lease, the loop).
-        "modelled_share": round((tally["modelled_s"] - model0 + host1["modelled_s"]
-                                 - host0["modelled_s"]) / (n * wall), 4),
         "env_errors": sum(1 for e in episodes if e.env_error is not None),
         "orchestrator_ms_per_step": round(1000 * cpu / max(1, steps), 3),
         "orchestrator_ms_per_step_by_thread": cpu_by_thread(
