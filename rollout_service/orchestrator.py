@@ -240,6 +240,7 @@ class Orchestrator:
         self.workers_lost = 0
         self._parked: set[int] = set()             # id(worker): lost, not answering yet
         self._retired: set[int] = set()            # id(worker): dead for good
+        self._dead_in_row: dict[int, int] = {}     # id(worker): probes in a row found dead
 
     # ---- one episode ---------------------------------------------------------------------------
     async def episode(self, worker: Any, task: Task, trajectory_id: str, seed: int
@@ -311,26 +312,36 @@ class Orchestrator:
         except Exception:  # noqa: BLE001 - no answer in time (a queued call) or a hiccup
             return None
 
+    async def _probe_parked(self, worker: Any) -> bool | None:
+        """Probe a parked worker once and act on the answer: True, it answers again (back in
+        the pool); False, Ray reported it dead ``lost_probes_dead`` times in a row (retired);
+        None, still parked."""
+        answer = await self._probe(worker)
+        name = getattr(worker, "name", "") or id(worker)
+        if answer:
+            self._parked.discard(id(worker))
+            self._dead_in_row.pop(id(worker), None)
+            self._count_parked()
+            log.info("env worker %s answers again: back in the pool", name)
+            return True
+        dead = self._dead_in_row.get(id(worker), 0) + 1 if answer is False else 0
+        self._dead_in_row[id(worker)] = dead
+        if dead >= self.config.lost_probes_dead:
+            self._parked.discard(id(worker))
+            self._dead_in_row.pop(id(worker), None)
+            self._retired.add(id(worker))
+            self._count_parked()
+            log.warning("env worker %s is dead for good: retired for this run", name)
+            return False
+        return None
+
     async def _wait_back(self, worker: Any) -> bool:
         """Park ``worker`` until it answers again (True) or is retired, or the run stops
         (False)."""
-        dead = 0
         while not self._stop.is_set():
-            answer = await self._probe(worker)
-            if answer:
-                self._parked.discard(id(worker))
-                self._count_parked()
-                log.info("env worker %s answers again: back in the pool",
-                         getattr(worker, "name", "") or id(worker))
-                return True
-            dead = dead + 1 if answer is False else 0
-            if dead >= self.config.lost_probes_dead:
-                self._parked.discard(id(worker))
-                self._retired.add(id(worker))
-                self._count_parked()
-                log.warning("env worker %s is dead for good: retired for this run",
-                            getattr(worker, "name", "") or id(worker))
-                return False
+            back = await self._probe_parked(worker)
+            if back is not None:
+                return back
             await self._sleep_unless_stopped(self.config.lost_probe_s)
         return False
 
@@ -571,12 +582,12 @@ class Orchestrator:
                         return                     # parked: probed before the next round
             while not all(g.done for g in batch):
                 for w in [w for w in self.workers if id(w) in self._parked]:
-                    if await self._probe(w):
-                        self._parked.discard(id(w))
-                        self._count_parked()
+                    await self._probe_parked(w)
                 live = self.live_workers()
                 if not live:
-                    if self._stop.is_set():
+                    if self._stop.is_set() or not self._parked:
+                        if not self._parked:
+                            log.error("every env worker is retired: the run stops")
                         return
                     await self._sleep_unless_stopped(self.config.lost_probe_s)
                     continue

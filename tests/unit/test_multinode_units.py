@@ -220,6 +220,27 @@ def test_sync_mode_parks_a_lost_worker_too():
     assert ran["env-worker-0"] == 1
 
 
+def test_sync_mode_retires_a_worker_dead_for_good():
+    lost = LostWorker("env-worker-0", DIED)          # DIED on every probe
+    orch, stream, ran = lost_orchestrator(
+        [lost, LiveWorker()], OrchestratorConfig(group_size=2, mode="sync", groups_per_step=2,
+                                                 lost_probe_s=0.01, lost_probes_dead=2))
+    stream.trainer_version = lambda: len(stream.pushed) // 2    # the trainer keeps up
+    summary = run_async(asyncio.wait_for(orch.run(max_groups=8), 20))
+    assert summary["groups_pushed"] == 8 and summary["workers_retired"] == 1
+    assert summary["workers_parked"] == 0 and ran["env-worker-0"] == 1
+    assert lost.calls.count("health") == 2
+
+
+def test_sync_mode_ends_when_every_worker_is_retired():
+    lost = LostWorker("env-worker-0", DIED)
+    orch, stream, _ = lost_orchestrator(
+        [lost], OrchestratorConfig(group_size=2, mode="sync", groups_per_step=1,
+                                   lost_probe_s=0.01, lost_probes_dead=2, max_env_retries=5))
+    summary = run_async(asyncio.wait_for(orch.run(max_groups=1), 20))
+    assert summary["workers_retired"] == 1 and summary["groups_pushed"] == 0
+
+
 class LostMidEpisode:
     """Leased an account, then lost with its node (``begin`` raises): clean-up calls to it
     would wait on an actor Ray is restarting, so none are made."""
