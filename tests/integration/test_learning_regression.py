@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3700)      # pytest's default 300 s (pyproject) would cut the run short
 def test_grpo_raises_held_out_action_accuracy():
     proc = subprocess.run([sys.executable, "-m", "benchmarks.learning", "--json"], cwd=ROOT,
                           capture_output=True, text=True, timeout=3600)
