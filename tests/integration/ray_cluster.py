@@ -180,17 +180,21 @@ class RayCluster:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL, every process of this cluster (nothing else)."""
-        procs = self.processes() if self._root else []
-        for p in procs:
-            try:
-                p.send_signal(signal.SIGTERM)
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=15)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        terminate(self.processes() if self._root else [])
         if self._root:
             shutil.rmtree(self._root, ignore_errors=True)
+
+
+def terminate(procs: list[psutil.Process], grace_s: float = 15) -> None:
+    """SIGTERM ``procs``, then SIGKILL those still alive after ``grace_s``."""
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass

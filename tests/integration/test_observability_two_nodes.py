@@ -8,7 +8,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from infra.local_cloud import free_port
 from infra.observability.observe import ObserveConfig, Observatory
+from tests.integration.ray_cluster import terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "observe-two-nodes"
@@ -42,18 +42,7 @@ def _kill_cluster(temp_dir: str) -> None:
                     found[q.pid] = q
         except psutil.Error:
             continue
-    procs = list(found.values())
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=15)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+    terminate(list(found.values()))
 
 
 @pytest.fixture
