@@ -585,9 +585,10 @@ class Orchestrator:
                     await self._probe_parked(w)
                 live = self.live_workers()
                 if not live:
-                    if self._stop.is_set() or not self._parked:
-                        if not self._parked:
-                            log.error("every env worker is retired: the run stops")
+                    if not self._parked:        # none parked, none live: all retired
+                        log.error("every env worker is retired: the run stops")
+                        return
+                    if self._stop.is_set():
                         return
                     await self._sleep_unless_stopped(self.config.lost_probe_s)
                     continue
