@@ -211,8 +211,17 @@ class AgentLoop:
     async def run(self, task_id: str, title: str, procedure: str, observation: Observation,
                   step: StepFn, *, seed: int | None = None,
                   trajectory_id: str | None = None) -> Trajectory:
-        cfg = self.config
         tid = trajectory_id or uuid.uuid4().hex
+        try:
+            return await self._turns(task_id, title, procedure, observation, step, seed, tid)
+        finally:
+            release = getattr(self.policy, "release", None)    # a router's sticky session
+            if release is not None:
+                release(tid)
+
+    async def _turns(self, task_id: str, title: str, procedure: str, observation: Observation,
+                     step: StepFn, seed: int | None, tid: str) -> Trajectory:
+        cfg = self.config
         started = time.time()
         turns: list[Turn] = []
         history: list[_Step] = []

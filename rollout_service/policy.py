@@ -20,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import zlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -199,9 +200,14 @@ class PolicyRouter:
         self.sticky: dict[str, int] = {}
 
     def pick(self, session: str) -> int:
+        """The session's replica, else the least loaded; ties go by the session's hash, so
+        that routers that each see little load (one per env worker, when the turns run
+        there) spread their sessions over the replicas instead of all taking the first."""
         if session and session in self.sticky:
             return self.sticky[session]
-        index = min(range(len(self.replicas)), key=lambda i: (self.load[i], i))
+        n = len(self.replicas)
+        first = zlib.crc32(session.encode()) % n if session else 0
+        index = min(range(n), key=lambda i: (self.load[i], (i - first) % n))
         if session:
             self.sticky[session] = index
         return index
