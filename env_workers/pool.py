@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 from consolerl.accounts import lease_agent
 from consolerl.config import check_resources
 from consolerl.errors import ConfigError
+from consolerl.experience import Trajectory
 from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
 from infra.observability.discovery import PublishConfig, publish
 
@@ -33,6 +34,15 @@ from .leases import AccountPool, Heartbeat, Lease, NoAccountAvailable, PoolError
 from .worker import EnvWorker, WorkerConfig
 
 log = logging.getLogger("env_workers.pool")
+
+# A step that has not answered after this long (Playwright's own timeouts bound a healthy one
+# well under it) is a browser that hangs: the episode ends as an env error (the same bound as
+# the rollout side's for a step called over Ray).
+ACT_STEP_TIMEOUT_S = 120.0
+# Agents shipped to this process by reference (see EnvWorkerBody.act): one copy per process
+# however many worker bodies it holds, the newest few kept.
+_AGENTS: dict[str, Any] = {}
+_AGENTS_KEPT = 4
 
 
 @dataclass(frozen=True)
@@ -192,6 +202,41 @@ class EnvWorkerBody:
                               " expired before the episode ended"))
         return await self.worker.step(action_text)
 
+    async def act(self, agent: Any, task_id: str, title: str, procedure: str,
+                  observation: Observation, seed: int | None, trajectory_id: str
+                  ) -> tuple[Trajectory | None, str]:
+        """Run the episode's turns here, on the opened page: ``agent.run`` (the rollout side's
+        agent loop: prompt, generate on the policy servers, act) with this worker's own
+        :meth:`step`, so a turn costs no call to the rollout side, only the policy's. At a
+        thousand workers that per-turn call was most of the rollout actor's CPU.
+
+        ``agent``: an object with the agent loop's ``run``, or a one-element list holding the
+        Ray ObjectRef of one (kept in a list so that Ray hands over the reference and the
+        agent is fetched once per process, not deserialized on every call). Returns the
+        trajectory and ``""``, or ``None`` and what failed when the agent itself raised (a
+        policy replica gone: the episode is an env error, never the agent's failure). A step
+        that raises or hangs past :data:`ACT_STEP_TIMEOUT_S` ends the trajectory with an env
+        error."""
+        agent = await _resolve_agent(agent)
+
+        async def step(text: str) -> StepResult:
+            try:
+                return await asyncio.wait_for(self.step(text), ACT_STEP_TIMEOUT_S)
+            except TimeoutError:
+                message = f"env worker step did not answer within {ACT_STEP_TIMEOUT_S:g} s"
+            except Exception as exc:  # noqa: BLE001 - the worker broke, not the agent
+                message = f"env worker step failed: {type(exc).__name__}: {str(exc)[:200]}"
+            return StepResult(Observation("", "", ""), done=True,
+                              env_error=EnvError("worker_failed", message))
+        try:
+            trajectory = await agent.run(task_id, title, procedure, observation, step,
+                                         seed=seed, trajectory_id=trajectory_id)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller as a value
+            log.warning("%s: the agent failed in episode %s: %s", self.name, trajectory_id,
+                        exc, exc_info=True)
+            return None, f"{type(exc).__name__}: {str(exc)[:300]}"
+        return trajectory, ""
+
     async def close_browser(self) -> None:
         """End the browser side of the episode but keep the lease (scoring and clean-up of
         the account come before it is released)."""
@@ -225,6 +270,21 @@ class EnvWorkerBody:
 
 
 EnvWorkerActor = ray.remote(EnvWorkerBody)
+
+
+async def _resolve_agent(agent: Any) -> Any:
+    """``agent`` itself, or the agent behind ``[ObjectRef]`` (fetched once per process)."""
+    if not (isinstance(agent, list) and len(agent) == 1
+            and isinstance(agent[0], ray.ObjectRef)):
+        return agent
+    key = agent[0].hex()
+    found = _AGENTS.get(key)
+    if found is None:
+        found = await agent[0]
+        while len(_AGENTS) >= _AGENTS_KEPT:
+            _AGENTS.pop(next(iter(_AGENTS)))
+        _AGENTS[key] = found
+    return found
 
 
 def actor_state(actor: Any) -> str | None:

@@ -82,6 +82,44 @@ def model_policy(agent: AgentLoop) -> EpisodePolicy:
     return policy
 
 
+class WorkerSidePolicy:
+    """The model acting through the agent loop on the env worker itself (its ``act``): the
+    episode's turns (prompt, generate on the policy servers, step the browser) run in the
+    worker's process and the rollout side makes one call for all of them instead of one
+    env worker call per turn. ``shipped``: what ``act`` receives for the agent (the agent
+    itself in process, ``[ray.put(agent)]`` for Ray actors: fetched once per worker process).
+
+    As a plain :data:`EpisodePolicy` (an env without ``act``, or an episode with an observer,
+    which must see every step) it runs the turns here, as :func:`model_policy` does."""
+
+    def __init__(self, agent: AgentLoop, shipped: Any = None):
+        self.agent = agent
+        self.shipped = agent if shipped is None else shipped
+        self._here = model_policy(agent)
+
+    async def __call__(self, task: Task, values: Mapping[str, str], observation: Observation,
+                       step: StepFn, *, trajectory_id: str, seed: int) -> Trajectory:
+        return await self._here(task, values, observation, step, trajectory_id=trajectory_id,
+                                seed=seed)
+
+    async def on_worker(self, env: Any, task: Task, values: Mapping[str, str],
+                        observation: Observation, *, trajectory_id: str, seed: int
+                        ) -> Trajectory:
+        # No bound of its own (an episode's length is the agent's steps times the policy's
+        # and the browser's latencies); the worker bounds each step, and a worker that is
+        # lost ends the call within LOST_CHECK_S.
+        trajectory, failure = await _env_call(
+            env.act, self.shipped, task.id, task.title, fill(task.procedure, values),
+            observation, seed, trajectory_id, wait_s=None)
+        if trajectory is None:
+            raise PolicyFailed(failure)
+        return trajectory
+
+
+class PolicyFailed(ConsoleRLError, RuntimeError):
+    """The agent loop raised on the env worker (e.g. a policy replica gone)."""
+
+
 def scripted_policy(script: Script) -> EpisodePolicy:
     """A scripted agent (the oracle, a test's hacker) as a policy. Its turns carry the action
     texts and no tokens; a script that raises :class:`DriverError` got stuck: the episode ends
@@ -531,10 +569,16 @@ class EpisodeRunner:
                     await observer(steps[0], result)
                 return result
             try:
-                if observer is not None:
-                    await observer(0, StepResult(opened.observation))
-                traj = await policy(task, values, opened.observation, step,
-                                    trajectory_id=trajectory_id or uuid.uuid4().hex, seed=seed)
+                tid = trajectory_id or uuid.uuid4().hex
+                on_worker = getattr(policy, "on_worker", None)
+                if observer is None and on_worker is not None and hasattr(env, "act"):
+                    traj = await on_worker(env, task, values, opened.observation,
+                                           trajectory_id=tid, seed=seed)
+                else:
+                    if observer is not None:
+                        await observer(0, StepResult(opened.observation))
+                    traj = await policy(task, values, opened.observation, step,
+                                        trajectory_id=tid, seed=seed)
             except EpisodeCancelled as exc:
                 outcome.cancelled = True
                 outcome.reasons.append(f"cancelled: {exc}")

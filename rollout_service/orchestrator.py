@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ray
 import ray.exceptions
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -53,11 +54,16 @@ from env_workers.pool import actor_state
 from infra.cloud import CloudClient
 
 from .agent import AgentLoop
-from .episode import EpisodeOutcome, EpisodeRunner, model_policy
+from .episode import (EpisodeOutcome, EpisodePolicy, EpisodeRunner, WorkerSidePolicy,
+                      model_policy)
 from .experience import ExperienceStream
 from .policy import call
 
 log = logging.getLogger("rollout_service.orchestrator")
+
+
+# turn_loop "auto": the turns run on the env workers from this many workers up.
+AUTO_WORKER_TURNS = 16
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,12 @@ class OrchestratorConfig:
     # again; retired after this many probes in a row find it dead for good.
     lost_probe_s: float = 5.0
     lost_probes_dead: int = 3
+    # Where an episode's turns run: ``worker``, on the env worker (one call per episode from
+    # here; the worker calls the policy servers itself), ``orchestrator``, here (one env
+    # worker call and one policy call per turn), or ``auto``: on the workers from
+    # AUTO_WORKER_TURNS workers up. At 1,000 workers the per-turn calls were most of this
+    # actor's CPU; with a few workers, here saves each worker process the tokenizer's memory.
+    turn_loop: str = "auto"
 
     def __post_init__(self) -> None:
         for name, low in (("group_size", 1), ("max_staleness", 0), ("groups_per_step", 1),
@@ -95,6 +107,9 @@ class OrchestratorConfig:
                 self.lost_probe_s, (int, float)) or not 0 < self.lost_probe_s <= 3600:
             raise ConfigError(f"OrchestratorConfig.lost_probe_s: must be a number of seconds "
                               f"in (0, 3600], got {self.lost_probe_s!r}")
+        if self.turn_loop not in ("auto", "worker", "orchestrator"):
+            raise ConfigError(f"OrchestratorConfig.turn_loop: must be auto, worker or "
+                              f"orchestrator, got {self.turn_loop!r}")
         if self.mode not in ("async", "sync"):
             raise ConfigError(f"OrchestratorConfig.mode: must be async or sync, "
                               f"got {self.mode!r}")
@@ -105,6 +120,17 @@ class OrchestratorConfig:
             re.compile(self.task_filter)
         except re.error as exc:
             raise ConfigError(f"OrchestratorConfig.task_filter: {exc}") from None
+
+
+def _shipped(agent: AgentLoop, workers: Sequence[Any]) -> Any:
+    """What the env workers' ``act`` gets for the agent: the agent itself for workers in this
+    process, a reference to one copy in Ray's object store for actors (each worker process
+    fetches it once)."""
+    over_ray = any(getattr(getattr(w, "act", None), "remote", None) is not None
+                   for w in workers)
+    if over_ray and ray.is_initialized():
+        return [ray.put(agent)]
+    return agent
 
 
 @dataclass(frozen=True)
@@ -218,7 +244,10 @@ class Orchestrator:
                                     acquire_timeout_s=config.acquire_timeout_s,
                                     executor=self.executor)
         self.agent = agent
-        self.policy = model_policy(agent)
+        self.turns_on_workers = config.turn_loop == "worker" or (
+            config.turn_loop == "auto" and len(self.workers) >= AUTO_WORKER_TURNS)
+        self.policy: EpisodePolicy = (WorkerSidePolicy(agent, _shipped(agent, self.workers))
+                                      if self.turns_on_workers else model_policy(agent))
         self.stream = stream
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = RolloutMetrics(self.registry)
@@ -460,6 +489,7 @@ class Orchestrator:
         busy = sum(self.busy_s.values())
         return {
             "mode": self.config.mode, "wall_s": round(wall_s, 2),
+            "turn_loop": "worker" if self.turns_on_workers else "orchestrator",
             "episodes": len(self.episodes),
             "env_errors": sum(bool(e.env_error) for e in self.episodes),
             "groups_pushed": self.groups_pushed, "groups_dropped_uniform": self.groups_dropped,
@@ -495,7 +525,25 @@ class Orchestrator:
         start; those in flight finish."""
         self._stop.set()
 
+    def admission_short(self) -> str:
+        """Why the staleness bound will keep workers idle, or ``""``. An episode started at
+        trainer version v is consumed at v + ~(its length / the trainer's step interval), and
+        the fleet fills a step's batch of groups_per_step x group_size episodes in one step
+        interval: unless max_staleness batches cover the workers' episodes in flight, new
+        groups wait for the trainer while workers idle (benchmarks/scale.py measures it)."""
+        c = self.config
+        covered = c.max_staleness * c.groups_per_step * c.group_size
+        workers = len(self.live_workers())
+        if c.mode != "async" or covered >= workers:
+            return ""
+        return (f"max_staleness x groups_per_step x group_size = {covered} < {workers} env "
+                f"workers: the staleness bound will leave workers idle waiting for the "
+                f"trainer; raise orchestrator.groups_per_step or max_staleness")
+
     async def _run_async(self, max_groups: float, deadline_s: float | None) -> None:
+        short = self.admission_short()
+        if short:
+            log.warning("orchestrator: %s", short)
         open_groups: list[_Group] = []
         finished = 0
         lock = asyncio.Lock()

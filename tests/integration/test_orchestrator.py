@@ -33,8 +33,11 @@ def orch_cloud(tmp_path_factory) -> Iterator[CloudServer]:
                                                        "0.3", "--network-ready", "0.1"])
 
 
+# The turns on the env workers (their act: prompts, the policy actor's generations and the
+# browser steps in the worker's process) or on the orchestrator (a call to each per turn).
+@pytest.mark.parametrize("turn_loop", ["worker", "orchestrator"])
 def test_groups_flow_to_the_stream_with_rewards_and_nothing_leaks(orch_cloud, redis_server,
-                                                                  tmp_path):
+                                                                  tmp_path, turn_loop):
     model = tiny_model(tmp_path / "tiny")
     config = load_config(JobConfig, CONFIGS / "cpu.yaml", [
         f"cloud.endpoint={orch_cloud.endpoint}", f"env.worker.console_url={orch_cloud.url}",
@@ -43,10 +46,10 @@ def test_groups_flow_to_the_stream_with_rewards_and_nothing_leaks(orch_cloud, re
         "policy.num_cpus_per_replica=0.5",
         "agent.max_steps=3", "agent.max_new_tokens=12",
         "orchestrator.group_size=2", "orchestrator.groups_per_step=2",
-        "orchestrator.drop_uniform_groups=false",
+        "orchestrator.drop_uniform_groups=false", f"orchestrator.turn_loop={turn_loop}",
         r"orchestrator.task_filter=^(ram-create-user-0|ecs-add-rule-0)$",
         "orchestrator.split=all",
-        f"stream.url={redis_server.url}", "stream.stream=test:orch:exp",
+        f"stream.url={redis_server.url}", f"stream.stream=test:orch:exp:{turn_loop}",
         "trail.qps=20", "trail.settle_s=20", "trail.poll_s=0.25", "trail.clock_skew_s=5"])
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
@@ -57,11 +60,12 @@ def test_groups_flow_to_the_stream_with_rewards_and_nothing_leaks(orch_cloud, re
     finally:
         ray.shutdown()
     assert summary["groups_pushed"] == 2 and summary["env_errors"] == 0, summary
+    assert summary["turn_loop"] == turn_loop
     assert summary["leaked_resources"] == 0
     assert "consolerl_rollout_episodes_total" in metrics
     assert "consolerl_reward_scores_total" in metrics
     stream = ExperienceStream(config.stream)
-    entries = stream.redis.xrange("test:orch:exp")
+    entries = stream.redis.xrange(f"test:orch:exp:{turn_loop}")
     assert len(entries) == 2
     groups = [decode_group(fields) for _, fields in entries]
     assert {g.task_id for g in groups} == {"ram-create-user-0", "ecs-add-rule-0"}
