@@ -4,10 +4,13 @@ What cannot run here (a thousand browsers, a policy fleet, the real cloud) is si
 latencies measured on this machine; the control plane runs for real:
 
 - the real :class:`~rollout_service.orchestrator.Orchestrator` (groups, async admission, the
-  staleness bound, online filtering), the real :class:`~rollout_service.episode.EpisodeRunner`
-  (write-ahead record, provisioning and clean-up calls, the audit-log read, scoring) and the
-  real :class:`~rollout_service.agent.AgentLoop` (prompts built and tokenized with the default
-  model's tokenizer every turn), in this process, as they run in the job's rollout actor;
+  staleness bound, online filtering) and the real :class:`~rollout_service.episode.EpisodeRunner`
+  (write-ahead record, provisioning and clean-up calls, the audit-log read, scoring), in this
+  process, as they run in the job's rollout actor; the real
+  :class:`~rollout_service.agent.AgentLoop` (prompts built and tokenized with the default
+  model's tokenizer every turn, the policy called through the real router) where
+  ``--turn-loop`` puts it: on the env workers (``act``, one call per episode from here; the job's
+  choice from 16 workers up) or here (an env worker call and a policy call per turn);
 - N real :class:`~env_workers.pool.EnvWorkerBody` (account leases with heartbeats on the real
   :class:`~env_workers.leases.AccountPool`, N accounts, a real Redis) in one Ray actor, called
   over Ray as the orchestrator calls env worker actors; only their browser is simulated
@@ -16,7 +19,8 @@ latencies measured on this machine; the control plane runs for real:
   :class:`~trainer.stream.ExperienceConsumer` by a stand-in trainer (a Ray actor) that spends
   ``--train-seconds`` per step and then publishes the next trainer version, which is what the
   staleness control reads;
-- simulated: the policy (generation time per turn), the cloud's SDK answers and LookupEvents
+- simulated: the policy (a Ray actor called as the PolicyServers are; generation time per
+  turn), the cloud's SDK answers and LookupEvents
   (per-call latency; an empty account), the reward service (its scoring time; one LookupEvents
   through the real per-account rate limiter of 2 queries/s).
 
@@ -69,7 +73,7 @@ from consolerl.types import Observation, StepResult
 from env_workers.accounts import PoolConfig
 from env_workers.actions import parse_action
 from env_workers.leases import AccountPool
-from env_workers.pool import EnvWorkerBody
+from env_workers.pool import EnvPoolConfig, EnvWorkerBody
 from env_workers.worker import WorkerConfig
 from infra.redis_local import RedisServer
 from reward_service.actiontrail import TrailClient, TrailConfig, TrailMetrics
@@ -77,6 +81,7 @@ from rollout_service.agent import AgentConfig, AgentLoop, Generation
 from rollout_service.experience import ExperienceStream, StreamConfig
 from rollout_service.models import HFChatTokenizer, resolve_model
 from rollout_service.orchestrator import Orchestrator, OrchestratorConfig
+from rollout_service.policy import PolicyRouter
 from trainer.stream import ConsumerConfig, ExperienceConsumer
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -91,6 +96,8 @@ ACTION = "click(12)"
 # The CPU priority of what has cores of its own on a cluster (Redis, one env worker process
 # probing the lease pool) but shares this machine's with the simulated fleet.
 PRIORITY_NICE = -10
+# What each env worker process is given of a core.
+ENV_CPUS_PER_WORKER = EnvPoolConfig.num_cpus_per_worker
 
 
 def _progress(msg: str) -> None:
@@ -290,25 +297,33 @@ class _Method:
 class WorkerProxy:
     def __init__(self, host: Any, name: str):
         self.name = name
-        for method in ("acquire", "begin", "cleaned", "reset", "step", "close_browser",
+        for method in ("acquire", "begin", "cleaned", "reset", "step", "act", "close_browser",
                        "end_episode"):
             setattr(self, method, _Method(host, name, method))
 
 
-class SimPolicy:
-    """The policy fleet: each generation takes a measured time (a replica per request: the
-    fleet is sized to the workers) and returns the same short action."""
+class SimPolicyFleet:
+    """The policy fleet, a Ray actor called as the PolicyServers are (through the agent's
+    :class:`~rollout_service.policy.PolicyRouter`, from wherever the turns run): each
+    generation takes a measured time (a replica per request: the fleet is sized to the
+    workers) and returns the same short action."""
 
-    def __init__(self, latency: Latency, action_ids: list[int], rng: random.Random,
-                 tally: dict[str, float]):
-        self.latency, self.ids, self.rng, self.tally = latency, action_ids, rng, tally
+    def __init__(self, latency: Latency, action_ids: list[int], seed: int):
+        self.latency, self.ids, self.rng = latency, action_ids, random.Random(seed)
         self.version = 0
+        self.calls = 0
 
-    async def generate(self, prompt_ids: Any, sampling: Any, session: str = "") -> Generation:
-        delay = self.rng.choice(self.latency.generate_s)
-        self.tally["modelled_s"] += delay
-        await asyncio.sleep(delay)
+    async def generate(self, prompt_ids: Any, sampling: Any) -> Generation:
+        self.calls += 1
+        await asyncio.sleep(self.rng.choice(self.latency.generate_s))
         return Generation(tuple(self.ids), tuple(-0.1 for _ in self.ids), self.version)
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+
+    def stats(self) -> dict[str, Any]:
+        cpu = psutil.Process().cpu_times()
+        return {"cpu_s": cpu.user + cpu.system, "calls": self.calls}
 
 
 class SimCloud:
@@ -588,7 +603,9 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
     clouds = {a.account_id: SimCloud(a.account_id, latency, random.Random(rng.random()),
                                      lookups, tally) for a in accounts}
     group_size = args.group_size
-    groups_per_step = max(1, n // group_size // 2)
+    # One episode per worker a step by default: the batch the fleet fills in about one
+    # episode's time, which max_staleness then covers (orchestrator.admission_short).
+    groups_per_step = args.groups_per_step or max(1, n // group_size)
     host = ray.remote(SimEnvHost).options(num_cpus=0, max_concurrency=max(1000, 4 * n)).remote(
         n, accounts, redis_url, f"{prefix}:pool", latency, pages, args.seed + n)
     trainer = ray.remote(SimTrainer).options(num_cpus=0, max_concurrency=8).remote(
@@ -602,9 +619,10 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
     probe_shared = ray.remote(LeaseProbe).options(num_cpus=0).remote(
         accounts, redis_url, f"{prefix}:pool", holder="lease-probe-shared")
     timed_tok = TimedTokenizer(tokenizer)
-    policy = SimPolicy(latency, list(tokenizer.tokenizer.encode(ACTION)),
-                       random.Random(rng.random()), tally)
-    agent = AgentLoop(policy, timed_tok, AgentConfig(
+    fleet = ray.remote(SimPolicyFleet).options(num_cpus=0, max_concurrency=max(1000, 4 * n)
+                                               ).remote(latency, list(tokenizer.tokenizer.encode(
+                                                   ACTION)), args.seed + n + 1)
+    agent = AgentLoop(PolicyRouter([fleet]), timed_tok, AgentConfig(
         max_steps=max(latency.turns) + 1, system_prompt="compact", history_turns=2,
         max_new_tokens=32, max_prompt_tokens=1024, max_observation_chars=1500))
     stream = ExperienceStream(StreamConfig(url=redis_url, stream=stream_name, max_len=100_000))
@@ -623,14 +641,15 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
     orch = Orchestrator(
         OrchestratorConfig(group_size=group_size, mode="async", max_staleness=args.max_staleness,
                            groups_per_step=groups_per_step, drop_uniform_groups=False,
-                           task_filter=TASKS, acquire_timeout_s=120, seed=args.seed),
+                           task_filter=TASKS, acquire_timeout_s=120, seed=args.seed,
+                           turn_loop=args.turn_loop),
         tasks, [WorkerProxy(host, f"w{i}") for i in range(n)], accounts, "sim.cloud", agent,
         SimScorer(clouds, latency, random.Random(rng.random()), tally), stream,
         client_factory=lambda a: clouds[a.account_id], executor=executor)
 
     async def versions() -> None:                   # the policy serves the newest weights
         while True:
-            policy.version = await asyncio.to_thread(stream.trainer_version)
+            await fleet.set_version.remote(await asyncio.to_thread(stream.trainer_version))
             await asyncio.sleep(0.5)
     lag: list[tuple[float, float]] = []
     side = [asyncio.create_task(loop_lag(lag)), asyncio.create_task(versions())]
@@ -643,6 +662,7 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
     loop0 = time.thread_time()                 # this thread: the event loop's CPU
     threads0 = thread_cpu()
     host0 = await host.stats.remote(t0)
+    fleet0 = await fleet.stats.remote()
     redis0 = redis_info(client)
     steps0, eps0, busy0 = host0["steps"], len(orch.episodes), executor.busy_s
     tok0, tokc0 = timed_tok.seconds, timed_tok.calls
@@ -656,6 +676,7 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
     loop_busy = (time.thread_time() - loop0) / (time.monotonic() - t0)
     threads1 = thread_cpu()
     host1 = await host.stats.remote(t0)
+    fleet1 = await fleet.stats.remote()
     trainer1 = await trainer.stats.remote(t0)
     probed = await probe.results.remote(t0)
     probed_shared = await probe_shared.results.remote(t0)
@@ -676,6 +697,7 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
     await asyncio.wait_for(host.drain.remote(), timeout=120)
     ray.kill(host)
     ray.kill(trainer)
+    ray.kill(fleet)
 
     # the figures
     sdk_per_ep = tally["sdk_calls"] / max(1, len(orch.episodes))
@@ -693,7 +715,10 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
     threads = executor._max_workers
     util = {
         "orchestrator_cpu": cpu / wall,
-        "env_host_cpu": (host1["cpu_s"] - host0["cpu_s"]) / wall,
+        # The N env workers' control-plane CPU (leases, heartbeats, and with the turns on
+        # the workers their prompts and policy calls; the browser is simulated), as a share
+        # of what they are given: one process each, num_cpus_per_worker of a core.
+        "env_worker_cpu": (host1["cpu_s"] - host0["cpu_s"]) / wall / n / ENV_CPUS_PER_WORKER,
         "redis_cpu": (redis1["cpu_s"] - redis0["cpu_s"]) / wall,
         "orchestrator_thread_pool": (executor.busy_s - busy0) / wall / threads,
         # The event loop's thread (one core at most, the GIL's holder): the rollout actor's
@@ -709,8 +734,10 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
             for k, v in redis1["commands"].items()}
     cmds = {k: v for k, v in sorted(cmds.items(), key=lambda kv: -kv[1]["calls"])
             if v["calls"] > 0}
+    tok_calls = timed_tok.calls - tokc0
     out = {
         "workers": n, "accounts": len(accounts), "window_s": round(wall, 1),
+        "turn_loop": "worker" if orch.turns_on_workers else "orchestrator",
         "episodes": len(episodes), "steps": steps,
         "episodes_per_s": round(achieved, 3), "steps_per_s": round(steps / wall, 2),
         "ideal_episodes_per_s": round(ideal, 3),
@@ -721,8 +748,16 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
         "orchestrator_ms_per_step": round(1000 * cpu / max(1, steps), 3),
         "orchestrator_ms_per_step_by_thread": cpu_by_thread(
             threads0, threads1, threading.get_native_id(), executor.native_ids, steps),
-        "tokenize_ms_per_step": round(1000 * (timed_tok.seconds - tok0)
-                                      / max(1, timed_tok.calls - tokc0), 3),
+        # The tokenizer's share of it (None: the prompts were built on the env workers).
+        "tokenize_ms_per_step": round(1000 * (timed_tok.seconds - tok0) / tok_calls, 3)
+        if tok_calls else None,
+        # Where the turns ran, the env workers' CPU per step (all N of them, this machine's
+        # one packed host process) and the simulated fleet's (Ray calls only).
+        "env_workers_ms_per_step": round(1000 * (host1["cpu_s"] - host0["cpu_s"])
+                                         / max(1, steps), 3),
+        "policy_calls_per_s": round((fleet1["calls"] - fleet0["calls"]) / wall, 1),
+        "policy_fleet_ms_per_call": round(1000 * (fleet1["cpu_s"] - fleet0["cpu_s"])
+                                          / max(1, fleet1["calls"] - fleet0["calls"]), 3),
         # One worker process's view (the probe), and the packed host's (its queueing too).
         "lease_acquire_p50_ms": round(1000 * percentile(probed, 0.5), 2) if probed else None,
         "lease_acquire_p99_ms": round(1000 * percentile(probed, 0.99), 2) if probed else None,
@@ -743,6 +778,8 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
         "stream_xreadgroup_per_s": round(trainer1["reads"] / wall, 2),
         "stream_xreadgroup_p50_ms": round(trainer1["read_p50_ms"], 2),
         "trainer_steps": trainer1["steps"], "groups_per_step": groups_per_step,
+        "max_staleness": args.max_staleness,
+        "admission_short": orch.admission_short(),
         "stream_dead_letters": trainer1["dead_letters"],
         "actiontrail_qps_total": round(len(window_lookups) / wall, 2),
         "actiontrail_qps_per_account_mean": round(len(window_lookups) / wall / n, 4),
@@ -781,9 +818,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds measured (default: 60, 90 from N = 500)")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-staleness", type=int, default=2)
+    parser.add_argument("--groups-per-step", type=int, default=0,
+                        help="the trainer's batch in groups (default: N / group size, one "
+                             "episode per worker a step)")
     parser.add_argument("--train-seconds", type=float, default=1.0,
                         help="the stand-in trainer's step (a GPU step; the trainer is not the "
                              "control plane, so it keeps up)")
+    parser.add_argument("--turn-loop", default="auto", choices=("auto", "worker", "orchestrator"),
+                        help="where episodes' turns run (orchestrator.turn_loop; auto: on the "
+                             "env workers from 16 workers up, as in the job)")
     parser.add_argument("--latency", default=str(LATENCY_FILE))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calibrate", action="store_true",

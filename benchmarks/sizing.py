@@ -76,6 +76,11 @@ def size(e_per_hour: float, latency: Latency, scale: dict[str, Any] | None, *,
         if per_episode:
             out["redis_commands_per_s"] = math.ceil(eps * sum(per_episode.values()))
         load["orchestrator_core"] = cores / 0.8
+        if scale.get("env_workers_ms_per_step"):
+            # The env workers' own control-plane CPU (leases, heartbeats; with the turns on
+            # the workers, prompts and policy calls too), spread over their processes.
+            out["env_worker_control_cpus"] = round(turns_s * scale["env_workers_ms_per_step"]
+                                                   / 1000, 2)
         if scale.get("redis_cpu") is not None and scale.get("episodes_per_s"):
             redis = scale["redis_cpu"] / scale["episodes_per_s"] * eps
             out["redis_cpu"] = round(redis, 3)

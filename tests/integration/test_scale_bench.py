@@ -15,13 +15,16 @@ LATENCY = {"measured": "test", "reset_s": [0.05, 0.1], "step_s": [0.02, 0.04],
            "lookup_s": [0.002], "turns": [2, 3, 4], "lookups": [2, 3], "episode_cpu_s": [0.5]}
 
 
-def test_the_bench_runs_the_control_plane_and_names_what_saturates(tmp_path, capsys):
+@pytest.mark.parametrize("turn_loop", ["worker", "orchestrator"])
+def test_the_bench_runs_the_control_plane_and_names_what_saturates(tmp_path, capsys,
+                                                                   turn_loop):
     model = tmp_path / "latency.json"
     model.write_text(json.dumps(LATENCY))
     with ThreadPoolExecutor(1) as pool:
         rc = pool.submit(bench.main, ["--json", "--workers", "4", "--warmup", "3",
                                       "--window", "8", "--latency", str(model),
-                                      "--train-seconds", "0.2"]).result()
+                                      "--train-seconds", "0.2", "--turn-loop",
+                                      turn_loop]).result()
     assert rc == 0
     result = json.loads(capsys.readouterr().out)
     for key in ("orchestrator_ms_per_step", "lease_acquire_p99_ms", "throughput_vs_ideal",
@@ -44,6 +47,15 @@ def test_the_bench_runs_the_control_plane_and_names_what_saturates(tmp_path, cap
     assert 0 < result["actiontrail_qps_per_account_peak"] <= 3
     assert 0 < result["throughput_vs_ideal"] <= 1.5
     assert result["first_saturated"] in result["utilization"]
+    # Every turn called the simulated policy fleet over Ray, from where the turns ran: the
+    # prompts were tokenized there.
+    assert result["turn_loop"] == turn_loop
+    assert result["policy_calls_per_s"] * result["window_s"] >= 0.8 * result["steps"]
+    if turn_loop == "worker":
+        assert result["tokenize_ms_per_step"] is None
+        assert result["env_workers_ms_per_step"] > 0
+    else:
+        assert result["tokenize_ms_per_step"] > 0
 
 
 def test_the_bench_rejects_bad_arguments(tmp_path, capsys):

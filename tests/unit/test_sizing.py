@@ -38,6 +38,11 @@ def test_gpu_rates_and_the_scale_figures_size_the_rest():
     assert row["orchestrator_shards"] == 1
     assert row["redis_commands_per_s"] == 33         # 10 episodes/s x 3.25
     assert row["redis_cpu"] == 0.05 and row["unknown"] == []
+    assert "env_worker_control_cpus" not in row
+    # With the turns on the env workers, their own CPU per step is sized too.
+    row = sizing.size(36000, MODEL, {**SCALE, "env_workers_ms_per_step": 5.0},
+                      generate_s=0.5, policy_rate=None, trainer_rate=None)
+    assert row["env_worker_control_cpus"] == 0.2     # 40 steps/s x 5 ms
 
 
 def test_the_cli_rejects_bad_targets_and_reads_the_scale_output(tmp_path, capsys):
