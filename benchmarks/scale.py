@@ -10,7 +10,7 @@ latencies measured on this machine; the control plane runs for real:
   :class:`~rollout_service.agent.AgentLoop` (prompts built and tokenized with the default
   model's tokenizer every turn, the policy called through the real router) where
   ``--turn-loop`` puts it: on the env workers (``act``, one call per episode from here; the job's
-  choice from 16 workers up) or here (an env worker call and a policy call per turn);
+  choice from 1,000 workers up) or here (an env worker call and a policy call per turn);
 - N real :class:`~env_workers.pool.EnvWorkerBody` (account leases with heartbeats on the real
   :class:`~env_workers.leases.AccountPool`, N accounts, a real Redis) in one Ray actor, called
   over Ray as the orchestrator calls env worker actors; only their browser is simulated
@@ -826,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
                              "control plane, so it keeps up)")
     parser.add_argument("--turn-loop", default="auto", choices=("auto", "worker", "orchestrator"),
                         help="where episodes' turns run (orchestrator.turn_loop; auto: on the "
-                             "env workers from 16 workers up, as in the job)")
+                             "env workers from 1,000 workers up, as in the job)")
     parser.add_argument("--latency", default=str(LATENCY_FILE))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calibrate", action="store_true",
