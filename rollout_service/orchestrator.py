@@ -64,7 +64,7 @@ log = logging.getLogger("rollout_service.orchestrator")
 
 # turn_loop "auto": the turns run on the env workers from this many workers up. Below it the
 # rollout actor's per-turn calls cost it under about half a core (~4 ms a turn, 5 turns in a
-# ~32 s episode), while turns on the workers cost each worker process the tokenizer (~280 MB
+# ~32 s episode), while turns on the workers cost each worker process the tokenizer (~310 MB
 # more: transformers' tokenizer imports torch).
 AUTO_WORKER_TURNS = 1000
 
