@@ -194,7 +194,7 @@ class ScriptedPolicyReplica(ScriptedPolicy):
 
 
 @pytest.mark.parametrize("staleness, groups, workers, short", [
-    (1, 2, 8, True), (2, 2, 8, False), (1, 4, 8, False), (0, 8, 8, True)])
+    (1, 2, 8, True), (2, 2, 8, True), (3, 2, 8, False), (1, 8, 8, False), (0, 8, 8, True)])
 def test_a_staleness_budget_that_cannot_cover_the_workers_is_named(staleness, groups, workers,
                                                                    short):
     orch = Orchestrator(OrchestratorConfig(group_size=2, max_staleness=staleness,
@@ -204,5 +204,5 @@ def test_a_staleness_budget_that_cannot_cover_the_workers_is_named(staleness, gr
     message = orch.admission_short()
     assert bool(message) is short
     if short:
-        assert f"= {staleness * groups * 2} < {workers} env workers" in message
+        assert f"= {staleness * groups * 2} < 1.5 x {workers} env workers" in message
         assert "orchestrator.groups_per_step or max_staleness" in message
