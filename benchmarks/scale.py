@@ -31,7 +31,8 @@ oracle solving short tasks); each simulated call draws one.
 Per N it reports: ``episodes_per_s`` and ``steps_per_s`` against ``ideal_episodes_per_s`` (N
 workers each running episodes back to back at the model's mean episode time, no overhead);
 ``throughput_vs_ideal``; ``orchestrator_ms_per_step`` (CPU time of this process, which holds
-what the job's rollout actor holds, per agent step; ``tokenize_ms_per_step`` of it);
+what the job's rollout actor holds, per agent step, and by thread; ``tokenize_ms_per_step`` of
+it when the turns run here); ``env_workers_ms_per_step`` (the env worker host's CPU);
 ``lease_acquire_p50_ms`` / ``lease_acquire_p99_ms`` in the steady window (and the cold start,
 when all N workers ask at once); stream XADD and XREADGROUP rates and latencies with the
 headroom measured by a burst; LookupEvents per second needed in all and per account against
