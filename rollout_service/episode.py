@@ -93,7 +93,6 @@ class WorkerSidePolicy:
     which must see every step) it runs the turns here, as :func:`model_policy` does."""
 
     def __init__(self, agent: AgentLoop, shipped: Any = None):
-        self.agent = agent
         self.shipped = agent if shipped is None else shipped
         self._here = model_policy(agent)
 
