@@ -167,14 +167,12 @@ class SimBrowser:
 
     async def reset(self, spec: Any, account: Any, lease_mark: str) -> Observation:
         delay = self.rng.choice(self.latency.reset_s)
-        self.tally["modelled_s"] += delay
         await asyncio.sleep(delay)
         self.left = self.rng.choice(self.latency.turns)
         return self._page(0)
 
     async def step(self, text: str) -> StepResult:
         delay = self.rng.choice(self.latency.step_s)
-        self.tally["modelled_s"] += delay
         self.tally["steps"] += 1
         await asyncio.sleep(delay)
         action = parse_action(text)
@@ -237,7 +235,7 @@ class SimEnvHost:
         return {"cpu_s": cpu.user + cpu.system, "pid": os.getpid(),
                 "acquires": [s for t, s in self.acquires if t >= since],
                 "cold_acquires": [s for t, s in self.acquires if t < since],
-                "modelled_s": self.tally["modelled_s"], "steps": self.tally["steps"],
+                "steps": self.tally["steps"],
                 "threads": proc.num_threads(), "now": time.monotonic()}
 
     async def drain(self) -> None:
@@ -348,7 +346,6 @@ class SimCloud:
 
     def _wait(self, samples: list[float]) -> None:
         delay = self.rng.choice(samples)
-        self.tally["modelled_s"] += delay
         time.sleep(delay)
 
     def rpc(self, product: str, action: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -397,7 +394,6 @@ class SimScorer:
         for _ in range(polls):
             trail.events(request.started_at - 1, time.time() + 1)
         delay = max(0.0, self.rng.choice(self.latency.score_s) - (time.perf_counter() - t0))
-        self.tally["modelled_s"] += delay
         time.sleep(delay)
         win = self.rng.random() < 0.5
         return RewardResult(1.0 if win else 0.0, True, "success" if win else "failure", "rule")
@@ -714,12 +710,13 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
     lags = [x for t, x in lag if t >= t0]
     push_s = [s for t, s in pushes if t >= t0]
     threads = executor._max_workers
+    host_cpu = host1["cpu_s"] - host0["cpu_s"]
     util = {
         "orchestrator_cpu": cpu / wall,
         # The N env workers' control-plane CPU (leases, heartbeats, and with the turns on
         # the workers their prompts and policy calls; the browser is simulated), as a share
         # of what they are given: one process each, num_cpus_per_worker of a core.
-        "env_worker_cpu": (host1["cpu_s"] - host0["cpu_s"]) / wall / n / ENV_CPUS_PER_WORKER,
+        "env_worker_cpu": host_cpu / wall / n / ENV_CPUS_PER_WORKER,
         "redis_cpu": (redis1["cpu_s"] - redis0["cpu_s"]) / wall,
         "orchestrator_thread_pool": (executor.busy_s - busy0) / wall / threads,
         # The event loop's thread (one core at most, the GIL's holder): the rollout actor's
@@ -738,7 +735,7 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
     tok_calls = timed_tok.calls - tokc0
     out = {
         "workers": n, "accounts": len(accounts), "window_s": round(wall, 1),
-        "turn_loop": "worker" if orch.turns_on_workers else "orchestrator",
+        "turn_loop": orch.turn_loop_used,
         "episodes": len(episodes), "steps": steps,
         "episodes_per_s": round(achieved, 3), "steps_per_s": round(steps / wall, 2),
         "ideal_episodes_per_s": round(ideal, 3),
@@ -754,8 +751,7 @@ async def run_n(n: int, args: argparse.Namespace, latency: Latency, redis_url: s
         if tok_calls else None,
         # Where the turns ran, the env workers' CPU per step (all N of them, this machine's
         # one packed host process) and the simulated fleet's (Ray calls only).
-        "env_workers_ms_per_step": round(1000 * (host1["cpu_s"] - host0["cpu_s"])
-                                         / max(1, steps), 3),
+        "env_workers_ms_per_step": round(1000 * host_cpu / max(1, steps), 3),
         "policy_calls_per_s": round((fleet1["calls"] - fleet0["calls"]) / wall, 1),
         "policy_fleet_ms_per_call": round(1000 * (fleet1["cpu_s"] - fleet0["cpu_s"])
                                           / max(1, fleet1["calls"] - fleet0["calls"]), 3),

@@ -490,12 +490,17 @@ class Orchestrator:
         wall = time.monotonic() - t0
         return self.summary(wall)
 
+    @property
+    def turn_loop_used(self) -> str:
+        """Where this run's turns go: ``worker`` or ``orchestrator`` (``auto`` resolved)."""
+        return "worker" if self.turns_on_workers else "orchestrator"
+
     def summary(self, wall_s: float) -> dict[str, Any]:
         n_workers = len(self.workers)
         busy = sum(self.busy_s.values())
         return {
             "mode": self.config.mode, "wall_s": round(wall_s, 2),
-            "turn_loop": "worker" if self.turns_on_workers else "orchestrator",
+            "turn_loop": self.turn_loop_used,
             "episodes": len(self.episodes),
             "env_errors": sum(bool(e.env_error) for e in self.episodes),
             "groups_pushed": self.groups_pushed, "groups_dropped_uniform": self.groups_dropped,
