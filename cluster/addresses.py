@@ -6,7 +6,8 @@ On one machine with an embedded Ray cluster, Redis and the local cloud listen on
 on other nodes, where ``127.0.0.1`` is that node itself: the services this job starts (Redis
 with ``run.redis``, the local cloud with ``cloud.local``) then listen on an address the other
 nodes reach (``run.services_host``, else the Ray node IP of the driver) and every component is
-handed that address instead of the configured loopback one (:func:`advertise`). Addresses of
+handed that address instead of the configured loopback one (:func:`advertise`); the console
+is the cloud endpoint's unless ``env.worker.console_url`` names another. Addresses of
 services the job does not start (an external Redis, the real cloud) are never rewritten.
 """
 from __future__ import annotations
@@ -64,26 +65,20 @@ def _moved_netloc(netloc: str, host: str) -> str:
 
 def advertise(config: JobConfig, host: str) -> JobConfig:
     """``config`` with the loopback addresses of the services this job starts moved to
-    ``host``: ``stream.url`` when ``run.redis``; ``cloud.endpoint`` and
-    ``env.worker.console_url`` (when it is the same loopback port: the console is served by
-    the local cloud) when ``cloud.local``. Unchanged when ``host`` is loopback."""
+    ``host``: ``stream.url`` when ``run.redis``, ``cloud.endpoint`` when ``cloud.local`` (and
+    with it the console, unless ``env.worker.console_url`` names one of its own). Unchanged
+    when ``host`` is loopback."""
     if is_loopback(host):
         return config
-    stream, cloud, env = config.stream, config.cloud, config.env
+    stream, cloud = config.stream, config.cloud
     if config.run.redis:
         url = urllib.parse.urlsplit(stream.url)
         if url.scheme in ("redis", "rediss") and is_loopback(url.hostname):
             stream = replace(stream, url=urllib.parse.urlunsplit(
                 url._replace(netloc=_moved_netloc(url.netloc, host))))
-    if cloud.local:
-        cloud_host, cloud_port = _host_port(cloud.endpoint)
-        if is_loopback(cloud_host):
-            cloud = replace(cloud, endpoint=_moved_netloc(cloud.endpoint, host))
-            console = urllib.parse.urlsplit(env.worker.console_url)
-            if is_loopback(console.hostname) and str(console.port or "") == cloud_port:
-                env = replace(env, worker=replace(env.worker, console_url=urllib.parse.urlunsplit(
-                    console._replace(netloc=_moved_netloc(console.netloc, host)))))
-    return replace(config, stream=stream, cloud=cloud, env=env)
+    if cloud.local and is_loopback(_host_port(cloud.endpoint)[0]):
+        cloud = replace(cloud, endpoint=_moved_netloc(cloud.endpoint, host))
+    return replace(config, stream=stream, cloud=cloud)
 
 
 def loopback_left(config: JobConfig) -> list[str]:
@@ -95,6 +90,7 @@ def loopback_left(config: JobConfig) -> list[str]:
         left.append(f"stream.url ({url.hostname}:{url.port})")
     if config.cloud.local and is_loopback(_host_port(config.cloud.endpoint)[0]):
         left.append(f"cloud.endpoint ({config.cloud.endpoint})")
-    if is_loopback(urllib.parse.urlsplit(config.env.worker.console_url).hostname):
+    console = config.env.worker.console_url        # "" = the cloud endpoint's
+    if console and is_loopback(urllib.parse.urlsplit(console).hostname):
         left.append(f"env.worker.console_url ({config.env.worker.console_url})")
     return left

@@ -1,32 +1,66 @@
 """From the root config to what each part of the system is started with: the composition
-root's builders hand every component its own sections, never the root config.
+root hands every component its own section, with the values derived once (the stream's Redis
+for the account leases, the cloud endpoint's console, the resolved model, the metrics
+announcement) filled in here and nowhere else.
 
-- :func:`rollout_parts`: the rollout side's component configs (env pool, policy, agent,
-  orchestrator, stream, reward service), for :class:`cluster.rollout.RolloutActor`;
-- the policy: :func:`cluster.rollout.start_policy` with ``config.policy``;
-- the trainer's workers: :func:`trainer.engine.start_workers` with ``config.trainer``'s
-  ``engine`` and ``algo`` sections.
+- :func:`env_pool`: the env workers' pool (``config.env`` is the pool's own config);
+- :func:`rollout_spec`: everything the rollout side is built from
+  (:class:`cluster.rollout.RolloutSide`), for the training job and the jobs API alike;
+- :func:`jobs_api_specs`: the jobs API's scheduler and HTTP side;
+- :func:`trainer_algo`: the trainer's algorithm section with the sampling temperature.
 """
 from __future__ import annotations
 
-from cluster.config import JobConfig, metrics_publish
-from cluster.rollout import RolloutParts
+from dataclasses import replace
+from pathlib import Path
+
+from cluster.config import JobConfig
+from cluster.jobs_api import HttpSpec, SchedulerSpec
+from cluster.rollout import RolloutSpec
 from consolerl.tasks import TASKS_DIR
-from env_workers.accounts import PoolConfig
 from env_workers.pool import EnvPoolConfig
-from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
+from infra.observability.discovery import PublishConfig
+from rollout_service.policy import PolicyConfig
+from trainer.algo import AlgoConfig
 
 
-def rollout_parts(config: JobConfig, suite_dir: str | None = None) -> RolloutParts:
-    """Pick the rollout side's sections out of the root config."""
-    accounts_file = config.cloud.accounts_file or str(DEFAULT_ACCOUNTS_FILE)
+def env_pool(config: JobConfig, metrics: PublishConfig | None,
+             workers: int | None = None) -> EnvPoolConfig:
+    """``config.env`` with its leases in the stream's Redis, the cloud's accounts, the console
+    of the cloud endpoint (unless ``env.worker.console_url`` names another) and the metrics
+    announcement; ``workers`` replaces the count (the jobs API has its own)."""
     env = config.env
-    pool = EnvPoolConfig(
-        workers=env.workers, worker=env.worker, num_cpus_per_worker=env.num_cpus_per_worker,
-        scheduling_strategy=env.scheduling_strategy, resources=env.resources,
-        max_restarts=env.max_restarts, metrics=metrics_publish(config),
-        pool=PoolConfig(redis_url=config.stream.url, key_prefix=env.lease_prefix,
-                        lease_ttl_s=env.lease_ttl_s, accounts_file=accounts_file))
-    return RolloutParts(pool, config.policy, config.agent, config.orchestrator, config.stream,
-                        config.cloud.endpoint, accounts_file, config.trail, config.reward,
-                        suite_dir or str(TASKS_DIR), metrics_publish(config))
+    return replace(
+        env, workers=env.workers if workers is None else workers, metrics=metrics,
+        pool=replace(env.pool, redis_url=config.stream.url,
+                     accounts_file=config.cloud.accounts_path),
+        worker=replace(env.worker,
+                       console_url=env.worker.console_url or config.cloud.console_url))
+
+
+def rollout_spec(config: JobConfig, policy: PolicyConfig, metrics: PublishConfig | None, *,
+                 workers: int | None = None, suite_dir: str | None = None) -> RolloutSpec:
+    """The rollout side's sections. ``policy``: ``config.policy`` with its model resolved
+    (the caller resolves it once: the SFT stage may have replaced it)."""
+    return RolloutSpec(env_pool(config, metrics, workers), policy, config.agent,
+                       config.cloud.endpoint, config.cloud.accounts_path, config.trail,
+                       config.reward, suite_dir or str(TASKS_DIR), metrics)
+
+
+def jobs_api_specs(config: JobConfig, policy: PolicyConfig, metrics: PublishConfig | None,
+                   suite_dir: str | None = None) -> tuple[SchedulerSpec, HttpSpec]:
+    """The jobs API's scheduler (the rollout side with ``api.workers`` env workers, which
+    keep every other env setting: placement, restarts) and its HTTP side."""
+    api = config.api
+    tokens = str(Path(api.tokens_file).resolve())
+    rollout = rollout_spec(config, policy, metrics, workers=api.workers, suite_dir=suite_dir)
+    scheduler = SchedulerSpec(rollout, api.scheduler, config.stream.url, api.prefix, tokens,
+                              tuple(api.models.items()))
+    http = HttpSpec(config.stream.url, api.prefix, tokens, ("live", *api.models),
+                    api.sse_max_s, rollout.suite_dir)
+    return scheduler, http
+
+
+def trainer_algo(config: JobConfig) -> AlgoConfig:
+    """The trainer's log-probs are computed at the temperature the rollouts sampled at."""
+    return replace(config.trainer.algo, temperature=config.agent.temperature)

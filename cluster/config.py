@@ -8,10 +8,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-from consolerl.config import check_int, check_resources
 from consolerl.errors import ConfigError
-from env_workers.worker import WorkerConfig
+from env_workers.pool import EnvPoolConfig
+from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from infra.observability.discovery import PublishConfig
 from reward_service.actiontrail import TrailConfig
 from reward_service.fusion import RewardConfig
@@ -21,6 +20,7 @@ from rollout_service.jobs.scheduler import SchedulerConfig
 from rollout_service.orchestrator import OrchestratorConfig
 from rollout_service.policy import PolicyConfig
 from trainer.config import TrainerConfig
+from trainer.sft import SftConfig
 
 
 @dataclass(frozen=True)
@@ -32,47 +32,27 @@ class CloudSection:
     local: bool = True
     accounts_file: str = ""                 # "" = the local cloud's default accounts
 
+    @property
+    def console_url(self) -> str:
+        """Where the console is when ``env.worker.console_url`` is "": the endpoint's host
+        serves it (the local cloud does)."""
+        return f"http://{self.endpoint}"
 
-@dataclass(frozen=True)
-class EnvSection:
-    """The env workers; their account leases live in the stream's Redis under
-    ``lease_prefix``. ``resources``: Ray custom resources each worker needs (``{browser: 1}``:
-    only nodes that offer them host workers); ``max_restarts``: how often Ray restarts a
-    worker whose process or node died (-1: always, on any node with its resources; 0: never,
-    the run goes on without it)."""
-
-    workers: int = 2
-    num_cpus_per_worker: float = 0.5
-    worker: WorkerConfig = field(default_factory=WorkerConfig)
-    lease_ttl_s: float = 60.0
-    lease_prefix: str = "consolerl:pool"
-    scheduling_strategy: str = "DEFAULT"    # SPREAD: one worker per node, in turn
-    resources: dict[str, float] = field(default_factory=dict)   # Ray custom resources
-    max_restarts: int = -1
-
-    def __post_init__(self) -> None:
-        check_resources("EnvSection.resources", self.resources)
-        check_int("EnvSection.max_restarts", self.max_restarts, -1)
+    @property
+    def accounts_path(self) -> str:
+        return self.accounts_file or str(DEFAULT_ACCOUNTS_FILE)
 
 
 @dataclass(frozen=True)
-class SftSection:
-    """The SFT stage before GRPO: oracle trajectories exported from ``tasks`` (a regular
-    expression over train-split task ids; "" = all), ``epochs`` over them;
-    ``micro_batch_tokens``, ``gradient_checkpointing`` and ``train_layers`` bound its memory
-    and time (see
-    :class:`trainer.sft.SftConfig`)."""
+class SftSection(SftConfig):
+    """The SFT stage before GRPO: the trainer's :class:`~trainer.sft.SftConfig` (its fields and
+    defaults; ``data`` "" = export oracle runs first, ``out`` "" = ``<run.dir>/sft``) plus what
+    the job does around it: ``enabled``, and the oracle export's ``tasks`` (a regular
+    expression over train-split task ids; "" = all) and ``episodes_per_task``."""
 
     enabled: bool = False
-    data: str = ""                         # a JSONL file; "" = export oracle runs first
     tasks: str = ""
     episodes_per_task: int = 1
-    epochs: int = 2
-    lr: float = 5e-5
-    max_tokens_per_batch: int = 8192
-    micro_batch_tokens: int = 4096
-    gradient_checkpointing: bool = False
-    train_layers: int = 0
 
 
 @dataclass(frozen=True)
@@ -150,9 +130,9 @@ class JobConfig:
     """The root config: one section per component. Only :mod:`cluster` reads it whole; every
     component is built from its own section."""
 
-    # Where episodes run and how they are scored (cluster.builders.rollout_parts):
+    # Where episodes run and how they are scored (cluster.builders.rollout_spec):
     cloud: CloudSection = field(default_factory=CloudSection)
-    env: EnvSection = field(default_factory=EnvSection)
+    env: EnvPoolConfig = field(default_factory=EnvPoolConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
@@ -168,6 +148,20 @@ class JobConfig:
     # The jobs API for other teams (cluster.serve):
     api: ApiSection = field(default_factory=ApiSection)
 
+    def __post_init__(self) -> None:
+        # Values the composition root derives and hands down (cluster.builders): set in the
+        # file they would be a second copy that can disagree with the first.
+        if self.trainer.algo.temperature is not None:
+            raise ConfigError(
+                "trainer.algo.temperature: the trainer computes log-probs at the sampling "
+                f"temperature, agent.temperature ({self.agent.temperature:g}); set that one only")
+        derived = {"env.pool.redis_url": (self.env.pool.redis_url, "stream.url"),
+                   "env.pool.accounts_file": (self.env.pool.accounts_file,
+                                              "cloud.accounts_file")}
+        for name, (value, source) in derived.items():
+            if value:
+                raise ConfigError(f"{name}: taken from {source}; set that one only")
+
 
 # Advantage estimators whose baseline is not the group's other samples.
 _GROUPLESS_ESTIMATORS = ("reinforce_plus_plus",)
@@ -181,12 +175,11 @@ def check_training(config: JobConfig) -> None:
     if config.orchestrator.mode == "sync" and config.trainer.publish_every != 1:
         raise ConfigError("orchestrator.mode=sync needs trainer.publish_every=1 (its batch "
                           "barrier waits for each step's version)")
-    if agent.temperature != algo.temperature:
+    if not agent.temperature > 0:
         raise ConfigError(
-            f"trainer.algo.temperature ({algo.temperature:g}) and agent.temperature "
-            f"({agent.temperature:g}) must be equal: the trainer's log-probs must be those of "
-            "the distribution the rollouts sampled from (a mismatch biases every importance "
-            "weight; 0.7 against 1.0 gave weights of 0.87 on average)")
+            f"agent.temperature ({agent.temperature:g}) must be > 0 for training: the trainer "
+            "computes log-probs at the sampling temperature (trainer.algo takes it from "
+            "agent.temperature), and greedy decoding has none")
     if agent.top_p < 1.0:
         raise ConfigError(
             f"agent.top_p ({agent.top_p:g}) must be 1 for training with trainer.algo: the "

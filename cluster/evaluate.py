@@ -24,14 +24,15 @@ from typing import Any
 
 import ray
 
-from cluster.builders import rollout_parts
+from cluster.builders import rollout_spec
 from cluster.config import JobConfig
-from cluster.rollout import RolloutActor, start_policy
-from cluster.runtime import LocalServices, on_driver_node, ray_init, stop_actors
+from cluster.rollout import TrainingRolloutsActor, start_policy
+from cluster.runtime import Session, on_driver_node, stop_actors
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
 from consolerl.tasks import TASKS_DIR, load_suite
 from rollout_service.models import resolve_model
+from rollout_service.policy import PolicyConfig
 
 
 def bootstrap_ci(values: list[float], *, n: int = 10_000, seed: int = 0,
@@ -134,20 +135,21 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _one_run(config: JobConfig, servers: Any, selected: list[str], per_task: int, temp: float,
-             split: str, tasks: str | None, label: str, run: int
+def _one_run(config: JobConfig, policy: PolicyConfig, servers: Any, selected: list[str],
+             per_task: int, temp: float, split: str, tasks: str | None, label: str, run: int
              ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One pass over the selected tasks (seed ``run + 1``): the episodes' results and the
     rollout summary."""
     cfg = replace(
         config,
-        agent=replace(config.agent, temperature=temp),
-        orchestrator=replace(config.orchestrator, group_size=1, groups_per_step=1,
-                             max_staleness=10**6, mode="async", drop_uniform_groups=False,
-                             split=split, task_filter=tasks or "", seed=run + 1),
-        stream=replace(config.stream, stream=f"{config.stream.stream}:{label}"))
-    actor = RolloutActor.options(num_cpus=0, scheduling_strategy=on_driver_node()
-                                 ).remote(rollout_parts(cfg), servers)
+        agent=replace(config.agent, temperature=temp))
+    orchestrator = replace(config.orchestrator, group_size=1, groups_per_step=1,
+                           max_staleness=10**6, mode="async", drop_uniform_groups=False,
+                           split=split, task_filter=tasks or "", seed=run + 1)
+    stream = replace(config.stream, stream=f"{config.stream.stream}:{label}")
+    actor = TrainingRolloutsActor.options(num_cpus=0, scheduling_strategy=on_driver_node()
+                                          ).remote(rollout_spec(cfg, policy, None),
+                                                   orchestrator, stream, servers)
     try:
         summary = ray.get(actor.run.remote(len(selected) * per_task))
         results = ray.get(actor.results.remote())
@@ -213,8 +215,8 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
     by_task_run: dict[str, list[list[float]]] = {t: [] for t in selected}
     per_run: list[float] = []
     env_errors = leaked = 0
-    servers = None if all(r in done for r in range(runs)) else start_policy(
-        replace(config.policy, model=model_path))[0]
+    policy = replace(config.policy, model=model_path)
+    servers = None if all(r in done for r in range(runs)) else start_policy(policy)[0]
     try:
         for run in range(runs):
             if run in done:
@@ -223,8 +225,8 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
                 if progress is not None:
                     progress(f"{label} run {run + 1}/{runs}: taken from {record}")
             else:
-                results, summary = _one_run(config, servers, selected, per_task, temp, split,
-                                            tasks, label, run)
+                results, summary = _one_run(config, policy, servers, selected, per_task, temp,
+                                            split, tasks, label, run)
                 if record is not None:
                     append_record(record, {**key, "run": run, "results": results,
                                            "summary": summary})
@@ -278,10 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = Path(config.run.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    services = LocalServices(config, run_dir)
-    try:
-        ray_init(config.run)
-        config = services.start()      # the addresses every Ray node reaches
+    with Session(config, run_dir) as session:
+        config = session.config        # the addresses every Ray node reaches
+
         def progress(m: str) -> None:
             print(f"[evaluate] {m}", file=sys.stderr, flush=True)
         record = Path(args.record) if args.record else (
@@ -295,10 +296,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result = evaluate(config, resolve_model(args.model), runs=args.runs,
                               progress=progress, record=record)
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        services.stop()
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -1,13 +1,14 @@
-"""The rollout side as one Ray actor: it builds the env pool, the reward service and the
-orchestrator from :class:`RolloutParts` (component configs, never the root config) and runs
-groups. This module imports only the rollout side, so the actor's process starts without the
-trainer's torch and verl (:func:`cluster.builders.rollout_parts` picks the parts out of the
-job config)."""
+"""The rollout side, built once: :class:`RolloutSide` (accounts, tasks, env pool, policy
+replicas and router, tokenizer, reward service, drain) from a :class:`RolloutSpec`, used by
+the training job's :class:`TrainingRollouts` actor and by the jobs API's scheduler
+(:mod:`cluster.jobs_api`) alike. This module imports only the rollout side, so an actor's
+process starts without the trainer's torch and verl (:func:`cluster.builders.rollout_spec`
+picks the spec out of the job config)."""
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -23,19 +24,18 @@ from reward_service.fusion import RewardConfig
 from reward_service.service import RewardService
 from rollout_service.agent import AgentConfig, AgentLoop
 from rollout_service.experience import ExperienceStream, StreamConfig
-from rollout_service.models import HFChatTokenizer, resolve_model
+from rollout_service.models import HFChatTokenizer
 from rollout_service.orchestrator import Orchestrator, OrchestratorConfig
 from rollout_service.policy import PolicyConfig, PolicyRouter, PolicyServer
 
 
 def start_policy(config: PolicyConfig, metrics: PublishConfig | None = None
                  ) -> tuple[list[Any], PolicyRouter]:
-    """``config.replicas`` PolicyServer actors (CPU/GPU per replica and placement from the
-    config), each announcing its metrics when ``metrics`` is given."""
-    model = resolve_model(config.model)
-    pinned = replace(config, model=model)
+    """``config.replicas`` PolicyServer actors of ``config.model`` (a resolved model folder:
+    :func:`rollout_service.models.resolve_model`), CPU/GPU per replica and placement from
+    the config, each announcing its metrics when ``metrics`` is given."""
     options = policy_options(config)
-    servers = [PolicyServer.options(**options).remote(pinned, None, None, f"policy-{i}",
+    servers = [PolicyServer.options(**options).remote(config, None, None, f"policy-{i}",
                                                       metrics)
                for i in range(config.replicas)]
     return servers, PolicyRouter(servers)
@@ -45,7 +45,7 @@ def policy_options(config: PolicyConfig) -> dict[str, Any]:
     """The Ray actor options of every PolicyServer: CPUs, GPUs, the custom resources its
     config names (only nodes that offer them host it), placement, restarts."""
     # A crashed replica is restarted by Ray; it serves again once the job sends it the
-    # current weights (cluster.job syncs replicas whose version differs from the trainer's).
+    # current weights (trainer.weight_sync.ReplicaSync).
     options: dict[str, Any] = {"num_cpus": config.num_cpus_per_replica,
                                "scheduling_strategy": config.scheduling_strategy,
                                "max_restarts": -1, "max_task_retries": 0}
@@ -70,17 +70,15 @@ def success_by_version(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @dataclass(frozen=True)
-class RolloutParts:
-    """The component configs the rollout side is built from (what crosses into
-    :class:`RolloutActor`): the env pool, the policy (started here when the caller gives no
-    servers), the agent prompt and sampling, the orchestrator, the stream, and the reward
-    service's cloud endpoint, accounts, ActionTrail and reward settings."""
+class RolloutSpec:
+    """What the rollout side is built from (component configs, never the root config): the
+    env pool, the policy (its model resolved; started here when the caller gives no
+    servers), the agent's prompt and sampling, and the reward service's cloud endpoint,
+    accounts, ActionTrail and reward settings."""
 
     env_pool: EnvPoolConfig
     policy: PolicyConfig
     agent: AgentConfig
-    orchestrator: OrchestratorConfig
-    stream: StreamConfig
     endpoint: str
     accounts_file: str
     trail: TrailConfig
@@ -89,32 +87,52 @@ class RolloutParts:
     metrics: PublishConfig | None = None     # announce the metrics for discovery
 
 
-class RolloutBody:
-    """Builds the env pool, the reward service and the orchestrator from ``parts`` on the
-    current Ray cluster and runs groups."""
+class RolloutSide:
+    """The parts every user of episodes needs, on the current Ray cluster: the accounts and
+    tasks, the env workers, the policy replicas and their router, the tokenizer, the reward
+    service. :meth:`drain` releases every account and stops the workers (and the replicas it
+    started)."""
 
-    def __init__(self, parts: RolloutParts, servers: list[Any] | None = None):
-        """``servers``: PolicyServer actors started by the caller (the trainer, which publishes
-        weights to them); None starts ``parts.policy.replicas`` of them here."""
-        self.accounts = load_accounts(parts.accounts_file)
-        tasks = load_suite(parts.suite_dir)
-        self.pool = EnvPool(parts.env_pool)
-        self.pool_config = parts.env_pool.pool
+    def __init__(self, spec: RolloutSpec, servers: list[Any] | None = None):
+        """``servers``: PolicyServer actors started by the caller (the training job, which
+        publishes weights to them); None starts ``spec.policy.replicas`` of them here."""
+        self.spec = spec
+        self.accounts = load_accounts(spec.accounts_file)
+        self.tasks = load_suite(spec.suite_dir)
+        self.pool = EnvPool(spec.env_pool)
+        self.own_servers = not servers
         if servers:
             self.servers, self.router = list(servers), PolicyRouter(servers)
-            self.own_servers = False
         else:
-            self.servers, self.router = start_policy(parts.policy, parts.metrics)
-            self.own_servers = True
-        tokenizer = HFChatTokenizer(resolve_model(parts.policy.model))
-        self.reward = RewardService(tasks, self.accounts, parts.endpoint, parts.trail,
-                                    parts.reward)
-        self.stream = ExperienceStream(parts.stream)
+            self.servers, self.router = start_policy(spec.policy, spec.metrics)
+        self.tokenizer = HFChatTokenizer(spec.policy.model)
+        self.reward = RewardService(self.tasks, self.accounts, spec.endpoint, spec.trail,
+                                    spec.reward)
+
+    def agent(self, config: AgentConfig | None = None) -> AgentLoop:
+        """The agent loop over the served policy (``config``: the spec's agent by default)."""
+        return AgentLoop(self.router, self.tokenizer, config or self.spec.agent)
+
+    def drain(self) -> None:
+        self.pool.drain()
+        if self.own_servers:
+            for server in self.servers:
+                ray.kill(server)
+
+
+class TrainingRollouts:
+    """The training job's rollouts: the orchestrator over a :class:`RolloutSide`, pushing
+    groups to the experience stream (as a Ray actor: :data:`TrainingRolloutsActor`)."""
+
+    def __init__(self, spec: RolloutSpec, orchestrator: OrchestratorConfig,
+                 stream: StreamConfig, servers: list[Any] | None = None):
+        self.side = RolloutSide(spec, servers)
+        self.stream = ExperienceStream(stream)
         self.orchestrator = Orchestrator(
-            parts.orchestrator, tasks, self.pool.actors, self.accounts, parts.endpoint,
-            AgentLoop(self.router, tokenizer, parts.agent), self.reward.score, self.stream)
-        self.endpoint = publish(parts.metrics, [self.orchestrator.registry,
-                                                self.reward.registry], "rollout", "rollout")
+            orchestrator, self.side.tasks, self.side.pool.actors, self.side.accounts,
+            spec.endpoint, self.side.agent(), self.side.reward.score, self.stream)
+        self.endpoint = publish(spec.metrics, [self.orchestrator.registry,
+                                               self.side.reward.registry], "rollout", "rollout")
 
     async def run(self, max_groups: int | None) -> dict[str, Any]:
         """``max_groups`` finished groups, or ``None``: until :meth:`stop`."""
@@ -127,8 +145,10 @@ class RolloutBody:
                  "version": e.version}
                 for e in self.orchestrator.episodes]
 
-    async def stop(self) -> None:
-        self.orchestrator.stop()
+    async def stop(self, interrupt: bool = False) -> None:
+        """No new episodes; ``interrupt``: those in flight stop at their next step (cleaned
+        up, accounts released) instead of finishing."""
+        self.orchestrator.stop(interrupt)
 
     async def sweep(self, timeout_s: float) -> int:
         """After the episodes stopped: destroy what dead holders (a killed job, a lost
@@ -137,11 +157,11 @@ class RolloutBody:
         live = self.orchestrator.live_workers()       # not one lost with its node
         if not live:
             return 0
-        pool = AccountPool.from_config(self.pool_config)
+        pool = AccountPool.from_config(self.side.spec.env_pool.pool)
         deadline = time.monotonic() + timeout_s
         cleaned = 0
         try:
-            while any(pool.unfinished_episodes(a.account_id) for a in self.accounts):
+            while any(pool.unfinished_episodes(a.account_id) for a in self.side.accounts):
                 if time.monotonic() > deadline:
                     break
                 found = await self.orchestrator.runner.clear_orphans(live[0])
@@ -154,17 +174,14 @@ class RolloutBody:
 
     async def metrics(self) -> bytes:
         return generate_latest(self.orchestrator.registry) + \
-            generate_latest(self.reward.registry)
+            generate_latest(self.side.reward.registry)
 
     def drain(self) -> None:
         """Release every account and stop the env workers (and the PolicyServers it
         started)."""
-        self.pool.drain()
+        self.side.drain()
         if self.endpoint is not None:
             self.endpoint.close()
-        if self.own_servers:
-            for server in self.servers:
-                ray.kill(server)
 
 
-RolloutActor = ray.remote(RolloutBody)
+TrainingRolloutsActor = ray.remote(TrainingRollouts)

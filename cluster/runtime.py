@@ -1,13 +1,15 @@
-"""The runtime every entry point shares: Ray bootstrap (embedded, or the cluster of
-``RAY_ADDRESS``), the local services launcher (Redis, the local cloud, on an address every Ray
-node reaches), pinning actors to the driver's node, peak-memory sampling, signal handling and
-stopping actors."""
+"""The runtime every entry point shares (:class:`Session`): Ray bootstrap (embedded, or the
+cluster of ``RAY_ADDRESS``), the local services launcher (Redis, the local cloud, on an address
+every Ray node reaches), the run's metrics announcements, signal handling; and pinning actors
+to the driver's node, peak-memory sampling, stopping actors."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -19,7 +21,7 @@ import redis as redis_lib
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from cluster.addresses import advertise, is_loopback, loopback_left, on_cluster, services_host
-from cluster.config import CloudSection, JobConfig, RunSection
+from cluster.config import CloudSection, JobConfig, RunSection, metrics_publish
 from consolerl.errors import ConfigError
 from infra.local_cloud import LocalCloud
 from infra.observability.discovery import PublishConfig, announce, forget_run, publish
@@ -86,7 +88,7 @@ class LocalServices:
             self.redis.stop()
 
 
-class Observed:
+class Announcements:
     """The announcements the composition root makes for a run (the local cloud's, the
     trainer's, the jobs API's), ended together by :meth:`close`, which also forgets the
     entries of the run's actors (they are killed, not stopped). A no-op when ``config`` is
@@ -122,6 +124,48 @@ class Observed:
                 forget_run(self.config.redis_url, self.config.run)
             except redis_lib.RedisError as exc:     # Redis already gone: the entries expire
                 progress(f"could not remove the run's metrics targets: {exc}")
+
+
+class Session:
+    """One run's runtime, entered by each entry point (``cluster.job``, ``cluster.serve``,
+    ``cluster.evaluate``): Ray (embedded, or the cluster of ``RAY_ADDRESS``), the local
+    services the run starts, and the run's metrics announcements. :attr:`config` is the config
+    with the addresses every Ray node reaches; :attr:`metrics` where components announce their
+    metrics (None: ``observe.enabled`` off).
+
+    Leaving it stops them in reverse: the announcements, Ray (every actor left), and the local
+    services last, since components still talk to Redis and the cloud while they stop. The
+    embedded Ray cluster's processes and the services are started in process groups of their
+    own, so a signal to the run's group (Ctrl-C in a terminal, ``kill -TERM -PGID``, make's
+    group) reaches only the driver, which then stops everything in that order
+    (:func:`handle_stop_signals`)."""
+
+    def __init__(self, config: JobConfig, run_dir: Path):
+        self.config = config
+        self.services = LocalServices(config, run_dir)
+        self.metrics: PublishConfig | None = None
+        self.announcements = Announcements(None)
+
+    def __enter__(self) -> Session:
+        try:
+            ray_init(self.config.run)
+            self.config = self.services.start()
+            self.metrics = metrics_publish(self.config)
+            self.announcements = Announcements(self.metrics)
+            self.announcements.local_cloud(self.config.cloud)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.announcements.close()
+        if ray.is_initialized():
+            ray.shutdown()       # stops an embedded cluster; disconnects from an external one
+        self.services.stop()
 
 
 class TrainingBeacon:
@@ -168,20 +212,73 @@ def answers(url: str) -> bool:
 
 def ray_init(run: RunSection) -> None:
     """Join the configured or ``RAY_ADDRESS`` cluster, else start an embedded one (which
-    ``ray.shutdown()`` stops again; an external one it only disconnects from). ``ray.init``
-    replaces the SIGTERM handler (and its core worker then aborts on the signal, skipping every
-    ``finally``): ours goes back, so SIGTERM stops everything the way Ctrl-C does."""
+    ``ray.shutdown()`` stops again; an external one it only disconnects from) whose processes
+    run in process groups of their own (:func:`own_process_groups`). ``ray.init`` replaces the
+    SIGTERM handler (its core worker then aborts on the signal, skipping every ``finally``):
+    ours goes back (:func:`handle_stop_signals`)."""
     address = run.ray_address or os.environ.get("RAY_ADDRESS", "")
     kwargs: dict[str, Any] = {"log_to_driver": False}
     if address:
-        kwargs["address"] = address
+        ray.init(address=address, **kwargs)
     else:
         kwargs["include_dashboard"] = False
         if run.ray_num_cpus:
             kwargs["num_cpus"] = run.ray_num_cpus
-    ray.init(**kwargs)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, raise_interrupt)
+        with own_process_groups():
+            ray.init(**kwargs)
+    handle_stop_signals()
+
+
+@contextlib.contextmanager
+def own_process_groups() -> Iterator[None]:
+    """Ray processes started inside (an embedded cluster's GCS, raylet and agents; through the
+    raylet every worker, and the browsers and vLLM engines the workers start) each get a
+    process group of their own instead of the driver's. Ray starts them all through
+    ``ray._private.services.ConsolePopen`` (Ray 2.60; ``tests/integration`` checks the groups);
+    they still die with the driver (Ray's kernel fate-sharing, PR_SET_PDEATHSIG)."""
+    from ray._private import services  # noqa: PLC0415 - Ray's process launcher
+
+    launcher = services.ConsolePopen
+
+    class OwnGroupPopen(launcher):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("process_group", 0)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnGroupPopen
+    try:
+        yield
+    finally:
+        services.ConsolePopen = launcher
+
+
+# The signal that began the stop (0: none yet). Later signals while stopping are noted, not
+# raised: an interrupt inside the clean-up would leave accounts leased and processes running.
+_STOP_SIGNAL = [0]
+
+
+def handle_stop_signals() -> None:
+    """SIGTERM and SIGINT raise :class:`KeyboardInterrupt` in the main thread once; a repeat
+    while the run stops is reported and otherwise ignored. A no-op off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _on_stop_signal)
+
+
+def _on_stop_signal(signum: int, frame: Any) -> None:
+    if _STOP_SIGNAL[0]:
+        progress(f"stopping already (signal {signum} ignored): the run's processes and "
+                 "leases are being released")
+        return
+    _STOP_SIGNAL[0] = signum
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def stop_exit_code() -> int:
+    """The conventional exit code of a run stopped by a signal: 128 + its number (130 for
+    SIGINT when none was recorded, as Python's own Ctrl-C)."""
+    return 128 + (_STOP_SIGNAL[0] or signal.SIGINT)
 
 
 class PeakMemory:
@@ -255,15 +352,16 @@ def on_driver_node() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
-def raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def stop_actors(actors: list[Any], timeout_s: float = 60) -> None:
-    """Ask each actor to ``shutdown()`` (its child processes, process groups), then kill it."""
+    """Ask every actor to ``shutdown()`` (its child processes, process groups) at once, wait up
+    to ``timeout_s`` in all, then kill each."""
+    refs = []
     for actor in actors:
         try:
-            ray.get(actor.shutdown.remote(), timeout=timeout_s)
+            refs.append(actor.shutdown.remote())
         except Exception:  # noqa: BLE001 - killed below either way
             pass
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    for actor in actors:
         ray.kill(actor)

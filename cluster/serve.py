@@ -13,46 +13,24 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import ray
 
-from cluster.api import (SCHEDULER_NAME, HttpParts, HttpServerActor, SchedulerActor,
-                         SchedulerParts)
-from cluster.config import JobConfig, metrics_publish
-from cluster.runtime import LocalServices, Observed, on_driver_node, progress, ray_init
+from cluster.builders import jobs_api_specs
+from cluster.config import JobConfig
+from cluster.jobs_api import SCHEDULER_NAME, HttpServerActor, JobsSchedulerActor
+from cluster.runtime import Session, handle_stop_signals, on_driver_node, progress, stop_exit_code
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
-from consolerl.tasks import TASKS_DIR
-from env_workers.accounts import PoolConfig
-from env_workers.pool import EnvPoolConfig
-from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
+from infra.observability.discovery import PublishConfig
 from rollout_service.jobs.auth import TokenBook
 from rollout_service.jobs.schema import SCOPES
+from rollout_service.models import resolve_model
 
 TEAM_SCOPES = [s for s in SCOPES if s != "admin"]
-
-
-def api_parts(config: JobConfig, suite_dir: str | None = None
-              ) -> tuple[SchedulerParts, HttpParts]:
-    """The scheduler's and the HTTP side's parts, picked out of the root config."""
-    api, env = config.api, config.env
-    accounts_file = config.cloud.accounts_file or str(DEFAULT_ACCOUNTS_FILE)
-    pool = EnvPoolConfig(
-        workers=api.workers, worker=env.worker, num_cpus_per_worker=env.num_cpus_per_worker,
-        scheduling_strategy=env.scheduling_strategy, metrics=metrics_publish(config),
-        pool=PoolConfig(redis_url=config.stream.url, key_prefix=env.lease_prefix,
-                        lease_ttl_s=env.lease_ttl_s, accounts_file=accounts_file))
-    suite = suite_dir or str(TASKS_DIR)
-    tokens = str(Path(api.tokens_file).resolve())
-    sched = SchedulerParts(pool, config.policy, config.agent, api.scheduler,
-                           config.cloud.endpoint, accounts_file, config.trail, config.reward,
-                           config.stream.url, api.prefix, tokens, tuple(api.models.items()),
-                           suite, metrics_publish(config))
-    http = HttpParts(config.stream.url, api.prefix, tokens, ("live", *api.models),
-                     api.sse_max_s, suite)
-    return sched, http
 
 
 def first_token(config: JobConfig) -> str | None:
@@ -64,11 +42,14 @@ def first_token(config: JobConfig) -> str | None:
 
 
 class Stack:
-    """The scheduler actor and the HTTP side, started and stopped together."""
+    """The scheduler actor and the HTTP side, started and stopped together. ``metrics``:
+    where the policy replicas and env workers announce their metrics (None: not served)."""
 
-    def __init__(self, config: JobConfig, suite_dir: str | None = None):
+    def __init__(self, config: JobConfig, metrics: PublishConfig | None = None,
+                 suite_dir: str | None = None):
         self.config = config
-        self.sched_parts, self.http_parts = api_parts(config, suite_dir)
+        policy = replace(config.policy, model=resolve_model(config.policy.model))
+        self.scheduler_spec, self.http_spec = jobs_api_specs(config, policy, metrics, suite_dir)
         self.scheduler: Any = None
         self.http: Any = None
         self.url = ""
@@ -76,9 +57,9 @@ class Stack:
     def start_scheduler(self) -> None:
         if self.config.api.hosting == "serve":
             return                       # a deployment of the Serve application
-        self.scheduler = SchedulerActor.options(
+        self.scheduler = JobsSchedulerActor.options(
             name=SCHEDULER_NAME, num_cpus=0, scheduling_strategy=on_driver_node()).remote(
-            self.sched_parts)
+            self.scheduler_spec)
         self.run_ref = self.scheduler.run.remote()
 
     def start_http(self) -> str:
@@ -88,12 +69,12 @@ class Stack:
 
             from cluster.serve_app import build  # noqa: PLC0415
             serve.start(http_options={"host": api.host, "port": api.port})
-            serve.run(build(self.config, self.http_parts.suite_dir), name="consolerl-api",
+            serve.run(build(self.config, self.http_spec.suite_dir), name="consolerl-api",
                       route_prefix="/")
             self.url = f"http://{api.host}:{api.port}"
         else:
             self.http = HttpServerActor.options(
-                num_cpus=0, scheduling_strategy=on_driver_node()).remote(self.http_parts,
+                num_cpus=0, scheduling_strategy=on_driver_node()).remote(self.http_spec,
                                                                          api.host, api.port)
             self.url = ray.get(self.http.start.remote(), timeout=60)
         return self.url
@@ -110,12 +91,15 @@ class Stack:
             from ray import serve  # noqa: PLC0415
             serve.shutdown()
 
-    def stop(self) -> None:
+    def stop(self, interrupted: bool = False) -> None:
+        """The HTTP side first (no new jobs), then the scheduler: running episodes stop at
+        their next step and go back to the queue, accounts are released. ``interrupted``
+        (a signal): the episodes get seconds, not minutes."""
         self.stop_http()
         if self.scheduler is not None:
             ray.get(self.scheduler.stop.remote(), timeout=30)
             try:
-                ray.get(self.run_ref, timeout=600)     # running episodes end and clean up
+                ray.get(self.run_ref, timeout=20 if interrupted else 600)
             finally:
                 ray.get(self.scheduler.drain.remote(), timeout=120)
                 ray.kill(self.scheduler)
@@ -123,46 +107,50 @@ class Stack:
 
 
 def serve(config: JobConfig) -> int:
+    """Serve until a signal; the exit code is 0, or 128 + the signal's number."""
     run_dir = Path(config.run.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    services = LocalServices(config, run_dir)
+    handle_stop_signals()
     stack: Stack | None = None
-    observed = Observed(None)
+    interrupted = False
     try:
-        ray_init(config.run)
-        config = services.start()      # the addresses every Ray node reaches
-        observed = Observed(metrics_publish(config))
-        observed.local_cloud(config.cloud)
-        token = first_token(config)
-        stack = Stack(config)
-        progress(f"starting the scheduler: policy {config.policy.model} "
-                 f"({config.policy.backend}), {config.api.workers} env workers")
-        stack.start_scheduler()
-        url = stack.start_http()
-        # Its /metrics carry the scheduler's and the reward service's as well.
-        observed.announce(url.removeprefix("http://"), "jobs_api", "jobs-api")
-        progress(f"the jobs API is on {url} (OpenAPI: {url}/openapi.json, docs: {url}/docs)")
-        if token:
-            progress(f"a token for team {config.api.default_team!r} (shown once; only its hash "
-                     f"is kept in {config.api.tokens_file}):\n\n    {token}\n")
-        else:
-            progress(f"team {config.api.default_team!r} has tokens in {config.api.tokens_file};"
-                     " make another with: python -m cluster.serve token --team "
-                     f"{config.api.default_team} --scopes {','.join(TEAM_SCOPES)}")
-        progress(f"try: CONSOLE_RL_URL={url} CONSOLE_RL_TOKEN=<token> console-rl jobs submit "
-                 "--ids ram-create-user-0 --samples 2 --watch")
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        progress("stopping: running episodes end, accounts are released")
-    finally:
-        if stack is not None and ray.is_initialized():
-            stack.stop()
-        observed.close()
-        if ray.is_initialized():
-            ray.shutdown()
-        services.stop()
-    return 0
+        with Session(config, run_dir) as session:
+            config = session.config
+            try:
+                token = first_token(config)
+                stack = Stack(config, session.metrics)
+                progress(f"starting the scheduler: policy {config.policy.model} "
+                         f"({config.policy.backend}), {config.api.workers} env workers")
+                stack.start_scheduler()
+                url = stack.start_http()
+                # Its /metrics carry the scheduler's and the reward service's as well.
+                session.announcements.announce(url.removeprefix("http://"), "jobs_api",
+                                               "jobs-api")
+                _say_ready(config, url, token)
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                interrupted = True
+                progress("stopping: running episodes end, accounts are released")
+            finally:
+                if stack is not None:
+                    stack.stop(interrupted)
+    except KeyboardInterrupt:       # a signal while starting: everything is stopped
+        interrupted = True
+    return stop_exit_code() if interrupted else 0
+
+
+def _say_ready(config: JobConfig, url: str, token: str | None) -> None:
+    progress(f"the jobs API is on {url} (OpenAPI: {url}/openapi.json, docs: {url}/docs)")
+    if token:
+        progress(f"a token for team {config.api.default_team!r} (shown once; only its hash "
+                 f"is kept in {config.api.tokens_file}):\n\n    {token}\n")
+    else:
+        progress(f"team {config.api.default_team!r} has tokens in {config.api.tokens_file};"
+                 " make another with: python -m cluster.serve token --team "
+                 f"{config.api.default_team} --scopes {','.join(TEAM_SCOPES)}")
+    progress(f"try: CONSOLE_RL_URL={url} CONSOLE_RL_TOKEN=<token> console-rl jobs submit "
+             "--ids ram-create-user-0 --samples 2 --watch")
 
 
 def make_token(argv: list[str]) -> int:

@@ -13,25 +13,28 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+from dataclasses import replace
 from typing import Any
 
 from ray import serve
 
-from cluster.api import SchedulerBody, http_app
-from cluster.config import JobConfig
+from cluster.builders import jobs_api_specs
+from cluster.config import JobConfig, metrics_publish
+from cluster.jobs_api import JobsScheduler, http_app
 from consolerl.config import load_config
+from rollout_service.models import resolve_model
 
 
 def build(config: JobConfig, suite_dir: str | None = None) -> Any:
     """The bound Serve application for ``config``."""
-    from cluster.serve import api_parts  # noqa: PLC0415 - cluster.serve imports this module
-    sched_parts, http_parts = api_parts(config, suite_dir)
+    policy = replace(config.policy, model=resolve_model(config.policy.model))
+    sched_spec, http_spec = jobs_api_specs(config, policy, metrics_publish(config), suite_dir)
 
     @serve.deployment(name="consolerl-scheduler", num_replicas=1,
                       ray_actor_options={"num_cpus": 0}, max_ongoing_requests=16)
     class Scheduler:
         def __init__(self) -> None:
-            self.body = SchedulerBody(sched_parts)
+            self.body = JobsScheduler(sched_spec)
             self.task = asyncio.get_event_loop().create_task(self.body.run())
 
         async def metrics(self) -> bytes:
@@ -47,7 +50,7 @@ def build(config: JobConfig, suite_dir: str | None = None) -> Any:
         handle = hook.get("scheduler")
         return await handle.metrics.remote() if handle is not None else b""
 
-    app = http_app(http_parts, scheduler_metrics)
+    app = http_app(http_spec, scheduler_metrics)
 
     @serve.deployment(name="consolerl-api", max_ongoing_requests=200,
                       ray_actor_options={"num_cpus": 0})

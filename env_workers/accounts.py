@@ -88,7 +88,8 @@ class PoolConfig:
     """
 
     # Hidden from repr: a redis URL may carry a password (redis://:secret@host:port).
-    redis_url: str = field(repr=False)
+    # "" only inside a root config, whose composition root fills it in (the stream's Redis).
+    redis_url: str = field(default="", repr=False)
     key_prefix: str = "consolerl:pool"
     lease_ttl_s: float = 60.0
     heartbeat_interval_s: float | None = None
@@ -168,6 +169,8 @@ def _check_number(name: str, value: object, minimum: float) -> None:
 def _check_redis_url(url: object) -> None:
     if not isinstance(url, str):
         raise ConfigError(f"pool config: field 'redis_url' must be a string, got {url!r}")
+    if not url:
+        return                  # not set yet: refused when a pool is made from it
     try:
         parts = urlsplit(url)
         port = parts.port

@@ -337,6 +337,8 @@ class AccountPool:
         self._accounts = {a.account_id: a for a in accounts}
         if len(self._accounts) != len(accounts):
             raise ConfigError("account pool: 'accounts' has duplicate account_id values")
+        if client is None and not config.redis_url:
+            raise ConfigError("account pool: field 'redis_url' is required")
         self.config = config
         self._owns_client = client is None
         self._redis = client if client is not None else redis.Redis.from_url(

@@ -23,7 +23,7 @@ import ray._private.state
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from consolerl.accounts import lease_agent
-from consolerl.config import check_resources
+from consolerl.config import check_int, check_resources
 from consolerl.errors import ConfigError
 from consolerl.experience import Trajectory
 from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
@@ -65,7 +65,7 @@ class EpisodeStart:
 class EnvPoolConfig:
     workers: int = 2
     worker: WorkerConfig = field(default_factory=WorkerConfig)
-    pool: PoolConfig | None = None          # required; None only as a dataclass default
+    pool: PoolConfig = field(default_factory=PoolConfig)   # the account leases
     num_cpus_per_worker: float = 0.5
     max_restarts: int = -1                  # -1: restart a crashed worker forever
     # Ray placement: DEFAULT packs workers, SPREAD puts them on distinct nodes.
@@ -81,8 +81,7 @@ class EnvPoolConfig:
         if not isinstance(self.workers, int) or self.workers < 1:
             raise ConfigError(f"env pool: field 'workers' must be an integer >= 1, "
                               f"got {self.workers!r}")
-        if self.pool is None:
-            raise ConfigError("env pool: field 'pool' (a PoolConfig) is required")
+        check_int("env pool: field 'max_restarts'", self.max_restarts, -1)
         if self.scheduling_strategy not in ("DEFAULT", "SPREAD"):
             raise ConfigError(f"env pool: field 'scheduling_strategy' must be DEFAULT or "
                               f"SPREAD, got {self.scheduling_strategy!r}")

@@ -39,6 +39,7 @@ from playwright.async_api import Error as PlaywrightError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from consolerl.chromium import chromium_path
+from consolerl.errors import ConfigError
 from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
 from consolerl.accounts import Account
 
@@ -54,9 +55,10 @@ CHROMIUM_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """``console_url``: scheme://host:port of the console (the local cloud by default)."""
+    """``console_url``: scheme://host:port of the console; "" only inside a root config, whose
+    composition root fills in the cloud endpoint's (the local cloud serves its console)."""
 
-    console_url: str = "http://127.0.0.1:18080"
+    console_url: str = ""
     chromium: str = ""                       # "" = consolerl.chromium.chromium_path()
     action_timeout_s: float = 5.0
     navigation_timeout_s: float = 15.0
@@ -117,6 +119,9 @@ class EnvWorker:
     """Async; also the body of the Ray actor (see :mod:`env_workers.pool`)."""
 
     def __init__(self, config: WorkerConfig, registry: CollectorRegistry | None = None):
+        if not config.console_url:
+            raise ConfigError("env worker: field 'console_url' is required (scheme://host:port "
+                              "of the console)")
         self.config = config
         self.metrics = WorkerMetrics(registry or CollectorRegistry())
         self._pw: Playwright | None = None

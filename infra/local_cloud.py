@@ -3,6 +3,8 @@ its own state dir, for benchmarks, the suite runner and the job's embedded local
 have their own, restartable ``CloudServer``)."""
 from __future__ import annotations
 
+import ctypes
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +18,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def service_process() -> dict:
+    """``subprocess.Popen`` options for a service a run starts and stops itself (Redis, the
+    local cloud): a process group of its own, so a signal to the run's group (Ctrl-C, make's
+    group) leaves it serving until the run stops it last; and SIGTERM should the starting
+    thread die without stopping it."""
+    return {"process_group": 0, "preexec_fn": _die_with_parent}
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG (1): the kernel sends SIGTERM when the parent thread exits.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
 
 
 def stop_process(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
@@ -53,7 +68,7 @@ class LocalCloud:
             [sys.executable, "-m", "infra.console_sim", "--host", self.host,
              "--port", str(self.port),
              "--state-dir", str(self.state_dir), *self.args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **service_process())
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

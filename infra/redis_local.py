@@ -14,7 +14,7 @@ import redis
 
 from consolerl.errors import ConfigError
 
-from .local_cloud import free_port, stop_process
+from .local_cloud import free_port, service_process, stop_process
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -56,7 +56,7 @@ class RedisServer:
              "--save", "", "--appendonly", "yes" if self.persistent else "no",
              "--appendfsync", "everysec",
              "--dir", str(self.data_dir)],
-            stdout=log, stderr=subprocess.STDOUT)
+            stdout=log, stderr=subprocess.STDOUT, **service_process())
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

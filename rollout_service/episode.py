@@ -508,11 +508,12 @@ class EpisodeRunner:
         return await self.blocking(method, request, task)
 
     async def run(self, env: Any, task: Task, policy: EpisodePolicy, *, max_steps: int,
-                  trajectory_id: str = "", seed: int = 0, observer: Observer | None = None
-                  ) -> EpisodeOutcome:
+                  trajectory_id: str = "", seed: int = 0, observer: Observer | None = None,
+                  interrupted: Callable[[], str] | None = None) -> EpisodeOutcome:
         """One episode of ``task`` on ``env`` (see the module docstring). ``max_steps``: the
         env worker's step limit for the episode; ``observer``: sees every step (see
-        :data:`Observer`)."""
+        :data:`Observer`); ``interrupted``: asked before each step of turns run here, a
+        non-empty answer (why) stops the episode there, cleaned up, as ``cancelled``."""
         try:
             start = await _env_call(env.acquire, self.acquire_timeout_s,
                                     wait_s=self.acquire_timeout_s)
@@ -562,6 +563,9 @@ class EpisodeRunner:
             steps = [0]
 
             async def step(text: str) -> StepResult:
+                why = interrupted() if interrupted is not None else ""
+                if why:
+                    raise EpisodeCancelled(why)
                 result = await _env_call(env.step, text)
                 steps[0] += 1
                 if observer is not None:

@@ -73,6 +73,11 @@ class ExperienceStream:
                 time.sleep(delay)
                 delay = min(2 * delay, 2.0)
 
+    def clear(self, *also: str) -> None:
+        """Empty the stream and its trainer version (a fresh run: groups of an earlier one
+        were sampled by other weights), with the stream's other keys in ``also``."""
+        self._call(lambda: self.redis.delete(self.config.stream, self.version_key, *also))
+
     def push(self, group: Group) -> str:
         fields = encode_group(group)
         entry = self._call(lambda: self.redis.xadd(self.config.stream, fields,

@@ -270,6 +270,7 @@ class Orchestrator:
         self.episodes: list[EpisodeSummary] = []
         self.busy_s: dict[str, float] = {}
         self._stop = asyncio.Event()           # only polled (is_set), never awaited
+        self._interrupt = False                # stop episodes in flight at their next step
         self._version, self._version_at = 0, float("-inf")
         self._version_reading = False
         self.workers_lost = 0
@@ -287,7 +288,8 @@ class Orchestrator:
         try:
             outcome = await self.runner.run(worker, task, self.policy,
                                             max_steps=self.agent.config.max_steps + 1,
-                                            trajectory_id=trajectory_id, seed=seed)
+                                            trajectory_id=trajectory_id, seed=seed,
+                                            interrupted=self._interrupted)
             return outcome
         finally:
             self.metrics.busy_workers.dec()
@@ -487,6 +489,7 @@ class Orchestrator:
                 await self._run_sync(limit, deadline_s)
         finally:
             self._stop.clear()                 # a stop ends one run, not the next
+            self._interrupt = False
         wall = time.monotonic() - t0
         return self.summary(wall)
 
@@ -531,10 +534,15 @@ class Orchestrator:
     def _seed(self, group: _Group, index: int) -> int:
         return (self.config.seed * 1_000_003 + int(group.group_id[2:], 16) + index) % 2**31
 
-    def stop(self) -> None:
+    def stop(self, interrupt: bool = False) -> None:
         """Ask :meth:`run` (the one in progress, or else the next) to end: no new episodes
-        start; those in flight finish."""
+        start; those in flight finish, or with ``interrupt`` stop at their next step (cleaned
+        up, their groups not pushed). Turns run on the env workers finish either way."""
+        self._interrupt = self._interrupt or interrupt
         self._stop.set()
+
+    def _interrupted(self) -> str:
+        return "the run is stopping" if self._interrupt else ""
 
     def admission_short(self) -> str:
         """Why the staleness bound will keep workers idle, or ``""``. Admission lets

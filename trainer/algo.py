@@ -70,7 +70,8 @@ class AlgoConfig:
     ``min(exp(old - rollout), rollout_is_cap)`` that corrects for the sampler's staleness
     (rollout log-probs come from an older policy version); "none" trusts the recomputed old
     log-probs alone. ``temperature``: the sampling temperature (log-probs are computed under
-    ``softmax(logits / temperature)`` to match the rollout's). ``epsilon``: the advantage std
+    ``softmax(logits / temperature)`` to match the rollout's); None, in a root config, is the
+    agent's, which the composition root hands in; alone, None is 1. ``epsilon``: the advantage std
     floor.
     """
 
@@ -85,8 +86,12 @@ class AlgoConfig:
     kl_penalty: str = "low_var_kl"
     rollout_is: str = "token"
     rollout_is_cap: float = 2.0
-    temperature: float = 1.0
+    temperature: float | None = None
     epsilon: float = 1e-6
+
+    @property
+    def sampling_temperature(self) -> float:
+        return 1.0 if self.temperature is None else self.temperature
 
     def __post_init__(self) -> None:
         choices = {"adv_estimator": supported_adv_estimators(),
@@ -110,6 +115,8 @@ class AlgoConfig:
                   "epsilon": (0.0, math.inf, "> 0")}
         for name, (low, high, text) in bounds.items():
             value = getattr(self, name)
+            if value is None and name == "temperature":
+                continue
             ok = (not isinstance(value, bool) and isinstance(value, (int, float))
                   and math.isfinite(value) and low <= value < high)
             if ok and name in ("clip_ratio_c", "temperature", "epsilon"):

@@ -298,7 +298,7 @@ class TrainerWorkerBody:
             out = module(input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT,
                          logits_to_keep=mb.response_len + 1, **kwargs)
         # The log-softmax in fp32: bf16 log-probs would put ~1e-2 noise on the PPO ratio.
-        return response_logprobs(out.logits.float(), mb, self.algo.temperature)
+        return response_logprobs(out.logits.float(), mb, self.algo.sampling_temperature)
 
     def _prefix_once(self, mb: TrainBatch, shared: int) -> tuple[TrainBatch, dict[str, Any]]:
         """Run the ``shared`` prompt tokens common to every row once; return the rest of the

@@ -43,6 +43,7 @@ In code: :func:`build_sft_example`, :func:`train_sft` (``SftConfig -> summary``)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import math
@@ -80,8 +81,8 @@ class SftConfig:
     ``train_layers``: 0 trains every weight, N > 0 only the top N decoder layers (see
     :class:`trainer.engine.EngineConfig`); ``overwrite``: replace an existing ``out`` folder."""
 
-    data: str
-    out: str
+    data: str = ""                 # required to train; "" only inside a root config
+    out: str = ""
     model: str = "default"
     epochs: int = 2
     lr: float = 5e-5
@@ -99,8 +100,8 @@ class SftConfig:
 
     def __post_init__(self) -> None:
         for name in ("data", "out"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ConfigError(f"SftConfig.{name}: required")
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"SftConfig.{name}: must be a string")
         for name, low in (("epochs", 1), ("max_tokens_per_batch", 16),
                           ("micro_batch_tokens", 16), ("max_seq_len", 8),
                           ("train_layers", 0)):
@@ -350,6 +351,9 @@ def train_sft(config: SftConfig) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     t0 = time.monotonic()
+    for name in ("data", "out"):
+        if not getattr(config, name):
+            raise ConfigError(f"SftConfig.{name}: required")
     out = Path(config.out)
     if out.exists() and not config.overwrite:
         raise ConfigError(f"SftConfig.out: {out} exists (choose another folder or overwrite)")
@@ -487,27 +491,26 @@ def _stop_on(model, eot: int) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> SftConfig:
+    default = {f.name: f.default for f in dataclasses.fields(SftConfig)}
     parser = argparse.ArgumentParser(prog="python -m trainer.sft",
                                      description="Supervised fine-tuning on action tokens.")
     parser.add_argument("--data", required=True, help="JSONL of trajectories")
-    parser.add_argument("--model", default="default", help="default (SmolLM2) or a folder")
+    parser.add_argument("--model", default=default["model"],
+                        help="default (SmolLM2) or a folder")
     parser.add_argument("--out", required=True, help="the model folder to write")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=5e-5)
-    parser.add_argument("--max-tokens-per-batch", type=int, default=8192,
-                        help="tokens per optimizer step")
-    parser.add_argument("--micro-batch-tokens", type=int, default=4096,
-                        help="padded tokens per forward/backward (gradient accumulation)")
-    parser.add_argument("--max-seq-len", type=int, default=4096)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--weight-decay", type=float, default=0.0)
-    parser.add_argument("--max-grad-norm", type=float, default=1.0)
-    parser.add_argument("--warmup-ratio", type=float, default=0.05)
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    for name, kind, text in (
+            ("epochs", int, None), ("lr", float, None),
+            ("max_tokens_per_batch", int, "tokens per optimizer step"),
+            ("micro_batch_tokens", int,
+             "padded tokens per forward/backward (gradient accumulation)"),
+            ("max_seq_len", int, None), ("seed", int, None), ("weight_decay", float, None),
+            ("max_grad_norm", float, None), ("warmup_ratio", float, None),
+            ("train_layers", int, "train only the top N decoder layers (0: every weight)")):
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=default[name],
+                            help=text)
+    parser.add_argument("--device", default=default["device"], choices=("auto", "cpu", "cuda"))
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="recompute activations in the backward pass (less memory)")
-    parser.add_argument("--train-layers", type=int, default=0,
-                        help="train only the top N decoder layers (0: every weight)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args(argv)
     try:

@@ -110,6 +110,11 @@ class Delivery:
     redelivered: bool
 
 
+def dead_letter_stream(stream: StreamConfig, consumer: ConsumerConfig) -> str:
+    """Where the consumer of ``stream`` moves malformed entries."""
+    return stream.stream + consumer.dead_letter_suffix
+
+
 class _Metrics:
     def __init__(self, registry: CollectorRegistry):
         self.delivered = Counter("consolerl_trainer_stream_delivered_total",
@@ -161,7 +166,7 @@ class ExperienceConsumer:
         self.metrics = _Metrics(self.registry)
         self.metrics.backlog.set_function(self.backlog)
         self.stream = stream_config.stream
-        self.dead_letter_stream = stream_config.stream + config.dead_letter_suffix
+        self.dead_letter_stream = dead_letter_stream(stream_config, config)
         # Entry ids handed out by this object and not acknowledged: a rescan of the pending
         # list skips them. The scan cursor is None once the pending list is read through; a
         # connection error during a read of new entries resets it to "0" (a lost XREADGROUP

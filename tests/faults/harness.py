@@ -193,7 +193,7 @@ class Case:
                 f"stream.url={self.redis.url}", f"trainer.steps={STEPS}",
                 # A dead worker's lease frees its account after 20 s (the default 60 s
                 # would only make the cases longer).
-                "env.lease_ttl_s=20", "observe.enabled=false", "run.redis=false"]
+                "env.pool.lease_ttl_s=20", "observe.enabled=false", "run.redis=false"]
         if self.spec.checkpoint_dir:
             args.append(f"trainer.checkpoint.dir={self.dir / 'ckpt'}")
         if resume:

@@ -49,7 +49,7 @@ def stack(api_cloud, redis_server, tmp_path_factory):
     tiny_model(tmp / "final", seed=1)     # tmp is also a run folder, registered as "ckpt"
     config = load_config(JobConfig, ROOT / "configs" / "serve.yaml", [
         f"cloud.endpoint={api_cloud.endpoint}", f"env.worker.console_url={api_cloud.url}",
-        "env.lease_prefix=test:api:pool", "env.num_cpus_per_worker=0.5",
+        "env.pool.key_prefix=test:api:pool", "env.num_cpus_per_worker=0.5",
         f"policy.model={model}", "policy.backend=transformers",
         "policy.num_cpus_per_replica=0.5", "agent.max_new_tokens=12",
         f"stream.url={redis_server.url}", f"api.tokens_file={tmp / 'tokens.json'}",

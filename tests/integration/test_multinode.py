@@ -131,9 +131,9 @@ def placement(cluster: RayCluster, seen: dict[str, dict]) -> dict[str, list[str]
                 f"does not offer {resource!r}")
             assert (actor["required_resources"] or {}).get(resource), (
                 f"{kind} started without the resource {resource!r} of its config: {actor}")
-        if kind in (*NEEDS, "RolloutBody"):
+        if kind in (*NEEDS, "TrainingRollouts"):
             nodes.setdefault(kind, []).append(node)
-    assert nodes.get("RolloutBody") == ["head"], nodes
+    assert nodes.get("TrainingRollouts") == ["head"], nodes
     return nodes
 
 
@@ -201,7 +201,7 @@ def test_a_worker_node_killed_mid_run_is_survived(browsers_on_two_nodes, tmp_pat
 def _node_kill_run(cluster: RayCluster, server: RedisServer, tmp_path: Path) -> None:
     r = redis.Redis.from_url(server.url, decode_responses=True)
     job = Job(cluster, tmp_path / "run", (f"stream.url={server.url}", "run.redis=false",
-                                          f"env.lease_ttl_s={LEASE_TTL_S:g}"))
+                                          f"env.pool.lease_ttl_s={LEASE_TTL_S:g}"))
     seen: dict[str, dict] = {}
     deadline = time.monotonic() + 780
     # Both env workers inside an episode (each holds a lease): then the node goes.

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r'''
 import ray, sys
-from cluster.job import describe_failure
+from trainer.failures import describe_failure
 
 ray.init(num_cpus=1, include_dashboard=False)
 

@@ -13,9 +13,9 @@ import ray
 
 torch = pytest.importorskip("torch")
 
-from cluster.builders import rollout_parts  # noqa: E402
+from cluster.builders import rollout_spec  # noqa: E402
 from cluster.config import JobConfig
-from cluster.rollout import RolloutActor  # noqa: E402
+from cluster.rollout import TrainingRolloutsActor  # noqa: E402
 from consolerl.config import load_config  # noqa: E402
 from consolerl.experience import decode_group
 from env_workers.accounts import PoolConfig  # noqa: E402
@@ -41,7 +41,7 @@ def test_groups_flow_to_the_stream_with_rewards_and_nothing_leaks(orch_cloud, re
     model = tiny_model(tmp_path / "tiny")
     config = load_config(JobConfig, CONFIGS / "cpu.yaml", [
         f"cloud.endpoint={orch_cloud.endpoint}", f"env.worker.console_url={orch_cloud.url}",
-        "env.workers=2", "env.lease_prefix=test:orch", "env.num_cpus_per_worker=0.5",
+        "env.workers=2", "env.pool.key_prefix=test:orch", "env.num_cpus_per_worker=0.5",
         f"policy.model={model}", "policy.backend=transformers",
         "policy.num_cpus_per_replica=0.5",
         "agent.max_steps=3", "agent.max_new_tokens=12",
@@ -53,7 +53,8 @@ def test_groups_flow_to_the_stream_with_rewards_and_nothing_leaks(orch_cloud, re
         "trail.qps=20", "trail.settle_s=20", "trail.poll_s=0.25", "trail.clock_skew_s=5"])
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        actor = RolloutActor.remote(rollout_parts(config))
+        actor = TrainingRolloutsActor.remote(rollout_spec(config, config.policy, None),
+                                             config.orchestrator, config.stream)
         summary = ray.get(actor.run.remote(2), timeout=600)
         metrics = ray.get(actor.metrics.remote()).decode()
         ray.get(actor.drain.remote(), timeout=120)

@@ -86,13 +86,13 @@ def test_custom_resources_are_checked(value, message):
 
 def test_custom_resources_reach_each_actor_config(tmp_path):
     """env, policy and trainer each name what their actors need; bad ones fail at load."""
-    from cluster.builders import rollout_parts
+    from cluster.builders import rollout_spec
     from cluster.config import JobConfig
     path = tmp_path / "c.yaml"
     path.write_text("env: {resources: {browser: 1}}\npolicy: {resources: {policy: 0.5}}\n"
                     "trainer: {engine: {resources: {trainer: 2}}}\n")
     config = load_config(JobConfig, path)
-    assert rollout_parts(config).env_pool.resources == {"browser": 1.0}
+    assert rollout_spec(config, config.policy, None).env_pool.resources == {"browser": 1.0}
     assert config.policy.resources == {"policy": 0.5}
     assert config.trainer.engine.resources == {"trainer": 2.0}
     check_resources("ok", {"browser": 0.25, "policy": 3})

@@ -7,7 +7,7 @@ import errno
 
 import pytest
 
-from cluster.job import describe_failure
+from trainer.failures import describe_failure
 from consolerl.accounts import lease_agent, parse_lease_agent
 from rollout_service.policy import PolicyServerBody, PolicyUnavailable, SamplingParams
 from tests.conftest import run_async
@@ -67,7 +67,7 @@ RAY_OOM = ("1 worker(s) were killed due to the node running low on memory. Memor
 
 
 def test_an_actor_killed_for_memory_is_named_with_its_setting():
-    from cluster.job import describe_oom
+    from trainer.failures import describe_oom
     text = describe_failure(RuntimeError(RAY_OOM))
     assert text == ("Ray's memory monitor killed PolicyServerBody (pid 8639) at 1.97 GB with "
                     "the node at 3.21 of 23.54 GB: lower policy.kv_cache_gib or "

@@ -12,7 +12,7 @@ from consolerl.errors import ConfigError
 from trainer.checkpoint import CheckpointConfig, CheckpointManager
 from trainer.config import TrainerConfig
 from trainer.grpo import GRPOTrainer, NoExperienceError, TrainerMetrics
-from cluster.job import explain_no_experience
+from trainer.failures import explain_no_experience
 
 
 class _Clock:

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from cluster.job import in_child
-from cluster.runtime import raise_interrupt
+from cluster import runtime
 
 
 def _slow(seconds: float) -> int:
@@ -32,10 +32,20 @@ def test_in_child_raises_the_childs_error():
         in_child(_fails)
 
 
-def test_an_interrupt_kills_the_child_at_once():
-    # SIGTERM as the job handles it (cluster.job.main installs raise_interrupt); set here
-    # because other tests in the same process may have left other handlers.
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+@pytest.fixture
+def stop_signals():
+    """The job's signal handling (cluster.runtime.handle_stop_signals), undone afterwards:
+    other tests in the same process keep their handlers."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    runtime._STOP_SIGNAL[0] = 0
+    runtime.handle_stop_signals()
+    yield
+    runtime._STOP_SIGNAL[0] = 0
+    for s, handler in previous.items():
+        signal.signal(s, handler)
+
+
+def test_an_interrupt_kills_the_child_at_once(stop_signals):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     timer = threading.Timer(5.0, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
@@ -45,10 +55,18 @@ def test_an_interrupt_kills_the_child_at_once():
             in_child(_slow, 120.0)
     finally:
         timer.cancel()
-        signal.signal(signal.SIGTERM, previous)
     assert time.monotonic() - t0 < 60
     time.sleep(0.5)
     left = [p for p in psutil.Process().children(recursive=True)
             if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
             and "resource_tracker" not in " ".join(p.cmdline())]
     assert not left, [p.cmdline() for p in left]
+
+
+def test_the_first_signal_interrupts_and_a_repeat_while_stopping_does_not(stop_signals):
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)                    # the handler runs before this ends
+    os.kill(os.getpid(), signal.SIGINT)  # the clean-up is not cut short
+    time.sleep(0.2)
+    assert runtime.stop_exit_code() == 128 + signal.SIGTERM

@@ -3,6 +3,8 @@ each actor kind is started with (the resources named in its config, always), and
 orchestrator copes with an env worker lost with its node."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import ast
 import asyncio
 from pathlib import Path
@@ -12,7 +14,7 @@ import ray.exceptions
 
 from cluster import rollout as rollout_module
 from cluster.addresses import advertise, is_loopback, loopback_left, services_host
-from cluster.builders import rollout_parts
+from cluster.builders import jobs_api_specs, rollout_spec
 from cluster.config import JobConfig
 from consolerl.accounts import Account
 from consolerl.config import load_config
@@ -56,13 +58,13 @@ def test_advertise_moves_the_services_this_job_starts():
     config = advertise(_config(), "10.0.0.5")
     assert config.stream.url == "redis://10.0.0.5:6391/0"
     assert config.cloud.endpoint == "10.0.0.5:18090"
-    assert config.env.worker.console_url == "http://10.0.0.5:18090"
+    assert config.env.worker.console_url == ""          # the cloud endpoint's, when built
     assert loopback_left(config) == []
     # What every component is built from carries the advertised addresses.
-    parts = rollout_parts(config)
-    assert parts.env_pool.pool.redis_url == "redis://10.0.0.5:6391/0"
-    assert parts.env_pool.worker.console_url == "http://10.0.0.5:18090"
-    assert parts.endpoint == "10.0.0.5:18090"
+    spec = rollout_spec(config, config.policy, None)
+    assert spec.env_pool.pool.redis_url == "redis://10.0.0.5:6391/0"
+    assert spec.env_pool.worker.console_url == "http://10.0.0.5:18090"
+    assert spec.endpoint == "10.0.0.5:18090"
 
 
 def test_advertise_keeps_a_password_and_leaves_external_services_alone():
@@ -72,14 +74,14 @@ def test_advertise_keeps_a_password_and_leaves_external_services_alone():
     config = advertise(_config("run.redis=false", "cloud.local=false"), "10.0.0.5")
     assert config.stream.url == "redis://127.0.0.1:6391/0"
     assert config.cloud.endpoint == "127.0.0.1:18090"
-    assert [x.split()[0] for x in loopback_left(config)] == ["stream.url",
-                                                            "env.worker.console_url"]
+    assert [x.split()[0] for x in loopback_left(config)] == ["stream.url"]
     external = _config("stream.url=redis://redis.svc:6380/0", "cloud.endpoint=cloud.svc:80",
                        "env.worker.console_url=http://cloud.svc:80")
     assert advertise(external, "10.0.0.5") == external
-    # A console elsewhere than the local cloud's port is not the local cloud's.
+    # A console named on its own is not the local cloud's: left alone, and reported.
     other = advertise(_config("env.worker.console_url=http://127.0.0.1:9999"), "10.0.0.5")
     assert other.env.worker.console_url == "http://127.0.0.1:9999"
+    assert [x.split()[0] for x in loopback_left(other)] == ["env.worker.console_url"]
     # Loopback: nothing moves.
     assert advertise(_config(), "127.0.0.1") == _config()
 
@@ -316,10 +318,9 @@ def _started(monkeypatch, config: JobConfig) -> dict[str, list[dict]]:
     kinds = {"env": Recorder(), "policy": Recorder(), "trainer": Recorder()}
     monkeypatch.setattr(pool_module, "EnvWorkerActor", kinds["env"])
     monkeypatch.setattr(rollout_module, "PolicyServer", kinds["policy"])
-    monkeypatch.setattr(rollout_module, "resolve_model", lambda model: model)
     monkeypatch.setattr(engine_module, "TrainerWorker", kinds["trainer"])
     monkeypatch.setattr(engine_module.ray, "get", lambda refs, **kw: refs)
-    pool_module.EnvPool(rollout_parts(config).env_pool)
+    pool_module.EnvPool(rollout_spec(config, config.policy, None).env_pool)
     rollout_module.start_policy(config.policy)
     engine_module.start_workers("model", config.trainer.engine, config.trainer.algo)
     return {k: r.options_seen for k, r in kinds.items()}
@@ -342,8 +343,8 @@ def test_every_actor_is_started_with_the_resources_its_config_names(monkeypatch)
 
 def test_option_builders_carry_the_config(monkeypatch):
     config = _config(*PLACED, "policy.num_gpus_per_replica=1", "trainer.engine.memory_gib=2")
-    assert pool_module.worker_options(rollout_parts(config).env_pool)["resources"] == {
-        "browser": 1.0}
+    assert pool_module.worker_options(rollout_spec(config, config.policy, None).env_pool
+                                      )["resources"] == {"browser": 1.0}
     policy = rollout_module.policy_options(config.policy)
     assert policy["resources"] == {"policy": 1.0} and policy["num_gpus"] == 1
     trainer = engine_module.worker_options(config.trainer.engine)
@@ -444,3 +445,16 @@ def test_a_parked_actor_is_probed_by_its_state_before_any_call(monkeypatch):
         monkeypatch.setattr(orchestrator_module, "actor_state", lambda w, s=state: s)
         assert run_async(orch._probe(lost)) is answer, state
     assert lost.calls == ["health"]           # only the live one was called
+
+
+def test_the_jobs_api_builds_its_env_workers_as_training_does():
+    """One builder: the jobs API's pool differs from training's only in its worker count
+    (placement and restarts were dropped when it was built apart)."""
+    config = _config(*PLACED, "env.max_restarts=3", "api.workers=5")
+    training = rollout_spec(config, config.policy, None)
+    scheduler, _ = jobs_api_specs(config, config.policy, None)
+    api = scheduler.rollout.env_pool
+    assert api.workers == 5 and training.env_pool.workers == config.env.workers
+    assert api == replace(training.env_pool, workers=5)
+    assert api.resources == {"browser": 1.0} and api.max_restarts == 3
+    assert pool_module.worker_options(api)["max_restarts"] == 3

@@ -20,7 +20,23 @@ def test_shipped_configs_load(name):
     assert config.policy.backend in ("transformers", "vllm")
     assert config.trainer.steps >= 1
     if config.cloud.local:                       # the browser goes where the API is
-        assert config.env.worker.console_url.endswith(config.cloud.endpoint)
+        from cluster.builders import env_pool
+        assert config.env.worker.console_url == ""
+        assert env_pool(config, None).worker.console_url == f"http://{config.cloud.endpoint}"
+
+
+def test_values_the_root_derives_are_not_set_twice():
+    """One setting each: the trainer's temperature is the agent's, the leases' Redis the
+    stream's, the accounts the cloud's; setting the copy is refused, naming the source."""
+    from cluster.builders import env_pool, trainer_algo
+    config = load_config(JobConfig, CONFIGS / "demo.yaml", ["agent.temperature=0.7"])
+    assert trainer_algo(config).temperature == 0.7
+    assert env_pool(config, None).pool.redis_url == config.stream.url
+    for override, source in (("trainer.algo.temperature=0.7", "agent.temperature"),
+                             ("env.pool.redis_url=redis://127.0.0.1:7000", "stream.url"),
+                             ("env.pool.accounts_file=a.yaml", "cloud.accounts_file")):
+        with pytest.raises(ConfigError, match=source):
+            load_config(JobConfig, CONFIGS / "demo.yaml", [override])
 
 
 def test_overrides_and_errors():

@@ -10,8 +10,7 @@ from consolerl.errors import ConfigError
 
 
 @pytest.mark.parametrize("overrides,fields", [
-    (["trainer.algo.temperature=0.7"], ("trainer.algo.temperature", "agent.temperature")),
-    (["agent.temperature=0"], ("trainer.algo.temperature", "agent.temperature")),
+    (["agent.temperature=0"], ("agent.temperature", "trainer.algo")),
     (["agent.top_p=0.9"], ("agent.top_p", "trainer.algo")),
     (["orchestrator.group_size=1"], ("orchestrator.group_size",
                                      "trainer.algo.adv_estimator")),

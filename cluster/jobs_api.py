@@ -1,14 +1,12 @@
-"""The jobs API on a Ray cluster: the scheduler actor (env workers, policy, reward service,
+"""The jobs API on a Ray cluster: the scheduler actor (:class:`JobsScheduler`: the rollout
+side, :class:`~cluster.rollout.RolloutSide`, under a
 :class:`~rollout_service.jobs.scheduler.JobScheduler`) and the HTTP side, either uvicorn in a
-Ray actor (``api.hosting=actor``, what ``make serve`` runs) or a Ray Serve deployment with
-FastAPI ingress (``api.hosting=serve``, what a KubeRay ``RayService`` deploys).
+Ray actor (``api.hosting=actor``, what ``make serve`` runs: on a small machine Ray Serve's
+proxy and router cost more than the endpoint, see ``python -m benchmarks.jobs_api --hosting
+serve``) or a Ray Serve deployment with FastAPI ingress (``api.hosting=serve``, what a KubeRay
+``RayService`` deploys; :mod:`cluster.serve_app`).
 
-Why uvicorn in an actor by default: on this 2-core machine Ray Serve's proxy and router cost
-more than the endpoint. ``python -m benchmarks.api --hosting serve`` measures it (GET
-/v1/jobs/{id}, 50 clients); the figures are in the README.
-
-The Serve application (both sides as deployments) is :mod:`cluster.serve_app`. The two sides
-share nothing but Redis, so either restarts alone: a job keeps running while
+The two sides share nothing but Redis, so either restarts alone: a job keeps running while
 the API restarts, and events resume by ``Last-Event-ID``.
 """
 from __future__ import annotations
@@ -25,14 +23,8 @@ from typing import Any
 import ray
 from prometheus_client import generate_latest
 
-from cluster.rollout import start_policy
-from consolerl.accounts import load_accounts
+from cluster.rollout import RolloutSide, RolloutSpec, start_policy
 from consolerl.tasks import TASKS_DIR, load_suite
-from env_workers.pool import EnvPool, EnvPoolConfig
-from infra.observability.discovery import PublishConfig
-from reward_service.actiontrail import TrailConfig
-from reward_service.fusion import RewardConfig
-from reward_service.service import RewardService
 from rollout_service.agent import AgentConfig, AgentLoop
 from rollout_service.episode import EpisodeRunner
 from rollout_service.jobs.app import build_app
@@ -40,33 +32,27 @@ from rollout_service.jobs.auth import TokenBook
 from rollout_service.jobs.scheduler import JobScheduler, SchedulerConfig
 from rollout_service.jobs.store import JobStore
 from rollout_service.models import HFChatTokenizer, resolve_model
-from rollout_service.policy import PolicyConfig, PolicyRouter
+from rollout_service.policy import PolicyRouter
 
 SCHEDULER_NAME = "consolerl-api-scheduler"
 
 
 @dataclass(frozen=True)
-class SchedulerParts:
-    """What the scheduler actor is built from (component configs only)."""
+class SchedulerSpec:
+    """What the scheduler actor is built from (component configs only): the rollout side,
+    the scheduler's settings, the jobs' Redis and key prefix, the tokens file, and the
+    checkpoints or run folders registered by name."""
 
-    env_pool: EnvPoolConfig
-    policy: PolicyConfig
-    agent: AgentConfig
+    rollout: RolloutSpec
     scheduler: SchedulerConfig
-    endpoint: str
-    accounts_file: str
-    trail: TrailConfig
-    reward: RewardConfig
     redis_url: str
     prefix: str
     tokens_file: str
     models: tuple[tuple[str, str], ...] = ()
-    suite_dir: str = str(TASKS_DIR)
-    metrics: PublishConfig | None = None     # the policy replicas announce their metrics
 
 
 @dataclass(frozen=True)
-class HttpParts:
+class HttpSpec:
     """What the HTTP side is built from."""
 
     redis_url: str
@@ -78,43 +64,38 @@ class HttpParts:
     scheduler_name: str = SCHEDULER_NAME
 
 
-class SchedulerBody:
-    def __init__(self, parts: SchedulerParts, servers: list[Any] | None = None):
-        accounts = load_accounts(parts.accounts_file)
-        tasks = load_suite(parts.suite_dir)
-        self.parts = parts
-        self.pool = EnvPool(parts.env_pool)
-        if servers:
-            self.servers, self.router = list(servers), PolicyRouter(servers)
-        else:
-            self.servers, self.router = start_policy(parts.policy, parts.metrics)
-        self.own_servers = not servers
-        self.tokenizer = HFChatTokenizer(resolve_model(parts.policy.model))
-        self.registered = dict(parts.models)
+class JobsScheduler:
+    """The API's jobs run on a :class:`RolloutSide`; ``model`` names in jobs are ``live``
+    (the served policy) or a registered checkpoint, started on first use (one replica)."""
+
+    def __init__(self, spec: SchedulerSpec, servers: list[Any] | None = None):
+        self.spec = spec
+        self.side = RolloutSide(spec.rollout, servers)
+        self.registered = dict(spec.models)
         self.extra: dict[str, tuple[list[Any], PolicyRouter, HFChatTokenizer]] = {}
-        self.reward = RewardService(tasks, accounts, parts.endpoint, parts.trail, parts.reward)
-        self.store = JobStore(parts.redis_url, parts.prefix)
-        self.tokens = TokenBook(Path(parts.tokens_file))
+        self.store = JobStore(spec.redis_url, spec.prefix)
+        self.tokens = TokenBook(Path(spec.tokens_file))
         self.scheduler = JobScheduler(
-            parts.scheduler, self.store,
-            EpisodeRunner(accounts, parts.endpoint, self.reward.score),
-            self.pool.actors, {t.id: t for t in tasks}, self.agent_for, self.tokens.quota,
-            parts.agent)
+            spec.scheduler, self.store,
+            EpisodeRunner(self.side.accounts, spec.rollout.endpoint, self.side.reward.score),
+            self.side.pool.actors, {t.id: t for t in self.side.tasks}, self.agent_for,
+            self.tokens.quota, spec.rollout.agent)
         self._lock = asyncio.Lock()
 
     async def agent_for(self, model: str, config: AgentConfig) -> AgentLoop:
         """The live policy, or a registered checkpoint's or run folder's (one replica,
         started on first use and kept)."""
         if model == "live":
-            return AgentLoop(self.router, self.tokenizer, config)
+            return self.side.agent(config)
         async with self._lock:
             if model not in self.extra:
                 path = self.registered[model]
                 if (Path(path) / "final").is_dir():      # a run folder: its final model
                     path = str(Path(path) / "final")
                 path = resolve_model(path)
-                servers, router = start_policy(replace(self.parts.policy, model=path,
-                                                       replicas=1), self.parts.metrics)
+                rollout = self.spec.rollout
+                servers, router = start_policy(replace(rollout.policy, model=path,
+                                                       replicas=1), rollout.metrics)
                 self.extra[model] = (servers, router, HFChatTokenizer(path))
         _, router, tokenizer = self.extra[model]
         return AgentLoop(router, tokenizer, config)
@@ -126,37 +107,37 @@ class SchedulerBody:
         self.scheduler.stop()
 
     async def metrics(self) -> bytes:
-        return generate_latest(self.scheduler.registry) + generate_latest(self.reward.registry)
+        return generate_latest(self.scheduler.registry) + \
+            generate_latest(self.side.reward.registry)
 
     def drain(self) -> None:
-        self.pool.drain()
-        for servers in [self.servers if self.own_servers else [],
-                        *(s for s, _, _ in self.extra.values())]:
+        self.side.drain()
+        for servers, _, _ in self.extra.values():
             for server in servers:
                 ray.kill(server)
 
 
-SchedulerActor = ray.remote(SchedulerBody)
+JobsSchedulerActor = ray.remote(JobsScheduler)
 
 
-def http_app(parts: HttpParts, scheduler_metrics: Any = None):
+def http_app(spec: HttpSpec, scheduler_metrics: Any = None):
     """The FastAPI app of the HTTP side. Its /metrics add the scheduler's:
     ``scheduler_metrics`` (an async callable), or else the scheduler actor's, found by name."""
-    suite = {t.id: t for t in load_suite(parts.suite_dir)}
+    suite = {t.id: t for t in load_suite(spec.suite_dir)}
 
     async def by_name() -> bytes:
-        actor = ray.get_actor(parts.scheduler_name) if ray.is_initialized() else None
+        actor = ray.get_actor(spec.scheduler_name) if ray.is_initialized() else None
         return await actor.metrics.remote() if actor is not None else b""
-    return build_app(JobStore(parts.redis_url, parts.prefix), TokenBook(Path(parts.tokens_file)),
-                     suite, models=parts.models, sse_max_s=parts.sse_max_s,
+    return build_app(JobStore(spec.redis_url, spec.prefix), TokenBook(Path(spec.tokens_file)),
+                     suite, models=spec.models, sse_max_s=spec.sse_max_s,
                      extra_metrics=scheduler_metrics or by_name)
 
 
-class HttpServerBody:
+class HttpServer:
     """uvicorn serving :func:`http_app` inside a Ray actor, on a thread of its own with its own
     (uvloop) event loop: the actor's asyncio loop shares its thread with Ray's calls."""
 
-    def __init__(self, parts: HttpParts, host: str, port: int):
+    def __init__(self, spec: HttpSpec, host: str, port: int):
         import uvicorn  # noqa: PLC0415 - only in the actor's process
         # Ray starts worker processes at niceness 15; the front door should not wait behind
         # browsers and the policy on a busy node. Needs CAP_SYS_NICE (root here); without it
@@ -165,15 +146,15 @@ class HttpServerBody:
             os.setpriority(os.PRIO_PROCESS, 0, 0)
         except OSError:
             pass
-        config = uvicorn.Config(http_app(parts), host=host, port=port, log_level="warning",
+        config = uvicorn.Config(http_app(spec), host=host, port=port, log_level="warning",
                                 access_log=False, loop="uvloop", http="httptools")
         self.server = uvicorn.Server(config)
         self.thread: threading.Thread | None = None
 
     def start(self) -> str:
         # Fewer, cheaper garbage collections: what start-up made is frozen out of every
-        # collection, and the young generation collects every 100k allocations, not 700.
-        # Measured on GET /v1/jobs/{id} (50 clients): p99 about 70 ms -> 20-40 ms.
+        # collection, and the young generation collects every 100k allocations, not 700
+        # (the tail latency of GET /v1/jobs/{id} under load: benchmarks.jobs_api).
         gc.collect()
         gc.freeze()
         gc.set_threshold(100_000, 50, 1000)
@@ -192,4 +173,4 @@ class HttpServerBody:
             self.thread.join(10)
 
 
-HttpServerActor = ray.remote(HttpServerBody)
+HttpServerActor = ray.remote(HttpServer)
