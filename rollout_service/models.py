@@ -194,9 +194,7 @@ class HFChatTokenizer:
         once and kept (the last 4,096 of them), only the rest each turn; the prompt's ids
         are the same. The cut falls between a non-space and a space character, where the
         tokenizer's pre-tokenizer always splits; the first 32 cut encodings are compared
-        with the whole one, and a difference turns the cut off for good. On a 2-core host a
-        turn's 600-token prompt took ~1.4 ms to encode, most of the rollout actor's CPU time
-        per step."""
+        with the whole one, and a difference turns the cut off for good."""
         nonce, literals = secrets.token_hex(4), []
         safe = [{**m, "content": self._hide(m.get("content"), literals, nonce)}
                 for m in messages]
