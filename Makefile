@@ -125,7 +125,7 @@ learning-check: $(PY)
 # logs searched for the accounts' passwords and AccessKey secrets and for API tokens.
 RUN ?= runs/demo
 secrets-check: $(PY)
-	$(PY) -m cluster.secrets_check --run-dir $(RUN) $(ARGS)
+	$(PY) -m tools.secrets_check --run-dir $(RUN) $(ARGS)
 
 validate: $(PY)
 	$(PY) -m benchmarks.reward_validate --json

@@ -2,10 +2,10 @@
 ``python -m benchmarks.learning --json``.
 
 One-step decisions replayed from recorded oracle states (``benchmarks/data/oracle-states.jsonl
-.gz``: the prompts of real oracle episodes, as :mod:`cluster.export` records them, and the action
-the oracle took there; train states from train-split tasks, held-out states from held-out
-tasks). The prompts use the compact system prompt and a short page (see ``--record``), so that a
-CPU step is seconds, not minutes.
+.gz``: the prompts of real oracle episodes, as :mod:`rollout_service.export` records them, and
+the action the oracle took there; train states from train-split tasks, held-out states from
+held-out tasks). The prompts use the compact system prompt and a short page (see ``--record``),
+so that a CPU step is seconds, not minutes.
 
 1. Warm start: the default model (SmolLM2-135M-Instruct) gets a short SFT on ``--sft-states``
    train states (one pass), enough that GRPO's groups are mixed rather than all failures.
@@ -48,7 +48,7 @@ from typing import Any
 
 from consolerl.experience import Group, Sample, Turn
 from env_workers.actions import Action, ActionError, parse_action
-from rollout_service.models import HFChatTokenizer, cache_dir, resolve_model
+from rollout_service.models import HFChatTokenizer, cache_dir, end_of_turn_id, resolve_model
 from trainer.algo import AlgoConfig, build_batch
 from trainer.config import TrainerConfig
 from trainer.engine import EngineConfig, OptimConfig, TrainerWorkerBody
@@ -57,7 +57,6 @@ from trainer.sft import (
     DataError,
     Example,
     build_sft_example,
-    end_of_turn_id,
     micro_batch_loss,
 )
 

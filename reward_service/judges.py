@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from consolerl.errors import ConfigError
 from consolerl.rewards import JudgeVerdict, JudgeVote
-from infra.provisioning.resource_coder import ChatClient, ChatError, OpenAIChatClient
+from infra.llm import ChatClient, ChatError, OpenAIChatClient
 
 log = logging.getLogger(__name__)
 

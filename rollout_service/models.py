@@ -50,7 +50,7 @@ def _gguf_path() -> Path:
 
 
 def default_model(progress: bool = True) -> Path:
-    """The converted default model's folder (converting it on first use, about 30 s)."""
+    """The converted default model's folder (converting it on first use)."""
     target = cache_dir() / DEFAULT_NAME
     if (target / "config.json").exists() and any(target.glob("*.safetensors")):
         return target
@@ -142,7 +142,7 @@ class HFChatTokenizer:
     """A Hugging Face tokenizer as the agent loop's :class:`ChatTokenizer` (prompt ids as a
     list; transformers 5 returns a BatchEncoding from ``apply_chat_template``).
 
-    Message content is plain text (issue 23): page text, task instructions, the history, an
+    Message content is plain text: page text, task instructions, the history, an
     echoed ``last_action_error`` and policy-API messages carry what anyone typed. The chat
     template's own markers are control tokens; a control string inside a message's content
     (``<|im_end|>``, or any other added token of the tokenizer, special or not) becomes the
@@ -194,9 +194,7 @@ class HFChatTokenizer:
         once and kept (the last 4,096 of them), only the rest each turn; the prompt's ids
         are the same. The cut falls between a non-space and a space character, where the
         tokenizer's pre-tokenizer always splits; the first 32 cut encodings are compared
-        with the whole one, and a difference turns the cut off for good. On a 2-core host a
-        turn's 600-token prompt took ~1.4 ms to encode, most of the rollout actor's CPU time
-        per step."""
+        with the whole one, and a difference turns the cut off for good."""
         nonce, literals = secrets.token_hex(4), []
         safe = [{**m, "content": self._hide(m.get("content"), literals, nonce)}
                 for m in messages]
@@ -301,6 +299,26 @@ class HFChatTokenizer:
         if self._control is not None and self._control.search(text):
             return self._plain_ids(text)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def end_of_turn_id(tokenizer) -> int:
+    """The token the chat template puts right after an assistant message's content (what a
+    policy samples to end its turn). Works on token ids, so any :class:`ChatTokenizer` with
+    ``encode`` will do; refuses a token that ``decode(skip_special_tokens=True)`` would show."""
+    probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    content = "click(1)"
+    prefix = tokenizer.apply_chat_template(probe, tokenize=True, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(probe + [{"role": "assistant", "content": content}],
+                                         tokenize=True, add_generation_prompt=False)
+    body = tokenizer.encode(content)
+    end = len(prefix) + len(body)
+    if full[:len(prefix)] != prefix or full[len(prefix):end] != body or len(full) <= end:
+        raise ConfigError("the tokenizer's chat template does not render an assistant turn as "
+                          "generation prompt + content + end-of-turn token")
+    eot = int(full[end])
+    if tokenizer.decode([eot], skip_special_tokens=True) != "":
+        raise ConfigError(f"the chat template's end-of-turn token {eot} is not a special token")
+    return eot
 
 
 def _plain_tokenizer(backend: Any) -> Any:

@@ -4,7 +4,7 @@
 [--lr 5e-5] [--max-tokens-per-batch 8192] [--micro-batch-tokens 4096] [--seed 0]
 [--max-seq-len 4096] [--device auto|cpu|cuda] [--gradient-checkpointing] [--overwrite]``
 
-Data: JSON lines as :mod:`cluster.export` writes them, one trajectory each with ``turns``. A
+Data: JSON lines as :mod:`rollout_service.export` writes them, one trajectory each with ``turns``. A
 turn is trained as ``input = prompt + response``, ``labels = -100`` on every prompt token and
 the ids on the response tokens, where
 
@@ -14,8 +14,8 @@ the ids on the response tokens, where
   tokenized here: ``messages`` through the chat template with the generation prompt, then the
   completion's tokens (both as plain text: a control string in them is ordinary tokens, as
   :class:`rollout_service.models.HFChatTokenizer` encodes it) and the template's end-of-turn
-  token (SmolLM2: ``<|im_end|>``, what the policy samples to stop; :func:`end_of_turn_id`
-  finds it).
+  token (SmolLM2: ``<|im_end|>``, what the policy samples to stop;
+  :func:`rollout_service.models.end_of_turn_id` finds it).
 
 Turns whose recorded ``action_error`` is not empty (the teacher's own mistakes) and turns longer
 than ``max_seq_len`` are skipped and counted. A malformed line is a :class:`DataError` naming
@@ -34,11 +34,10 @@ Output: ``--out`` becomes a normal Hugging Face folder (model, tokenizer, chat t
 ``AutoModelForCausalLM.from_pretrained`` and vLLM load, plus ``metrics.jsonl`` (one line per
 step: loss, tokens, response_tokens, lr, grad_norm) and ``sft_summary.json``. Everything is
 written in a temporary folder beside ``--out`` and renamed at the end; a failed run leaves no
-output folder. Measured here (2 shared cores): SmolLM2-135M, one step of 3,867 tokens, 70 s and
-6.2 GB peak RSS (3.1 GB and twice the time with ``--gradient-checkpointing``).
+output folder.
 
-In code: :func:`build_sft_example`, :func:`train_sft` (``SftConfig -> summary``), and
-:func:`sft_stage`, the training job's stage (export when needed, train, log the steps).
+In code: :func:`build_sft_example` and :func:`train_sft` (``SftConfig -> summary``); the training
+job's SFT stage (export when needed, train, log the steps) is in :mod:`cluster.job`.
 """
 from __future__ import annotations
 
@@ -61,7 +60,7 @@ from typing import Any
 
 from consolerl.config import check_int
 from consolerl.errors import ConfigError
-from rollout_service.models import HFChatTokenizer, resolve_model
+from rollout_service.models import HFChatTokenizer, end_of_turn_id, resolve_model
 
 from .engine import freeze_below, top_layers
 
@@ -121,26 +120,6 @@ class SftConfig:
 
 
 # ---- examples ---------------------------------------------------------------------------------
-def end_of_turn_id(tokenizer) -> int:
-    """The token the chat template puts right after an assistant message's content (what a
-    policy samples to end its turn). Works on token ids, so any :class:`ChatTokenizer` with
-    ``encode`` will do; refuses a token that ``decode(skip_special_tokens=True)`` would show."""
-    probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
-    content = "click(1)"
-    prefix = tokenizer.apply_chat_template(probe, tokenize=True, add_generation_prompt=True)
-    full = tokenizer.apply_chat_template(probe + [{"role": "assistant", "content": content}],
-                                         tokenize=True, add_generation_prompt=False)
-    body = tokenizer.encode(content)
-    end = len(prefix) + len(body)
-    if full[:len(prefix)] != prefix or full[len(prefix):end] != body or len(full) <= end:
-        raise ConfigError("the tokenizer's chat template does not render an assistant turn as "
-                          "generation prompt + content + end-of-turn token")
-    eot = int(full[end])
-    if tokenizer.decode([eot], skip_special_tokens=True) != "":
-        raise ConfigError(f"the chat template's end-of-turn token {eot} is not a special token")
-    return eot
-
-
 def _token_ids(turn: Mapping[str, Any], name: str) -> list[int]:
     value = turn.get(name)
     if (not isinstance(value, list) or not value

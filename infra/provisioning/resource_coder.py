@@ -1,9 +1,9 @@
 """ResourceCoder: an LLM writes the prerequisites of a task that declares none, as data.
 
 For a task whose procedure needs resources (a VPC to attach a vSwitch to, a user to grant a
-policy to) but whose YAML declares no ``prerequisites``, a chat model (any OpenAI-compatible
-endpoint, the project's own policy server included) is shown the task and the Resource META
-schema and answers with one JSON object::
+policy to) but whose YAML declares no ``prerequisites``, a chat model (an :mod:`infra.llm`
+client: any OpenAI-compatible endpoint, the project's own policy server included) is shown the
+task and the Resource META schema and answers with one JSON object::
 
     {"resources": [{"id": "net", "type": "vpc", "properties": {"name": "net-{episode}"}}, ...]}
 
@@ -22,20 +22,20 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import os
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
-import httpx
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from consolerl.errors import ConfigError, ConsoleRLError
+from consolerl.resources import (NAMED_BY_EPISODE, SCHEMA, ResourceSpec, creation_levels, fill,
+                                 parse_resources)
 from infra.console_sim import catalog as local_catalog
+from infra.llm import ChatClient, ChatError
 
-from consolerl.resources import NAMED_BY_EPISODE, SCHEMA, ResourceSpec, creation_levels, fill, parse_resources
 from .sdk import ProvisionResult, SdkProvisioner, check_episode_id
 
 log = logging.getLogger(__name__)
@@ -174,10 +174,6 @@ class PlanRejected:
         return f"{self.stage}: {where + ': ' if where else ''}{self.reason}{allowed}"
 
 
-class ChatError(ConsoleRLError, RuntimeError):
-    """The chat endpoint failed (transport, HTTP status, or a malformed response)."""
-
-
 class _Refused(ConsoleRLError):
     """Control flow inside this module: a check refused the plan (``rejection`` says why);
     :meth:`ResourceCoder.validate` turns it into its :class:`PlanRejected` return value."""
@@ -193,73 +189,6 @@ class _Refused(ConsoleRLError):
 def _refuse(stage: str, reason: str, resource: str = "", field: str = "",
             allowed: Iterable[str] = ()) -> _Refused:
     return _Refused(PlanRejected(stage, reason, resource, field, tuple(allowed)))
-
-
-# ---- chat --------------------------------------------------------------------------------------
-class ChatClient(Protocol):
-    """Anything that answers a chat: ``messages`` are ``{"role", "content"}`` dicts; returns
-    the assistant's text. An endpoint failure should raise :class:`ChatError`."""
-
-    def complete(self, messages: Sequence[Mapping[str, str]]) -> str: ...
-
-
-class OpenAIChatClient:
-    """``POST {base_url}/v1/chat/completions`` (``base_url`` may already end in ``/v1``).
-
-    The API key is read from the environment variable named ``api_key_env`` (``None``: send no
-    key, e.g. to a local policy server) and sent only as the ``Authorization`` header; it is
-    never logged or shown by ``repr``.
-    """
-
-    def __init__(self, base_url: str, model: str, api_key_env: str | None = "OPENAI_API_KEY",
-                 timeout_s: float = 60.0, temperature: float = 0.0, max_tokens: int = 2048,
-                 transport: httpx.BaseTransport | None = None):
-        if not base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"OpenAIChatClient.base_url: must start with http:// or https://,"
-                              f" got {base_url!r}")
-        if not model:
-            raise ConfigError("OpenAIChatClient.model: required")
-        root = base_url.rstrip("/")
-        self.url = root + ("/chat/completions" if root.endswith("/v1")
-                           else "/v1/chat/completions")
-        self.model = model
-        self.temperature = temperature
-        self.max_tokens = max_tokens
-        headers = {"Content-Type": "application/json"}
-        if api_key_env is not None:
-            key = os.environ.get(api_key_env, "")
-            if not key:
-                raise ConfigError(f"OpenAIChatClient.api_key_env: environment variable "
-                                  f"{api_key_env} is not set (use api_key_env=None for an "
-                                  "endpoint without a key)")
-            headers["Authorization"] = f"Bearer {key}"
-        self._http = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
-
-    def __repr__(self) -> str:
-        return f"OpenAIChatClient(url={self.url!r}, model={self.model!r})"
-
-    def close(self) -> None:
-        self._http.close()
-
-    def complete(self, messages: Sequence[Mapping[str, str]]) -> str:
-        body = {"model": self.model, "messages": [dict(m) for m in messages],
-                "temperature": self.temperature, "max_tokens": self.max_tokens}
-        log.debug("chat request to %s (model %s, %d messages)", self.url, self.model,
-                  len(messages))
-        try:
-            response = self._http.post(self.url, json=body)
-        except httpx.HTTPError as exc:
-            raise ChatError(f"{self.url}: {type(exc).__name__}: {exc}") from None
-        if response.status_code != 200:
-            raise ChatError(f"{self.url}: HTTP {response.status_code}: {response.text[:300]}")
-        try:
-            content = response.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise ChatError(f"{self.url}: response has no choices[0].message.content: "
-                            f"{response.text[:300]}") from None
-        if not isinstance(content, str):
-            raise ChatError(f"{self.url}: choices[0].message.content is not text")
-        return content
 
 
 # ---- prompt ------------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ def test_the_openai_compatible_endpoint(engine, tiny):
     from infra.local_cloud import free_port
     from tests.conftest import wait_for
 
-    from infra.provisioning.resource_coder import OpenAIChatClient
+    from infra.llm import OpenAIChatClient
     from rollout_service.api import build_api
 
     router = PolicyRouter([PolicyServerBody(PolicyConfig(), engine=engine)])

@@ -13,7 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from infra.cloud import CloudClient, CloudConfig, Credentials
-from infra.provisioning.resource_coder import OpenAIChatClient, Plan, ResourceCoder
+from infra.llm import OpenAIChatClient
+from infra.provisioning.resource_coder import Plan, ResourceCoder
 from infra.provisioning.sdk import SdkProvisioner
 from tests.conftest import CloudServer, _server
 

@@ -1,4 +1,4 @@
-"""The secrets check over a run's outputs (issue 23): a clean run folder, Redis, SQLite state
+"""The secrets check over a run's outputs: a clean run folder, Redis, SQLite state
 and metrics page pass; a password in a log, an AccessKey secret base64-encoded across a chunk
 boundary of a binary file, secrets in a zlib-compressed stream entry, a hash field and a SQLite
 column, an API token on a metrics page and a secret in a run's Redis AOF are each found at the
@@ -18,11 +18,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from cluster import secrets_check as sc
 from consolerl.accounts import load_accounts
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from infra.redis_local import RedisServer
 from rollout_service.jobs.auth import TokenBook
+from tools import secrets_check as sc
+from tools.secrets.places import Places
+from tools.secrets.report import run_check
+from tools.secrets.search import secret_forms
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNTS = load_accounts(DEFAULT_ACCOUNTS_FILE)
@@ -85,14 +88,14 @@ def world(tmp_path, redis_server, metrics_server, monkeypatch):
     token = TokenBook(tokens).create("docs", ["jobs:read"])
     SERVED.clear()
     SERVED["/metrics"] = b"consolerl_episodes_total 3\n"
-    places = sc.Places(run, DEFAULT_ACCOUNTS_FILE, tokens_file=tokens, redis_url=redis_server.url,
+    places = Places(run, DEFAULT_ACCOUNTS_FILE, tokens_file=tokens, redis_url=redis_server.url,
                        state_dir=state, logs=(logs,),
                        metrics_urls=(metrics_server + "/metrics",))
     yield {"places": places, "redis": c, "token": token, "state": state, "run": run}
     c.close()
 
 
-def _argv(places: sc.Places) -> list[str]:
+def _argv(places: Places) -> list[str]:
     return ["--run-dir", str(places.run_dir), "--redis", places.redis_url,
             "--state-dir", str(places.state_dir), "--logs", *map(str, places.logs),
             "--tokens-file", str(places.tokens_file), "--metrics-url", *places.metrics_urls]
@@ -100,12 +103,12 @@ def _argv(places: sc.Places) -> list[str]:
 
 def _shows_no_secret(text: str, token: str) -> None:
     for secret in [token, *(v for a in ACCOUNTS for v in (a.password, a.access_key_secret))]:
-        for form in [secret, *(f.decode() for f in sc.secret_forms(secret))]:
+        for form in [secret, *(f.decode() for f in secret_forms(secret))]:
             assert form not in text
 
 
 def test_a_clean_run_passes(world, capsys):
-    report = sc.run_check(world["places"], chunk_bytes=CHUNK)
+    report = run_check(world["places"], chunk_bytes=CHUNK)
     assert report["ok"] and report["findings"] == [] and report["errors"] == []
     assert report["secrets"]["accounts"] == len(ACCOUNTS)
     scanned = report["scanned"]
@@ -141,7 +144,7 @@ def test_planted_secrets_are_found_where_they_are_and_never_shown(world, capsys)
     db.close()
     SERVED["/metrics"] += f'# leaked {{token="{world["token"]}"}}\n'.encode()
 
-    report = sc.run_check(world["places"], chunk_bytes=CHUNK)
+    report = run_check(world["places"], chunk_bytes=CHUNK)
     found = {(f["kind"], f["owner"], f["form"], f["place"], f["location"]): f["offsets"]
              for f in report["findings"]}
     db_name = str(world["state"] / "cloud.db")
@@ -178,15 +181,15 @@ def test_a_secret_in_the_runs_redis_aof_is_found(tmp_path, monkeypatch):
         c.execute_command("BGREWRITEAOF")     # the secret goes into the RDB-format base file
         c.hset("trail:cache", "k2", ACCOUNTS[2].password)
     server.stop()
-    places = sc.Places(run, DEFAULT_ACCOUNTS_FILE, redis_aof=run / "redis" / "appendonlydir")
-    report = sc.run_check(places)
+    places = Places(run, DEFAULT_ACCOUNTS_FILE, redis_aof=run / "redis" / "appendonlydir")
+    report = run_check(places)
     in_redis = {(f["owner"], f["location"]) for f in report["findings"] if f["place"] == "redis"}
     assert in_redis == {(ACCOUNTS[1].account_id, "hash trail:cache field k"),
                         (ACCOUNTS[2].account_id, "hash trail:cache field k2")}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cluster.secrets_check", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tools.secrets_check", *args], cwd=ROOT,
                           check=False, capture_output=True, text=True, timeout=60)
 
 

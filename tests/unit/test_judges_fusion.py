@@ -12,7 +12,7 @@ import pytest
 
 from consolerl.errors import ConfigError
 from consolerl.types import EnvError
-from infra.provisioning.resource_coder import ChatError
+from infra.llm import ChatError
 from reward_service.fusion import RewardConfig, fuse, rule_outcome_from
 from consolerl.rewards import RewardResult, RuleOutcome
 from reward_service.judges import (JudgeChannel, JudgeConfig, consensus, parse_vote,

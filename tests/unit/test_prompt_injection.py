@@ -1,4 +1,4 @@
-"""Issue 23: control strings of the chat template (``<|im_start|>``, ``<|im_end|>``, any added
+"""Control strings of the chat template (``<|im_start|>``, ``<|im_end|>``, any added
 token) in page text, task text, history, errors, policy-API messages and SFT data are plain
 text: the prompt holds exactly the template's own control tokens, and the literal text still
 reads back. Real tokenizers: the default SmolLM2 and the tiny test model's."""
@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from consolerl.types import Observation, StepResult
 from rollout_service.agent import AgentLoop, Generation, _Step, build_messages
 from rollout_service.api import build_api
-from rollout_service.models import HFChatTokenizer, resolve_model
+from rollout_service.models import HFChatTokenizer, end_of_turn_id, resolve_model
 from tests.conftest import run_async
-from trainer.sft import IGNORE, build_sft_example, end_of_turn_id
+from trainer.sft import IGNORE, build_sft_example
 
 # A page that tries to close the user turn and open a system turn; a private-use look-alike of
 # the tokenizer's placeholders; every other added token of SmolLM2 rides along below.

@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from consolerl.errors import ConfigError
 from consolerl.resources import SCHEMA
-from infra.provisioning.resource_coder import (ChatError, CoderConfig, OpenAIChatClient, Plan,
-                                               PlanRejected, ResourceCoder)
+from infra.llm import ChatError, OpenAIChatClient
+from infra.provisioning.resource_coder import CoderConfig, Plan, PlanRejected, ResourceCoder
 
 GOOD = {"resources": [
     {"id": "net", "type": "vpc", "properties": {"name": "net-{episode}",
@@ -301,7 +301,7 @@ def test_config_is_checked():
         c.provision(Plan((), (), (), "cn-hangzhou"), "abcdef12")
 
 
-# ---- OpenAIChatClient ----------------------------------------------------------------------------
+# ---- OpenAIChatClient (infra.llm), tested here as the coder's client ------------------------
 def test_openai_client_builds_the_request(monkeypatch):
     monkeypatch.setenv("TEST_LLM_KEY", "sk-secret-123")
     seen: list[httpx.Request] = []

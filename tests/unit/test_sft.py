@@ -16,12 +16,13 @@ from env_workers.actions import parse_action
 from consolerl.accounts import Account
 from consolerl.tasks import TASKS_DIR, load_suite
 from rollout_service.agent import AgentConfig, AgentLoop, _Step
-from rollout_service.models import HFChatTokenizer, default_model, tiny_model
+from rollout_service.models import HFChatTokenizer, default_model, end_of_turn_id, tiny_model
 from tests.conftest import run_async
-from cluster.export import (Recording, SecretLeak, account_secrets, build_record,
-                            check_no_secrets, parse_args, recording_policy)
+from cluster.export import parse_args
+from rollout_service.export import (Recording, SecretLeak, account_secrets, build_record,
+                                    check_no_secrets, recording_policy)
 from trainer.sft import (IGNORE, DataError, Example, SftConfig, build_sft_example,
-                         end_of_turn_id, load_examples, micro_batch_loss, plan_steps, train_sft)
+                         load_examples, micro_batch_loss, plan_steps, train_sft)
 from trainer.sft import main as sft_main
 
 MESSAGES = [{"role": "system", "content": "You operate a console."},

@@ -1,0 +1,1 @@
+"""The pieces of ``python -m tools.secrets_check`` (see :mod:`tools.secrets_check`)."""
