@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from cluster.builders import env_pool, rollout_spec, trainer_algo
 from cluster.config import JobConfig, check_training
-from cluster.export import ExportConfig, run_export
+from rollout_service.export import ExportConfig, run_export
 from cluster.rollout import TrainingRolloutsActor, start_policy, success_by_version
 from cluster.runtime import (PeakMemory, Session, TrainingBeacon, handle_stop_signals,
                              on_driver_node, progress, stop_actors, stop_exit_code)
