@@ -3,7 +3,7 @@
 
 The policy API runs on its real tokenizer (the default model's: the chat template is part of
 the surface) with a fake engine: the tiny random model would generate up to ``max_tokens`` =
-8,192 tokens per request, minutes for a few dozen examples. The properties and the counts:
+8,192 tokens per request, too slow for a fuzz test. The properties and the counts:
 :mod:`tests.integration.fuzz_kit`."""
 from __future__ import annotations
 
