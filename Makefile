@@ -11,8 +11,8 @@
 #   make observe     Prometheus on 127.0.0.1:19090 scraping a running job (CONFIG=configs/demo.yaml)
 #   make observability  regenerate the dashboards and the metrics inventory from the code
 #   make bench       every benchmark, python -m benchmarks.NAME --json, one JSON object each: cloud_api,
-#                    cloud_console, env_workers, reward, rollout, suite, reward_validate, api,
-#                    train_step, learning (~45 min)
+#                    cloud_console, env_workers, reward, rollout, suite, reward_validate,
+#                    jobs_api, train_step, learning (~45 min)
 #   make validate    the reward channels on the labelled validation set (174 episodes, ~15 min)
 #   make setup-vllm  vLLM on CPU in .venv-vllm (part of make setup)
 SHELL := /bin/bash
@@ -103,7 +103,7 @@ bench: $(PY)
 	$(PY) -m benchmarks.env_workers --json
 	$(PY) -m benchmarks.reward --json
 	$(PY) -m benchmarks.rollout --json
-	$(PY) -m benchmarks.api --json
+	$(PY) -m benchmarks.jobs_api --json
 	$(PY) -m benchmarks.suite --json
 	$(PY) -m benchmarks.reward_validate --json
 	$(PY) -m benchmarks.train_step --json

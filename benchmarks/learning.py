@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from consolerl.experience import Group, Sample, Turn
+from consolerl.stats import paired_lists_diff_ci95
 from env_workers.actions import Action, ActionError, parse_action
 from rollout_service.models import HFChatTokenizer, cache_dir, end_of_turn_id, resolve_model
 from trainer.algo import AlgoConfig, build_batch
@@ -315,15 +316,6 @@ def grpo_step(worker: TrainerWorkerBody, sampler: Sampler, states: list[State], 
     return out
 
 
-def bootstrap_ci(before: list[float], after: list[float], seed: int = 0,
-                 rounds: int = 4000) -> tuple[float, float]:
-    """95% interval of mean(after - before), resampling states (paired)."""
-    diffs = [a - b for a, b in zip(after, before)]
-    rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(diffs, k=len(diffs))) for _ in range(rounds))
-    return means[int(0.025 * rounds)], means[int(0.975 * rounds) - 1]
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     torch.set_num_threads(args.threads)
@@ -386,12 +378,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "accuracy_before": round(acc_b, 4), "accuracy_after": round(acc_a, 4),
         "diff": round(acc_a - acc_b, 4),
-        "diff_ci95": [round(x, 4) for x in bootstrap_ci(before["accuracy"], after["accuracy"])],
+        "diff_ci95": [round(x, 4) for x in paired_lists_diff_ci95(before["accuracy"],
+                                                                  after["accuracy"])],
         "greedy_before": round(statistics.fmean(before["greedy"]), 4),
         "greedy_after": round(statistics.fmean(after["greedy"]), 4),
         "loglik_before": round(ll_b, 3), "loglik_after": round(ll_a, 3),
-        "loglik_diff_ci95": [round(x, 3) for x in bootstrap_ci(before["loglik"],
-                                                               after["loglik"])],
+        "loglik_diff_ci95": [round(x, 3) for x in paired_lists_diff_ci95(before["loglik"],
+                                                                         after["loglik"])],
         "train_success": [round(m["success"], 3) for m in curve],
         "rows_trained": [m["rows_trained"] for m in curve],
         "steps": args.steps, "wall_s": round(time.monotonic() - t0, 1),

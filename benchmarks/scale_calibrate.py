@@ -33,6 +33,7 @@ from typing import Any
 
 import psutil
 
+from benchmarks.scale_model import STATES_FILE, TASKS
 from benchmarks.services import cloud_and_redis
 from consolerl.accounts import load_accounts
 from consolerl.tasks import TASKS_DIR, load_suite
@@ -102,7 +103,6 @@ def suite_turns(states: Path) -> list[int]:
 
 
 async def _episodes(cloud: Any, redis_url: str, out: dict[str, list[float]]) -> None:
-    from benchmarks.scale import TASKS
     accounts = load_accounts(DEFAULT_ACCOUNTS_FILE)
     tasks = [t for t in load_suite(TASKS_DIR) if t.split == "train" and re.search(TASKS, t.id)]
     service = RewardService(tasks, accounts, cloud.endpoint,
@@ -162,7 +162,6 @@ def _tree_cpu_s(proc: psutil.Process) -> float:
 
 
 def _generation(out: dict[str, list[float]]) -> str:
-    from benchmarks.learning import DATA
     from rollout_service.vllm_engine import vllm_python
     from consolerl.errors import ConfigError
     try:
@@ -176,7 +175,7 @@ def _generation(out: dict[str, list[float]]) -> str:
                                       max_model_len=2048, enforce_eager=True))
     try:
         prompts = []
-        with gzip.open(DATA, "rt", encoding="utf-8") as f:
+        with gzip.open(STATES_FILE, "rt", encoding="utf-8") as f:
             for line in f:
                 rec = json.loads(line)
                 prompts.append(tokenizer.apply_chat_template(rec["messages"], tokenize=True,
@@ -196,7 +195,6 @@ def _generation(out: dict[str, list[float]]) -> str:
 
 
 def calibrate(path: Path) -> dict[str, Any]:
-    from benchmarks.scale import STATES_FILE
     out: dict[str, list[float]] = {k: [] for k in ("reset_s", "step_s", "generate_s",
                                                    "score_s", "sdk_call_s", "lookup_s",
                                                    "lookups", "episode_cpu_s")}

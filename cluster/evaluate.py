@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import re
 import sys
 from dataclasses import replace
@@ -30,64 +29,13 @@ from cluster.rollout import TrainingRolloutsActor, start_policy
 from cluster.runtime import Session, on_driver_node, stop_actors
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
+from consolerl.stats import (bootstrap_mean_ci as bootstrap_ci,
+                             grouped_diff_ci as paired_bootstrap_diff,
+                             paired_diff_ci as paired_episode_diff,
+                             stratified_diff_ci as stratified_bootstrap_diff)
 from consolerl.tasks import TASKS_DIR, load_suite
 from rollout_service.models import resolve_model
 from rollout_service.policy import PolicyConfig
-
-
-def bootstrap_ci(values: list[float], *, n: int = 10_000, seed: int = 0,
-                 level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean."""
-    if not values:
-        raise ValueError("bootstrap_ci: no values")
-    rng = random.Random(seed)
-    k = len(values)
-    means = sorted(sum(values[rng.randrange(k)] for _ in range(k)) / k for _ in range(n))
-    lo = means[int((1 - level) / 2 * n)]
-    hi = means[min(n - 1, int((1 + level) / 2 * n))]
-    return lo, hi
-
-
-def paired_bootstrap_diff(before: dict[str, list[float]], after: dict[str, list[float]], *,
-                          n: int = 10_000, seed: int = 0, level: float = 0.95
-                          ) -> tuple[float, tuple[float, float]]:
-    """Mean success difference ``after - before`` over the tasks both saw, and its interval
-    from resampling tasks (each task's episodes stay together: tasks differ in difficulty)."""
-    tasks = sorted(set(before) & set(after))
-    if not tasks:
-        raise ValueError("paired_bootstrap_diff: no task evaluated in both")
-
-    def mean(xs: list[float]) -> float:
-        return sum(xs) / len(xs)
-
-    diffs = [mean(after[t]) - mean(before[t]) for t in tasks]
-    rng = random.Random(seed)
-    k = len(diffs)
-    boots = sorted(sum(diffs[rng.randrange(k)] for _ in range(k)) / k for _ in range(n))
-    return sum(diffs) / k, (boots[int((1 - level) / 2 * n)],
-                            boots[min(n - 1, int((1 + level) / 2 * n))])
-
-
-def stratified_bootstrap_diff(before: dict[str, list[float]], after: dict[str, list[float]],
-                              *, n: int = 10_000, seed: int = 0, level: float = 0.95
-                              ) -> tuple[float, tuple[float, float]]:
-    """Difference ``after - before`` of the success averaged over the tasks both saw, and its
-    interval from resampling each model's episodes within each task (the task set is fixed:
-    the question is whether this model beats that one on these tasks, with few tasks and
-    several episodes each)."""
-    tasks = sorted(t for t in set(before) & set(after) if before[t] and after[t])
-    if not tasks:
-        raise ValueError("stratified_bootstrap_diff: no task evaluated in both")
-    rng = random.Random(seed)
-
-    def resampled_mean(xs: list[float]) -> float:
-        return sum(xs[rng.randrange(len(xs))] for _ in xs) / len(xs)
-
-    point = sum(sum(after[t]) / len(after[t]) - sum(before[t]) / len(before[t])
-                for t in tasks) / len(tasks)
-    boots = sorted(sum(resampled_mean(after[t]) - resampled_mean(before[t]) for t in tasks)
-                   / len(tasks) for _ in range(n))
-    return point, (boots[int((1 - level) / 2 * n)], boots[min(n - 1, int((1 + level) / 2 * n))])
 
 
 def episode_pairs(before: dict[str, list[list[float]]], after: dict[str, list[list[float]]]
@@ -100,20 +48,6 @@ def episode_pairs(before: dict[str, list[list[float]]], after: dict[str, list[li
         for b_run, a_run in zip(before[task], after[task]):
             pairs.extend(zip(b_run, a_run))
     return pairs
-
-
-def paired_episode_diff(pairs: list[tuple[float, float]], *, n: int = 10_000, seed: int = 0,
-                        level: float = 0.95) -> tuple[float, tuple[float, float]]:
-    """Mean of ``after - before`` over paired episodes and its paired bootstrap interval
-    (resampling pairs: what the two models share, the task and the seed, stays together)."""
-    if not pairs:
-        raise ValueError("paired_episode_diff: no paired episodes")
-    diffs = [a - b for b, a in pairs]
-    rng = random.Random(seed)
-    k = len(diffs)
-    boots = sorted(sum(diffs[rng.randrange(k)] for _ in range(k)) / k for _ in range(n))
-    return sum(diffs) / k, (boots[int((1 - level) / 2 * n)],
-                            boots[min(n - 1, int((1 + level) / 2 * n))])
 
 
 def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """``python -m benchmarks.scale`` end to end at a small N: the real orchestrator, lease pool,
 Redis stream and staleness control with simulated browsers, policy and cloud (latencies from
-a small model written here), one JSON object with the issue's keys."""
+a small model written here), one JSON object with the keys it documents."""
 from __future__ import annotations
 
 import json

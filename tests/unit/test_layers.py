@@ -1,5 +1,7 @@
-"""Imports only go down the layers (issue 20): the real tree is clean, and the checker itself
-catches every kind of upward import on small fixture trees."""
+"""Imports only go down the layers and no modules import each other in a circle: the real tree
+is clean (the former circles ``benchmarks.scale`` <-> ``benchmarks.scale_calibrate`` and
+``cluster.serve`` <-> ``cluster.serve_app`` included), and the checker itself catches every kind
+of upward import, runpy forward and cycle on small fixture trees."""
 from __future__ import annotations
 
 import textwrap
@@ -7,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.layers import LAYERS, Violation, check_source, check_tree
+from tests.layers import (LAYERS, Cycle, Violation, check_source, check_tree,
+                          import_cycles)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,6 +19,18 @@ def test_repository_imports_only_go_down() -> None:
     assert (ROOT / "consolerl").is_dir() and (ROOT / "cluster").is_dir(), ROOT
     violations = check_tree(ROOT)
     assert not violations, "imports against the layer order:\n" + "\n".join(map(str, violations))
+
+
+def test_repository_has_no_import_cycles() -> None:
+    cycles = import_cycles(ROOT)
+    assert not cycles, "modules importing each other:\n" + "\n".join(map(str, cycles))
+
+
+@pytest.mark.parametrize("pair", [("benchmarks.scale", "benchmarks.scale_calibrate"),
+                                  ("cluster.serve", "cluster.serve_app")])
+def test_the_former_circles_are_gone(pair: tuple[str, str]) -> None:
+    together = [c for c in import_cycles(ROOT) if set(pair) <= set(c.modules)]
+    assert not together, str(together[0])
 
 
 # ---- the checker on fixture trees ----
@@ -37,6 +52,11 @@ def make_tree(root: Path, files: dict[str, str]) -> Path:
 def only(violations: list[Violation]) -> Violation:
     assert len(violations) == 1, [str(v) for v in violations]
     return violations[0]
+
+
+def only_cycle(cycles: list[Cycle]) -> Cycle:
+    assert len(cycles) == 1, [str(c) for c in cycles]
+    return cycles[0]
 
 
 def test_clean_tree_passes(tmp_path: Path) -> None:
@@ -173,11 +193,27 @@ def test_benchmarks_and_tests_may_import_anything(tmp_path: Path) -> None:
     assert check_tree(root) == []
 
 
-def test_runpy_forwarder_is_not_an_import(tmp_path: Path) -> None:
-    root = make_tree(tmp_path, {"trainer/main.py": """\
+@pytest.mark.parametrize("source", [
+    "import runpy\nif __name__ == '__main__':\n"
+    "    runpy.run_module('cluster.job', run_name='__main__', alter_sys=True)\n",
+    "from runpy import run_module\nif __name__ == '__main__':\n"
+    "    run_module('cluster.job', run_name='__main__')\n",
+    "import runpy\nif __name__ == '__main__':\n    runpy.run_module(mod_name='cluster.job')\n",
+])
+def test_runpy_forward_up_the_layers_fails(tmp_path: Path, source: str) -> None:
+    root = make_tree(tmp_path, {"trainer/main.py": source})
+    v = only(check_tree(root))
+    assert (v.path, v.line, v.imported) == ("trainer/main.py", 3, "cluster.job")
+    assert v.message == "trainer (layer 4) runs cluster.job (layer 5) through runpy"
+
+
+def test_runpy_forward_down_or_unknown_passes(tmp_path: Path) -> None:
+    root = make_tree(tmp_path, {"cluster/old.py": """\
         import runpy
-        if __name__ == "__main__":
-            runpy.run_module("cluster.job", run_name="__main__", alter_sys=True)
+        runpy.run_module("trainer.main", run_name="__main__")
+        name = "cluster.job"
+        runpy.run_module(name)                 # not a literal: cannot be known statically
+        runpy.run_path("cluster/job.py")       # a file, not a module name
         """})
     assert check_tree(root) == []
 
@@ -191,3 +227,54 @@ def test_unparsable_file_is_reported(tmp_path: Path) -> None:
 def test_check_source_needs_no_tree() -> None:
     assert check_source("from cluster import job\n", "trainer/x.py")[0].imported == "cluster"
     assert check_source("from cluster import job\n", "benchmarks/x.py") == []
+
+
+# ---- import cycles on fixture trees ----
+
+def test_clean_tree_has_no_cycles(tmp_path: Path) -> None:
+    root = make_tree(tmp_path, {
+        "consolerl/types.py": "import os\n",
+        "infra/cloud.py": "from consolerl.types import X\nfrom consolerl import types\n",
+        "infra/__init__.py": "from infra.cloud import Cloud\n",      # the package's own
+        "benchmarks/model.py": "from infra.cloud import Cloud\n",
+        "benchmarks/bench.py": "from benchmarks.model import M\n"
+                               "def main():\n    from benchmarks import calibrate\n",
+        "benchmarks/calibrate.py": "from benchmarks.model import M\n",
+    })
+    assert import_cycles(root) == []
+
+
+def test_a_cycle_through_function_local_imports_is_flagged(tmp_path: Path) -> None:
+    # The former benchmarks.scale <-> scale_calibrate circle: both halves inside functions.
+    root = make_tree(tmp_path, {
+        "benchmarks/bench.py": "import os\n\ndef main():\n    from benchmarks.calibrate import c\n",
+        "benchmarks/calibrate.py": "def c():\n    from benchmarks.bench import TASKS\n",
+    })
+    cycle = only_cycle(import_cycles(root))
+    assert cycle.modules == ("benchmarks.bench", "benchmarks.calibrate")
+    assert cycle.edges == (("benchmarks/bench.py", 4, "benchmarks.calibrate"),
+                           ("benchmarks/calibrate.py", 2, "benchmarks.bench"))
+    assert str(cycle) == ("import cycle between benchmarks.bench, benchmarks.calibrate: "
+                          "benchmarks/bench.py:4 -> benchmarks.calibrate; "
+                          "benchmarks/calibrate.py:2 -> benchmarks.bench")
+
+
+def test_a_longer_cycle_through_from_imports_of_submodules_is_flagged(tmp_path: Path) -> None:
+    root = make_tree(tmp_path, {
+        "cluster/a.py": "from cluster import b\n",
+        "cluster/b.py": "from . import c\n",
+        "cluster/c.py": "import importlib\nimportlib.import_module('cluster.a')\n",
+        "cluster/d.py": "from cluster import a, b, c\n",          # into the circle, not on it
+    })
+    cycle = only_cycle(import_cycles(root))
+    assert cycle.modules == ("cluster.a", "cluster.b", "cluster.c")
+    assert [e[2] for e in cycle.edges] == ["cluster.b", "cluster.c", "cluster.a"]
+
+
+def test_a_type_checking_or_runpy_edge_closes_a_cycle_too(tmp_path: Path) -> None:
+    root = make_tree(tmp_path, {
+        "rollout_service/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                "    from rollout_service.b import B\n",
+        "rollout_service/b.py": "import runpy\nrunpy.run_module('rollout_service.a')\n",
+    })
+    assert only_cycle(import_cycles(root)).modules == ("rollout_service.a", "rollout_service.b")

@@ -1,13 +1,13 @@
 """benchmarks.learning's parts on the tiny model: the shared-prefill sampler gives the same
-log-likelihoods and greedy replies as plain forwards, rewards compare parsed actions, and the
-paired bootstrap brackets the mean difference."""
+log-likelihoods and greedy replies as plain forwards, rewards compare parsed actions (its
+paired bootstrap interval is tested with the other statistics, ``test_stats.py``)."""
 from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from benchmarks.learning import Sampler, State, bootstrap_ci, reward, spread  # noqa: E402
+from benchmarks.learning import Sampler, State, reward, spread  # noqa: E402
 from rollout_service.models import HFChatTokenizer, cached_tiny_model  # noqa: E402
 
 
@@ -47,15 +47,6 @@ def test_reward_compares_parsed_actions():
     assert reward("fill(3, 'alice')", 'fill(3, "alice")') == 1.0
     assert reward("click(13)", "click(12)") == 0.0
     assert reward("not an action", "click(12)") == 0.0
-
-
-def test_paired_bootstrap_brackets_the_difference():
-    before = [0.0] * 50 + [1.0] * 50
-    after = [1.0] * 80 + [0.0] * 20
-    lo, hi = bootstrap_ci(before, after)
-    assert lo < 0.3 < hi and lo > 0
-    lo, hi = bootstrap_ci(before, before)
-    assert lo == hi == 0
 
 
 def test_rows_that_finish_early_leave_the_cache_without_disturbing_the_others(tiny):

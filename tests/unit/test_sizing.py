@@ -7,7 +7,7 @@ import json
 import pytest
 
 from benchmarks import sizing
-from benchmarks.scale import Latency
+from benchmarks.scale_model import Latency
 
 MODEL = Latency(reset_s=[2.0], step_s=[1.0], generate_s=[1.0], score_s=[4.0],
                 sdk_call_s=[0.01], lookup_s=[0.5], turns=[4], lookups=[4],

@@ -1,4 +1,4 @@
-"""Benchmark of the jobs API: ``python -m benchmarks.api --json``.
+"""Benchmark of the jobs API: ``python -m benchmarks.jobs_api --json``.
 
 Starts what ``make serve`` starts (a local cloud, Redis, embedded Ray, the scheduler actor with
 the policy and ``--workers`` env workers, the HTTP side: ``--hosting actor`` uvicorn in a Ray
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _log(msg: str) -> None:
-    print(f"[benchmarks.api] {msg}", file=sys.stderr, flush=True)
+    print(f"[benchmarks.jobs_api] {msg}", file=sys.stderr, flush=True)
 
 
 async def load(url: str, token: str, clients: int, seconds: float, interval_s: float
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.api", description=__doc__
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.jobs_api", description=__doc__
                                      .split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--hosting", choices=("actor", "serve"), default="actor")
