@@ -65,13 +65,10 @@ import ray
 
 from benchmarks.scale_driver import PRIORITY_NICE, progress, run_n
 from benchmarks.scale_measure import sample_group_fields, stream_headroom
-from benchmarks.scale_model import LATENCY_FILE, TRAIL_QPS, Latency, page_texts
+from benchmarks.scale_model import LATENCY_FILE, Latency, page_texts
 from infra.redis_local import RedisServer
 from rollout_service.models import HFChatTokenizer, resolve_model
 
-# The latency model's names live in benchmarks.scale_model; benchmarks.sizing and
-# tests/unit/test_prompt_cache.py still import them from here.
-__all__ = ["LATENCY_FILE", "TRAIL_QPS", "Latency", "main", "page_texts"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scale import LATENCY_FILE, TRAIL_QPS, Latency
+from benchmarks.scale_model import LATENCY_FILE, TRAIL_QPS, Latency
 
 PROMPT_TOKENS = 705          # mean prompt of a turn (the compact prompt; issue 24's measure)
 RESPONSE_TOKENS = 12

@@ -1,5 +1,4 @@
-"""The training job: ``python -m cluster.job --config configs/<name>.yaml [key=value ...]``
-(``python -m trainer.main`` forwards here, so older ``ray job submit`` commands still work).
+"""The training job: ``python -m cluster.job --config configs/<name>.yaml [key=value ...]``.
 
 On one machine it starts what is missing (an embedded Ray cluster, Redis on the stream URL's
 port, the local cloud on the configured endpoint); under ``ray job submit --address

@@ -132,10 +132,11 @@ class RayCluster:
 
     def actors(self) -> list[dict]:
         """Every actor the cluster has had (alive, restarting or dead), from Ray's state API:
-        ``actor_id``, ``class_name``, ``state``, ``node_id``, ``required_resources``."""
+        ``actor_id``, ``class_name``, ``state``, ``node_id``, ``required_resources``, ``pid``,
+        ``num_restarts``."""
         code = ("import json; from ray.util.state import list_actors; print(json.dumps(["
                 "{k: getattr(a, k) for k in ('actor_id', 'class_name', 'state', 'node_id', "
-                "'required_resources', 'pid')} for a in list_actors(address="
+                "'required_resources', 'pid', 'num_restarts')} for a in list_actors(address="
                 f"{self.dashboard!r}, detail=True, limit=10000)]))")
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               timeout=120, env=self.env)

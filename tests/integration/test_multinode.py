@@ -10,16 +10,19 @@ a head plus worker nodes, each with its own custom resources).
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 
 from cluster.addresses import is_loopback
+from cluster.builders import env_pool
 from cluster.config import JobConfig
 from cluster.runtime import LocalServices
 from consolerl.accounts import load_accounts
@@ -39,14 +42,14 @@ def test_services_of_a_cluster_job_listen_on_the_node_address(tmp_path, monkeypa
     monkeypatch.setenv("RAY_ADDRESS", "10.9.9.9:6379")        # as under ray job submit
     redis_port, cloud_port = free_port(), free_port()
     config = load_config(JobConfig, "configs/smoke.yaml", [
-        f"stream.url=redis://127.0.0.1:{redis_port}/0", f"cloud.endpoint=127.0.0.1:{cloud_port}",
-        f"env.worker.console_url=http://127.0.0.1:{cloud_port}"])
+        f"stream.url=redis://127.0.0.1:{redis_port}/0", f"cloud.endpoint=127.0.0.1:{cloud_port}"])
     services = LocalServices(config, tmp_path)
     try:
         advertised = services.start(node_ip=ip)
         assert advertised.stream.url == f"redis://{ip}:{redis_port}/0"
         assert advertised.cloud.endpoint == f"{ip}:{cloud_port}"
-        assert advertised.env.worker.console_url == f"http://{ip}:{cloud_port}"
+        # The console is the endpoint's: the env workers browse the node's address too.
+        assert env_pool(advertised, None).worker.console_url == f"http://{ip}:{cloud_port}"
         assert redis.Redis.from_url(advertised.stream.url, socket_timeout=5).ping()
         with urllib.request.urlopen(f"http://{ip}:{cloud_port}/healthz", timeout=5) as r:
             assert r.status == 200
@@ -255,3 +258,64 @@ def _node_kill_run(cluster: RayCluster, server: RedisServer, tmp_path: Path) -> 
             pool.release(lease)
     finally:
         pool.close()
+
+
+# ---- the jobs API on a cluster -------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_jobs_apis_env_workers_keep_their_placement_and_restarts(tmp_path):
+    """``python -m cluster.serve`` on a head plus a node of browsers: the API's env workers go
+    only to the node offering ``env.resources`` and Ray restarts a killed one
+    (``env.max_restarts``); SIGTERM then stops it all within 30 s with 143."""
+    cluster = RayCluster({"browsers": {"browser": 2}}).start()
+    port = free_port()
+    log = tmp_path / "serve.log"
+    proc = None
+    try:
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "cluster.serve", "--config", "configs/serve.yaml",
+                 "env.resources={browser: 1}", "env.max_restarts=1", "api.workers=2",
+                 "policy.model=tiny", f"api.port={port}", f"run.dir={tmp_path / 'run'}",
+                 f"stream.url=redis://127.0.0.1:{free_port()}/0",
+                 f"cloud.endpoint=127.0.0.1:{free_port()}",
+                 f"api.tokens_file={tmp_path / 'tokens.json'}", "observe.enabled=false"],
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                env={**cluster.env, "RAY_ADDRESS": cluster.address})
+        deadline = time.monotonic() + 300
+        while "the jobs API is on" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(2)
+        # The scheduler actor starts its env workers as it comes up, after the HTTP side.
+        deadline = time.monotonic() + 180
+        while True:
+            actors = cluster.actors()
+            workers = [a for a in actors
+                       if a["class_name"] == "EnvWorkerBody" and a["state"] == "ALIVE"]
+            if len(workers) == 2:
+                break
+            assert time.monotonic() < deadline, (actors, log.read_text()[-4000:])
+            time.sleep(3)
+        for worker in workers:
+            assert cluster.node_named(worker["node_id"]) == "browsers", worker
+            assert worker["required_resources"].get("browser") == 1.0, worker
+        # Ray restarts a worker whose process died: the API's pool asked for a restart.
+        killed = workers[0]
+        psutil.Process(killed["pid"]).kill()
+        deadline = time.monotonic() + 120
+        while True:
+            again = next(a for a in cluster.actors() if a["actor_id"] == killed["actor_id"])
+            if again["state"] == "ALIVE" and again["num_restarts"] == 1:
+                break
+            assert time.monotonic() < deadline, again
+            time.sleep(3)
+        assert cluster.node_named(again["node_id"]) == "browsers", again
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(60)
+        assert rc == 128 + signal.SIGTERM and time.monotonic() - t0 < 30, log.read_text()[-4000:]
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        cluster.stop()

@@ -30,7 +30,7 @@ def head():
         cluster.stop()
 
 
-def test_trainer_main_runs_under_ray_job_submit(head, tmp_path):
+def test_cluster_job_runs_under_ray_job_submit(head, tmp_path):
     run_dir = tmp_path / "run"
     for _attempt in range(4):
         proc = subprocess.run(

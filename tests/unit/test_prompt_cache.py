@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.scale import page_texts
+from benchmarks.scale_model import page_texts
 from consolerl.types import Observation
 from rollout_service.agent import SYSTEM_PROMPTS, _Step, build_messages, stable_part
 from rollout_service.models import HFChatTokenizer, resolve_model
