@@ -114,7 +114,7 @@ class SchedulerMetrics:
 
 
 @dataclass
-class _Live:
+class RunningJob:
     """A job the scheduler works on: its tasks and rollouts, kept in memory."""
 
     job: Job
@@ -144,14 +144,14 @@ class JobScheduler:
         self.base_agent = base_agent or AgentConfig()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = SchedulerMetrics(self.registry)
-        self.live: dict[str, _Live] = {}
+        self.live: dict[str, RunningJob] = {}
         self.served: dict[str, float] = {}
         self.tasks: set[asyncio.Task] = set()
         self._stopping = False
         self._wake = asyncio.Event()
 
     # ---- loading jobs ---------------------------------------------------------------------------
-    async def _load(self, job: Job) -> _Live | None:
+    async def _load(self, job: Job) -> RunningJob | None:
         spec = await self.store.job_spec(job.id)
         try:
             tasks = spec_tasks(spec, self.catalog)
@@ -174,7 +174,7 @@ class JobScheduler:
                     stored[rid] = Rollout(id=rid, job_id=job.id, task_id=tid, sample=k)
                     fresh.append(stored[rid])
         await self.store.put_rollouts(fresh)
-        return _Live(job, tasks, stored)
+        return RunningJob(job, tasks, stored)
 
     async def refresh(self) -> None:
         """Take in new jobs and cancellations; expire jobs past their deadline."""
@@ -216,14 +216,14 @@ class JobScheduler:
             return max(1, math.floor(self.n_workers * self.config.share_during_training))
         return self.n_workers
 
-    async def pick(self) -> tuple[_Live, Rollout] | None:
+    async def pick(self) -> tuple[RunningJob, Rollout] | None:
         running_by_team: dict[str, int] = {}
         for live in self.live.values():
             running_by_team[live.job.team] = running_by_team.get(live.job.team, 0) + \
                 len(live.running)
         if sum(running_by_team.values()) >= await self.limit():
             return None
-        candidates: dict[str, list[_Live]] = {}
+        candidates: dict[str, list[RunningJob]] = {}
         for live in self.live.values():
             if live.stop or live.job.state in TERMINAL:
                 continue
@@ -283,7 +283,7 @@ class JobScheduler:
         self._stopping = True
         self._wake.set()
 
-    async def _start(self, live: _Live, rollout: Rollout) -> None:
+    async def _start(self, live: RunningJob, rollout: Rollout) -> None:
         worker = self.free.pop(0)
         rollout.state = "running"
         rollout.attempts.append(Attempt(attempt=len(rollout.attempts) + 1,
@@ -303,7 +303,7 @@ class JobScheduler:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _state(self, live: _Live, state: str, error: str | None = None) -> None:
+    async def _state(self, live: RunningJob, state: str, error: str | None = None) -> None:
         def change(job: Job) -> Job | None:
             if job.state == state or job.state in TERMINAL:
                 return None
@@ -318,7 +318,7 @@ class JobScheduler:
             await self.store.add_event(job.id, "job.status", {"state": state, "error": error})
 
     # ---- one episode ----------------------------------------------------------------------------
-    async def _episode(self, live: _Live, rollout: Rollout, worker: Any) -> None:
+    async def _episode(self, live: RunningJob, rollout: Rollout, worker: Any) -> None:
         job = live.job
         task = live.tasks[rollout.task_id]
         steps: list[Step] = []
@@ -381,7 +381,7 @@ class JobScheduler:
                 await asyncio.sleep(wait_s)
         self.wake()
 
-    async def _record(self, live: _Live, rollout: Rollout, outcome: EpisodeOutcome | None,
+    async def _record(self, live: RunningJob, rollout: Rollout, outcome: EpisodeOutcome | None,
                       error: str | None, steps: list[Step], env_s: float) -> None:
         attempt = rollout.attempts[-1]
         attempt.ended_at = time.time()
@@ -447,7 +447,7 @@ class JobScheduler:
                 "passes": passes})
         await self._progress(live)
 
-    async def _progress(self, live: _Live) -> None:
+    async def _progress(self, live: RunningJob) -> None:
         rollouts = list(live.rollouts.values())
         episodes, verdicts = counts(rollouts)
         versions = [r.policy_version for r in rollouts if r.policy_version is not None]
@@ -469,7 +469,7 @@ class JobScheduler:
             elif live.job.state not in TERMINAL:
                 await self._finish(live.job.id, "completed")
 
-    async def _close(self, live: _Live) -> None:
+    async def _close(self, live: RunningJob) -> None:
         """A cancelled or expired job whose episodes have stopped: the rest never run."""
         left = [r for r in live.rollouts.values() if r.state == "queued"]
         for r in left:
