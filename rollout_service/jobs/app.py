@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -92,7 +93,15 @@ def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *
     # The order of the routes is the order of the OpenAPI document's paths.
     for module in (jobs, events, results, catalog_routes, ops):
         app.include_router(module.router)
+    app.openapi = lambda: _openapi(app)      # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document plus the event payloads' schemas (see events.add_event_schemas)."""
+    if app.openapi_schema is None:
+        events.add_event_schemas(FastAPI.openapi(app))
+    return app.openapi_schema
 
 
 if __name__ == "__main__":

@@ -36,8 +36,10 @@ from consolerl.types import StepResult
 
 from ..agent import AgentConfig, AgentLoop
 from ..episode import EpisodeOutcome, EpisodeRunner, model_policy
-from .schema import (TERMINAL, Attempt, AuditEvent, EpisodeCounts, Job, Rollout, Step,
-                     Usage, VerdictCounts, spec_tasks)
+from .schema import (TERMINAL, Attempt, AuditEvent, EpisodeCounts, Job, JobCompletedEvent,
+                     JobStatusEvent, Rollout, RolloutCompletedEvent, RolloutStartedEvent,
+                     RolloutStepEvent, Step, TaskSummaryEvent, Usage, VerdictCounts,
+                     spec_tasks)
 from .store import JobStore
 
 log = logging.getLogger("rollout_service.jobs.scheduler")
@@ -296,9 +298,9 @@ class JobScheduler:
         if live.job.state == "queued":
             self.metrics.queue_wait.observe(time.time() - live.job.created_at)
             await self._state(live, "running")
-        await self.store.add_event(live.job.id, "rollout.started", {
-            "rollout_id": rollout.id, "task_id": rollout.task_id, "sample": rollout.sample,
-            "attempt": len(rollout.attempts)})
+        await self.store.add_event(live.job.id, RolloutStartedEvent(
+            rollout_id=rollout.id, task_id=rollout.task_id, sample=rollout.sample,
+            attempt=len(rollout.attempts)))
         task = asyncio.ensure_future(self._episode(live, rollout, worker))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -315,7 +317,7 @@ class JobScheduler:
         job = await self.store.update_job(live.job.id, change)
         if job is not None and job.state == state:
             live.job = job
-            await self.store.add_event(job.id, "job.status", {"state": state, "error": error})
+            await self.store.add_event(job.id, JobStatusEvent(state=state, error=error))
 
     # ---- one episode ----------------------------------------------------------------------------
     async def _episode(self, live: RunningJob, rollout: Rollout, worker: Any) -> None:
@@ -345,9 +347,9 @@ class JobScheduler:
             now = time.monotonic()
             if index and now - last_event[0] >= self.config.step_event_interval_s:
                 last_event[0] = now
-                await self.store.add_event(job.id, "rollout.step", {
-                    "rollout_id": rollout.id, "step": index, "action": result.action_text,
-                    "url": obs.url, "error": obs.last_action_error or ""})
+                await self.store.add_event(job.id, RolloutStepEvent(
+                    rollout_id=rollout.id, step=index, action=result.action_text,
+                    url=obs.url, error=obs.last_action_error or ""))
 
         outcome: EpisodeOutcome | None = None
         try:
@@ -435,16 +437,15 @@ class JobScheduler:
             rollout.finished_at = time.time()
             self.metrics.episodes.labels(rollout.state).inc()
         await self.store.put_rollout(rollout)
-        await self.store.add_event(live.job.id, "rollout.completed", {
-            "rollout_id": rollout.id, "task_id": rollout.task_id, "state": rollout.state,
-            "verdict": rollout.verdict, "attempts": len(rollout.attempts)})
+        await self.store.add_event(live.job.id, RolloutCompletedEvent(
+            rollout_id=rollout.id, task_id=rollout.task_id, state=rollout.state,
+            verdict=rollout.verdict, attempts=len(rollout.attempts)))
         same = [r for r in live.rollouts.values() if r.task_id == rollout.task_id]
         if all(r.state in ("completed", "failed", "cancelled") for r in same):
             passes = sum(r.verdict == "success" for r in same)
             done = sum(r.state == "completed" for r in same)
-            await self.store.add_event(live.job.id, "task.summary", {
-                "task_id": rollout.task_id, "samples": len(same), "completed": done,
-                "passes": passes})
+            await self.store.add_event(live.job.id, TaskSummaryEvent(
+                task_id=rollout.task_id, samples=len(same), completed=done, passes=passes))
         await self._progress(live)
 
     async def _progress(self, live: RunningJob) -> None:
@@ -489,7 +490,6 @@ class JobScheduler:
         if job is None or job.state != state:
             return
         self.metrics.finished.labels(state).inc()
-        await self.store.add_event(job_id, "job.status", {"state": state, "error": error})
-        await self.store.add_event(job_id, "job.completed", {
-            "state": state, "episodes": job.episodes.model_dump(),
-            "verdicts": job.verdicts.model_dump()})
+        await self.store.add_event(job_id, JobStatusEvent(state=state, error=error))
+        await self.store.add_event(job_id, JobCompletedEvent(
+            state=state, episodes=job.episodes, verdicts=job.verdicts))

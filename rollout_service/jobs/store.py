@@ -29,7 +29,7 @@ from redis.asyncio.retry import Retry
 
 from consolerl.errors import ConsoleRLError
 
-from .schema import TERMINAL, Job, Rollout, may_move
+from .schema import TERMINAL, Job, JobEvent, Rollout, event_data, may_move
 
 
 class StoreConflict(ConsoleRLError, ValueError):
@@ -196,9 +196,10 @@ class JobStore:
                       key=lambda r: r.id)
 
     # ---- events ---------------------------------------------------------------------------------
-    async def add_event(self, job_id: str, kind: str, data: dict[str, Any]) -> str:
+    async def add_event(self, job_id: str, event: JobEvent) -> str:
+        """Append ``event`` to the job's stream; its id (the SSE ``id``)."""
         eid = await self.redis.xadd(self._k("job", job_id, "events"),
-                                    {"type": kind, "data": json.dumps(data)})
+                                    {"type": event.kind, "data": json.dumps(event_data(event))})
         return eid.decode()
 
     async def read_events(self, job_id: str, after: str, block_ms: int, count: int = 200

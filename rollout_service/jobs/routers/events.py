@@ -3,22 +3,44 @@
 
 import re
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from pydantic.json_schema import models_json_schema
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from ..auth import Principal
-from ..schema import EVENT_TYPES
+from ..schema import EVENT_MODELS, EVENT_TYPES
 from .context import ERRORS, NOT_FOUND, Context, auth, own_job
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
+_REF = "#/components/schemas/{model}"
 # One Server-Sent Event: ``data`` is a JSON object; ``id`` resumes the stream (Last-Event-ID).
+# The ``oneOf`` pairs each ``event`` type with the schema of its ``data`` (schema.EVENT_MODELS,
+# put into the document's components by add_event_schemas).
 _SSE_EVENT = {"type": "object", "required": ["event", "data", "id"], "properties": {
     "event": {"type": "string", "enum": list(EVENT_TYPES)},
     "data": {"type": "string", "contentMediaType": "application/json"},
-    "id": {"type": "string", "pattern": r"^\d+-\d+$"}}}
+    "id": {"type": "string", "pattern": r"^\d+-\d+$"}},
+    "oneOf": [{"properties": {
+        "event": {"const": kind},
+        "data": {"contentMediaType": "application/json",
+                 "contentSchema": {"$ref": _REF.format(model=model.__name__)}}}}
+        for kind, model in EVENT_MODELS.items()]}
+
+
+def add_event_schemas(document: dict[str, Any]) -> None:
+    """Put the event models (and the models they use) into ``document``'s component schemas,
+    which FastAPI leaves out: no route returns them as JSON. A model FastAPI already put there
+    must have the same schema here."""
+    _, defs = models_json_schema([(m, "serialization") for m in EVENT_MODELS.values()],
+                                 ref_template=_REF)
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    for name, schema in defs.get("$defs", {}).items():
+        if schemas.setdefault(name, schema) != schema:
+            raise ValueError(f"two schemas named {name!r} in the OpenAPI document")
+    document["components"]["schemas"] = dict(sorted(schemas.items()))
 
 
 @router.get("/jobs/{job_id}/events", tags=["jobs"], operation_id="job_events", responses={

@@ -12,7 +12,8 @@ from consolerl.errors import ConfigError
 from consolerl.tasks import parse_task
 
 from ..auth import Principal
-from ..schema import TERMINAL, Job, JobCreate, JobList
+from ..schema import (TERMINAL, Job, JobCompletedEvent, JobCreate, JobList,
+                      JobStatusEvent)
 from ..store import StoreConflict, body_hash
 from .context import (ERRORS, ID, NOT_FOUND, ApiContext, Context, Detail, auth, own_job,
                       unprocessable)
@@ -112,7 +113,7 @@ async def submit(request: JobCreate, response: Response, ctx: Context,
                                    "type": "value_error"}]) from None
     if created:
         metrics.submitted.labels(who.team).inc()
-        await store.add_event(job.id, "job.status", {"state": "queued", "error": None})
+        await store.add_event(job.id, JobStatusEvent(state="queued"))
         await store.wake(job.id)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return job
@@ -162,9 +163,8 @@ async def cancel(job_id: str, ctx: Context,
     if job is None:
         raise HTTPException(404, f"no job {job_id!r}")
     if before is not None and before.state == "queued" and job.state == "cancelled":
-        await store.add_event(job_id, "job.status", {"state": "cancelled", "error": None})
-        await store.add_event(job_id, "job.completed", {
-            "state": "cancelled", "episodes": job.episodes.model_dump(),
-            "verdicts": job.verdicts.model_dump()})
+        await store.add_event(job_id, JobStatusEvent(state="cancelled"))
+        await store.add_event(job_id, JobCompletedEvent(
+            state="cancelled", episodes=job.episodes, verdicts=job.verdicts))
     await store.wake(job_id)
     return job
