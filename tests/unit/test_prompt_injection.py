@@ -1,4 +1,4 @@
-"""Issue 23: control strings of the chat template (``<|im_start|>``, ``<|im_end|>``, any added
+"""Control strings of the chat template (``<|im_start|>``, ``<|im_end|>``, any added
 token) in page text, task text, history, errors, policy-API messages and SFT data are plain
 text: the prompt holds exactly the template's own control tokens, and the literal text still
 reads back. Real tokenizers: the default SmolLM2 and the tiny test model's."""
