@@ -163,7 +163,7 @@ def test_the_committed_openapi_document_is_current():
         "the OpenAPI document changed: regenerate rollout_service/jobs/openapi.json"
 
 
-# ---- the events of a job's stream ------------------------------------------------------------------
+# ---- the events of a job's stream ----------------------------------------------------------------
 # Each event as the scheduler and the API write it, and the exact JSON text of its SSE ``data:``
 # line (what clients of every version parse): the models must not change it.
 WIRE = [
@@ -211,7 +211,7 @@ def test_every_event_type_has_a_model_and_unknown_ones_are_refused():
 def test_the_client_imports_no_server_code():
     """The client is for other teams: pydantic (the event models) but not the task suite, Redis,
     FastAPI or the scheduler."""
-    code = ("import sys; import rollout_service.jobs.client; print(' '.join(sorted(sys.modules)))")
+    code = "import sys, rollout_service.jobs.client; print(' '.join(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout.split()
     heavy = {"yaml", "redis", "fastapi", "consolerl.tasks", "rollout_service.jobs.store",
