@@ -42,13 +42,14 @@ from cluster.builders import env_pool, rollout_spec, trainer_algo
 from cluster.config import JobConfig, check_training
 from rollout_service.export import ExportConfig, run_export
 from cluster.rollout import TrainingRolloutsActor, start_policy, success_by_version
-from cluster.runtime import (PeakMemory, Session, TrainingBeacon, handle_stop_signals,
-                             on_driver_node, progress, stop_actors, stop_exit_code)
+from cluster.runtime import (PeakMemory, Session, handle_stop_signals, on_driver_node,
+                             progress, stop_actors, stop_exit_code)
 from consolerl.config import load_config, to_dict
 from consolerl.errors import ConfigError, ConsoleRLError
 from env_workers.leases import AccountPool
 from env_workers.pool import EnvPoolConfig
 from rollout_service.experience import ExperienceStream
+from rollout_service.jobs.store import TrainingBeacon
 from rollout_service.models import HFChatTokenizer, resolve_model
 from trainer.curves import plot_curves
 from trainer.engine import start_workers
@@ -139,7 +140,7 @@ def _grpo(session: Session, run_dir: Path, summary: dict[str, Any], started: Sta
         progress(f"resumed at step {trainer.step} (version {trainer.version})")
     trainer.start()                 # the trainer version before the orchestrator reads it
     # API jobs on the same cluster keep to their share of the pool while this runs.
-    started.beacon = TrainingBeacon(config.stream.url, f"{config.api.prefix}:training").start()
+    started.beacon = TrainingBeacon(config.stream.url, config.api.prefix).start()
     # On the driver's node: losing a worker node never takes the control plane with it.
     started.rollouts = TrainingRolloutsActor.options(
         num_cpus=0, scheduling_strategy=on_driver_node()).remote(

@@ -168,40 +168,6 @@ class Session:
         self.services.stop()
 
 
-class TrainingBeacon:
-    """While a training run is active it keeps ``key`` alive in Redis (TTL ``ttl_s``, renewed
-    every third of it): the jobs API's scheduler then keeps to its share of the env workers.
-    When the run ends, or its process dies, the key goes and API jobs get the whole pool."""
-
-    def __init__(self, redis_url: str, key: str, ttl_s: float = 15.0):
-        self.key, self.ttl_s = key, ttl_s
-        self.redis = redis_lib.Redis.from_url(redis_url, socket_timeout=5)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="training-beacon")
-
-    def start(self) -> TrainingBeacon:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while True:
-            try:
-                self.redis.set(self.key, "1", px=int(self.ttl_s * 1000))
-            except redis_lib.RedisError:
-                pass                     # Redis restarting: the next beat sets it again
-            if self._stop.wait(self.ttl_s / 3):
-                break
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        try:
-            self.redis.delete(self.key)
-        except redis_lib.RedisError:
-            pass
-        self.redis.close()
-
-
 def answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:

@@ -7,6 +7,7 @@
 - :mod:`.scheduler`: runs the jobs' episodes on env workers through the one episode runner,
   with priority, fair share between teams and a share of the pool beside training;
 - :mod:`.report`: the documentation-verification report (JSON and HTML);
-- :mod:`.app`: the FastAPI application (``/v1``), served by :mod:`cluster.serve`;
+- :mod:`.app`: the FastAPI application (``/v1``), served by :mod:`cluster.serve`; its routes,
+  one router per concern, in :mod:`.routers`;
 - :mod:`.client`: a Python client and the ``console-rl`` command line for other teams.
 """

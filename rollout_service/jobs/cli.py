@@ -29,6 +29,8 @@ from typing import Any
 from consolerl.errors import ConsoleRLError
 
 from .client import ApiError, JobsClient
+from .schema import (EVENT_TYPES, JobCompletedEvent, JobStatusEvent,
+                     RolloutCompletedEvent)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -140,26 +142,30 @@ def watch(api: JobsClient, job_id: str, as_json: bool = False) -> int:
     tally = {"success": 0, "failure": 0, "other": 0, "retries": 0}
     final: dict[str, Any] = {"state": job["state"]}
     try:
-        for eid, kind, data in api.events(job_id):
+        for event in api.events(job_id):
             if as_json:
-                print(json.dumps({"id": eid, "event": kind, "data": data}), flush=True)
-                final = data if kind == "job.completed" else final
+                print(json.dumps({"id": event.id, "event": event.type, "data": event.data}),
+                      flush=True)
+                final = event.data if event.type == "job.completed" else final
                 continue
-            if kind == "job.status":
-                bar.set_description(f"{job_id} {data.get('state')}")
-            elif kind == "rollout.completed":
-                if data.get("state") == "queued":          # an env error: it runs again
+            if event.type not in EVENT_TYPES:
+                continue                                    # a newer server's event
+            payload = event.payload
+            if isinstance(payload, JobStatusEvent):
+                bar.set_description(f"{job_id} {payload.state}")
+            elif isinstance(payload, RolloutCompletedEvent):
+                if payload.state == "queued":               # an env error: it runs again
                     tally["retries"] += 1
                 else:
-                    verdict = data.get("verdict")
+                    verdict = payload.verdict
                     key = verdict if verdict in ("success", "failure") else \
                         "failure" if verdict == "infeasible" else "other"
                     tally[key] += 1
                     bar.update(1)
                 bar.set_postfix({k: n for k, n in tally.items()
                                  if n or k in ("success", "failure")})
-            elif kind == "job.completed":
-                final = data
+            elif isinstance(payload, JobCompletedEvent):
+                final = event.data
     finally:
         if bar is not None:
             bar.close()

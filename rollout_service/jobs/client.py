@@ -1,14 +1,15 @@
 """A Python client of the console-rl jobs API (``/v1``), for other teams.
 
-It needs only the standard library, ``httpx``, ``httpx-sse`` and :mod:`consolerl.errors`::
+It needs only the standard library, ``httpx``, ``httpx-sse``, ``pydantic`` (the event models
+of :mod:`.schema`) and :mod:`consolerl.errors`::
 
     from rollout_service.jobs.client import ApiError, JobsClient
 
     with JobsClient("http://rl.internal:8000", token=os.environ["CONSOLE_RL_TOKEN"]) as api:
         job = api.submit(tasks={"split": "heldout"}, samples_per_task=4,
                          sampling={"temperature": 0.7}, idempotency_key="docs-2024-06-01")
-        for event_id, kind, data in api.events(job["id"]):      # reconnects by itself
-            print(kind, data)                                   # ... until job.completed
+        for event in api.events(job["id"]):                     # reconnects by itself
+            print(event.type, event.payload)                    # ... until job.completed
         for row in api.results(job["id"], verdict="failure"):   # every page
             print(row["task_id"], api.rollout(job["id"], row["id"])["reasons"])
         print(api.report(job["id"])["totals"])
@@ -22,7 +23,7 @@ import email.utils
 import json
 import time
 from collections.abc import Iterator
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 from urllib.parse import quote
 
 import httpx
@@ -30,7 +31,9 @@ from httpx_sse import SSEError, connect_sse
 
 from consolerl.errors import ConsoleRLError    # stdlib-only: the client stays light
 
-__all__ = ["TERMINAL_STATES", "ApiError", "JobsClient"]
+from .schema import JobEvent, parse_event      # pydantic only (a test keeps it so)
+
+__all__ = ["TERMINAL_STATES", "ApiError", "JobsClient", "StreamEvent"]
 
 TERMINAL_STATES = frozenset({"completed", "failed", "cancelled", "expired"})
 
@@ -85,6 +88,22 @@ def _retry_after(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, round(when.timestamp() - time.time()))
+
+
+class StreamEvent(NamedTuple):
+    """One event of a job's stream: its ``id`` (resume after it), its ``type`` and its ``data``
+    as sent (a dict; unpacks as ``(id, type, data)``); :attr:`payload` is that data as the
+    type's model (:class:`~.schema.JobStatusEvent`, ...)."""
+
+    id: str
+    type: str
+    data: dict[str, Any]
+
+    @property
+    def payload(self) -> JobEvent:
+        """The data as its model; ``ValueError`` for a type this client does not know (a
+        newer server's) or a malformed event."""
+        return parse_event(self.type, self.data)
 
 
 class JobsClient:
@@ -194,8 +213,9 @@ class JobsClient:
 
     def events(self, job_id: str, last_event_id: str | None = None, *,
                max_retries: int = 5, backoff_s: float = 0.5
-               ) -> Iterator[tuple[str, str, dict[str, Any]]]:
-        """The job's events as ``(id, type, data)``, from the start (or after
+               ) -> Iterator[StreamEvent]:
+        """The job's events as :class:`StreamEvent` ``(id, type, data)`` with the typed
+        ``payload``, from the start (or after
         ``last_event_id``) until ``job.completed``. When the server ends the stream or the
         connection drops, it reconnects with ``Last-Event-ID`` (nothing missed, nothing
         twice); after ``max_retries`` failed connections in a row it raises ApiError."""
@@ -223,7 +243,7 @@ class JobsClient:
                             data = {"raw": sse.data}
                         last = sse.id or last
                         got_any, failures = True, 0
-                        yield sse.id, sse.event, data
+                        yield StreamEvent(sse.id, sse.event, data)
                         if sse.event == "job.completed":
                             return
             except (httpx.TransportError, SSEError, _Retry) as exc:

@@ -36,8 +36,10 @@ from consolerl.types import StepResult
 
 from ..agent import AgentConfig, AgentLoop
 from ..episode import EpisodeOutcome, EpisodeRunner, model_policy
-from .schema import (TERMINAL, Attempt, AuditEvent, EpisodeCounts, Job, Rollout, Step,
-                     Usage, VerdictCounts, spec_tasks)
+from .schema import (TERMINAL, Attempt, AuditEvent, EpisodeCounts, Job, JobCompletedEvent,
+                     JobStatusEvent, Rollout, RolloutCompletedEvent, RolloutStartedEvent,
+                     RolloutStepEvent, Step, TaskSummaryEvent, Usage, VerdictCounts,
+                     spec_tasks)
 from .store import JobStore
 
 log = logging.getLogger("rollout_service.jobs.scheduler")
@@ -114,7 +116,7 @@ class SchedulerMetrics:
 
 
 @dataclass
-class _Live:
+class RunningJob:
     """A job the scheduler works on: its tasks and rollouts, kept in memory."""
 
     job: Job
@@ -144,14 +146,14 @@ class JobScheduler:
         self.base_agent = base_agent or AgentConfig()
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = SchedulerMetrics(self.registry)
-        self.live: dict[str, _Live] = {}
+        self.live: dict[str, RunningJob] = {}
         self.served: dict[str, float] = {}
         self.tasks: set[asyncio.Task] = set()
         self._stopping = False
         self._wake = asyncio.Event()
 
     # ---- loading jobs ---------------------------------------------------------------------------
-    async def _load(self, job: Job) -> _Live | None:
+    async def _load(self, job: Job) -> RunningJob | None:
         spec = await self.store.job_spec(job.id)
         try:
             tasks = spec_tasks(spec, self.catalog)
@@ -174,7 +176,7 @@ class JobScheduler:
                     stored[rid] = Rollout(id=rid, job_id=job.id, task_id=tid, sample=k)
                     fresh.append(stored[rid])
         await self.store.put_rollouts(fresh)
-        return _Live(job, tasks, stored)
+        return RunningJob(job, tasks, stored)
 
     async def refresh(self) -> None:
         """Take in new jobs and cancellations; expire jobs past their deadline."""
@@ -216,14 +218,14 @@ class JobScheduler:
             return max(1, math.floor(self.n_workers * self.config.share_during_training))
         return self.n_workers
 
-    async def pick(self) -> tuple[_Live, Rollout] | None:
+    async def pick(self) -> tuple[RunningJob, Rollout] | None:
         running_by_team: dict[str, int] = {}
         for live in self.live.values():
             running_by_team[live.job.team] = running_by_team.get(live.job.team, 0) + \
                 len(live.running)
         if sum(running_by_team.values()) >= await self.limit():
             return None
-        candidates: dict[str, list[_Live]] = {}
+        candidates: dict[str, list[RunningJob]] = {}
         for live in self.live.values():
             if live.stop or live.job.state in TERMINAL:
                 continue
@@ -283,7 +285,7 @@ class JobScheduler:
         self._stopping = True
         self._wake.set()
 
-    async def _start(self, live: _Live, rollout: Rollout) -> None:
+    async def _start(self, live: RunningJob, rollout: Rollout) -> None:
         worker = self.free.pop(0)
         rollout.state = "running"
         rollout.attempts.append(Attempt(attempt=len(rollout.attempts) + 1,
@@ -296,14 +298,14 @@ class JobScheduler:
         if live.job.state == "queued":
             self.metrics.queue_wait.observe(time.time() - live.job.created_at)
             await self._state(live, "running")
-        await self.store.add_event(live.job.id, "rollout.started", {
-            "rollout_id": rollout.id, "task_id": rollout.task_id, "sample": rollout.sample,
-            "attempt": len(rollout.attempts)})
+        await self.store.add_event(live.job.id, RolloutStartedEvent(
+            rollout_id=rollout.id, task_id=rollout.task_id, sample=rollout.sample,
+            attempt=len(rollout.attempts)))
         task = asyncio.ensure_future(self._episode(live, rollout, worker))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _state(self, live: _Live, state: str, error: str | None = None) -> None:
+    async def _state(self, live: RunningJob, state: str, error: str | None = None) -> None:
         def change(job: Job) -> Job | None:
             if job.state == state or job.state in TERMINAL:
                 return None
@@ -315,10 +317,10 @@ class JobScheduler:
         job = await self.store.update_job(live.job.id, change)
         if job is not None and job.state == state:
             live.job = job
-            await self.store.add_event(job.id, "job.status", {"state": state, "error": error})
+            await self.store.add_event(job.id, JobStatusEvent(state=state, error=error))
 
     # ---- one episode ----------------------------------------------------------------------------
-    async def _episode(self, live: _Live, rollout: Rollout, worker: Any) -> None:
+    async def _episode(self, live: RunningJob, rollout: Rollout, worker: Any) -> None:
         job = live.job
         task = live.tasks[rollout.task_id]
         steps: list[Step] = []
@@ -345,9 +347,9 @@ class JobScheduler:
             now = time.monotonic()
             if index and now - last_event[0] >= self.config.step_event_interval_s:
                 last_event[0] = now
-                await self.store.add_event(job.id, "rollout.step", {
-                    "rollout_id": rollout.id, "step": index, "action": result.action_text,
-                    "url": obs.url, "error": obs.last_action_error or ""})
+                await self.store.add_event(job.id, RolloutStepEvent(
+                    rollout_id=rollout.id, step=index, action=result.action_text,
+                    url=obs.url, error=obs.last_action_error or ""))
 
         outcome: EpisodeOutcome | None = None
         try:
@@ -381,7 +383,7 @@ class JobScheduler:
                 await asyncio.sleep(wait_s)
         self.wake()
 
-    async def _record(self, live: _Live, rollout: Rollout, outcome: EpisodeOutcome | None,
+    async def _record(self, live: RunningJob, rollout: Rollout, outcome: EpisodeOutcome | None,
                       error: str | None, steps: list[Step], env_s: float) -> None:
         attempt = rollout.attempts[-1]
         attempt.ended_at = time.time()
@@ -435,19 +437,18 @@ class JobScheduler:
             rollout.finished_at = time.time()
             self.metrics.episodes.labels(rollout.state).inc()
         await self.store.put_rollout(rollout)
-        await self.store.add_event(live.job.id, "rollout.completed", {
-            "rollout_id": rollout.id, "task_id": rollout.task_id, "state": rollout.state,
-            "verdict": rollout.verdict, "attempts": len(rollout.attempts)})
+        await self.store.add_event(live.job.id, RolloutCompletedEvent(
+            rollout_id=rollout.id, task_id=rollout.task_id, state=rollout.state,
+            verdict=rollout.verdict, attempts=len(rollout.attempts)))
         same = [r for r in live.rollouts.values() if r.task_id == rollout.task_id]
         if all(r.state in ("completed", "failed", "cancelled") for r in same):
             passes = sum(r.verdict == "success" for r in same)
             done = sum(r.state == "completed" for r in same)
-            await self.store.add_event(live.job.id, "task.summary", {
-                "task_id": rollout.task_id, "samples": len(same), "completed": done,
-                "passes": passes})
+            await self.store.add_event(live.job.id, TaskSummaryEvent(
+                task_id=rollout.task_id, samples=len(same), completed=done, passes=passes))
         await self._progress(live)
 
-    async def _progress(self, live: _Live) -> None:
+    async def _progress(self, live: RunningJob) -> None:
         rollouts = list(live.rollouts.values())
         episodes, verdicts = counts(rollouts)
         versions = [r.policy_version for r in rollouts if r.policy_version is not None]
@@ -469,7 +470,7 @@ class JobScheduler:
             elif live.job.state not in TERMINAL:
                 await self._finish(live.job.id, "completed")
 
-    async def _close(self, live: _Live) -> None:
+    async def _close(self, live: RunningJob) -> None:
         """A cancelled or expired job whose episodes have stopped: the rest never run."""
         left = [r for r in live.rollouts.values() if r.state == "queued"]
         for r in left:
@@ -489,7 +490,6 @@ class JobScheduler:
         if job is None or job.state != state:
             return
         self.metrics.finished.labels(state).inc()
-        await self.store.add_event(job_id, "job.status", {"state": state, "error": error})
-        await self.store.add_event(job_id, "job.completed", {
-            "state": state, "episodes": job.episodes.model_dump(),
-            "verdicts": job.verdicts.model_dump()})
+        await self.store.add_event(job_id, JobStatusEvent(state=state, error=error))
+        await self.store.add_event(job_id, JobCompletedEvent(
+            state=state, episodes=job.episodes, verdicts=job.verdicts))

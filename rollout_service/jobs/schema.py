@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from consolerl.tasks import Task, parse_task
+if TYPE_CHECKING:      # at run time only spec_tasks needs it: the client imports this module
+    from consolerl.tasks import Task
 
 JOB_STATES = ("queued", "running", "completed", "failed", "cancelled", "expired")
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
@@ -29,8 +30,6 @@ EPISODE_STATES = ("queued", "running", "completed", "failed", "cancelled")
 VERDICTS = ("success", "failure", "infeasible", "undetermined")
 PROCEDURE_VERDICTS = ("works", "broken", "flaky", "inconclusive")
 SCOPES = ("jobs:write", "jobs:read", "jobs:cancel", "artifacts:read", "admin")
-EVENT_TYPES = ("job.status", "rollout.started", "rollout.step", "rollout.completed",
-               "task.summary", "job.completed")
 
 
 def may_move(state: str, to: str) -> bool:
@@ -41,6 +40,7 @@ def spec_tasks(spec: dict[str, Any], catalog: Mapping[str, Task]) -> dict[str, T
     """A stored job spec's tasks by id: catalog ids, or inline definitions (parsed as task
     files are). ``KeyError`` for an id the catalog no longer has; ``ConfigError`` for a bad
     definition."""
+    from consolerl.tasks import parse_task
     tasks = {}
     for entry in spec.get("tasks", []):
         if "inline" in entry:
@@ -272,3 +272,90 @@ class Quota(BaseModel):
 
 class ErrorBody(BaseModel):
     error: dict[str, Any]
+
+
+# ---- the events of a job's stream (SSE ``event:`` is the model's ``kind``, ``data:`` its JSON) --
+JobStateName = Literal["queued", "running", "completed", "failed", "cancelled", "expired"]
+
+
+class JobStatusEvent(BaseModel):
+    """The job changed state (``error`` says why it failed)."""
+
+    kind: ClassVar[str] = "job.status"
+    state: JobStateName
+    error: str | None = None
+
+
+class RolloutStartedEvent(BaseModel):
+    """An attempt of a rollout started (``attempt`` counts from 1)."""
+
+    kind: ClassVar[str] = "rollout.started"
+    rollout_id: str
+    task_id: str
+    sample: int
+    attempt: int
+
+
+class RolloutStepEvent(BaseModel):
+    """A step of a running rollout (at most one per rollout per the scheduler's
+    ``step_event_interval_s``)."""
+
+    kind: ClassVar[str] = "rollout.step"
+    rollout_id: str
+    step: int
+    action: str
+    url: str
+    error: str = ""
+
+
+class RolloutCompletedEvent(BaseModel):
+    """An attempt of a rollout ended: ``state`` ``queued`` means the environment failed and
+    it runs again; otherwise the rollout is over (``verdict`` when it completed)."""
+
+    kind: ClassVar[str] = "rollout.completed"
+    rollout_id: str
+    task_id: str
+    state: Literal["queued", "running", "completed", "failed", "cancelled"]
+    verdict: Literal["success", "failure", "infeasible", "undetermined"] | None = None
+    attempts: int
+
+
+class TaskSummaryEvent(BaseModel):
+    """Every sample of a task is over: how many completed, how many passed."""
+
+    kind: ClassVar[str] = "task.summary"
+    task_id: str
+    samples: int
+    completed: int
+    passes: int
+
+
+class JobCompletedEvent(BaseModel):
+    """The job ended (always the stream's last event)."""
+
+    kind: ClassVar[str] = "job.completed"
+    state: JobStateName
+    episodes: EpisodeCounts
+    verdicts: VerdictCounts
+
+
+JobEvent = (JobStatusEvent | RolloutStartedEvent | RolloutStepEvent | RolloutCompletedEvent
+            | TaskSummaryEvent | JobCompletedEvent)
+EVENT_MODELS: dict[str, type[JobEvent]] = {m.kind: m for m in (
+    JobStatusEvent, RolloutStartedEvent, RolloutStepEvent, RolloutCompletedEvent,
+    TaskSummaryEvent, JobCompletedEvent)}
+EVENT_TYPES = tuple(EVENT_MODELS)
+
+
+def event_data(event: JobEvent) -> dict[str, Any]:
+    """The event's ``data`` as the stream carries it (JSON-ready, fields in declared order)."""
+    return event.model_dump(mode="json")
+
+
+def parse_event(kind: str, data: Mapping[str, Any]) -> JobEvent:
+    """An event's ``data`` as its model; ``ValueError`` for a type this version does not know
+    (a pydantic ``ValidationError``, also a ValueError, for a malformed one)."""
+    model = EVENT_MODELS.get(kind)
+    if model is None:
+        raise ValueError(f"event type {kind!r} is not one of {', '.join(EVENT_TYPES)}")
+    return model.model_validate(data)

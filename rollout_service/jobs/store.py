@@ -7,6 +7,8 @@ restart too).
     {p}:team:{t}:jobs       zset of job ids by seq     {p}:active            set of live jobs
     {p}:idem:{t}:{key}      idempotency key -> job     {p}:artifact:{id}     hash team/mime/data
     {p}:usage:{t}:{day}     env-seconds that day       {p}:seq               job sequence
+    {p}:wake                list: news for scheduler   {p}:scheduler         its heartbeat (TTL)
+    {p}:training            set while a training run is active (TTL, :class:`TrainingBeacon`)
 
 Every change of a job goes through :meth:`JobStore.update_job` (an optimistic WATCH/MULTI
 transaction), so the API (cancel) and the scheduler (progress) never overwrite each other.
@@ -16,10 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -29,7 +33,7 @@ from redis.asyncio.retry import Retry
 
 from consolerl.errors import ConsoleRLError
 
-from .schema import TERMINAL, Job, Rollout, may_move
+from .schema import TERMINAL, Job, JobEvent, Rollout, event_data, may_move
 
 
 class StoreConflict(ConsoleRLError, ValueError):
@@ -45,10 +49,15 @@ def day(t: float | None = None) -> str:
     return time.strftime("%Y%m%d", time.gmtime(time.time() if t is None else t))
 
 
+def _training_key(prefix: str) -> str:
+    return f"{prefix}:training"
+
+
 class JobStore:
     def __init__(self, url: str, prefix: str = "consolerl:api", retries: int = 12):
-        """``retries``: how often a command is retried on a lost connection (with backoff up to
-        2 s: 12 ride out a Redis restart of about 15 s)."""
+        """``retries``: how often a command is retried on a lost connection, with exponential
+        backoff from 0.1 s up to 2 s (12 retries wait about 17 s in all: choose it to outlast a
+        Redis restart)."""
         self.url = url
         self.p = prefix
         self.retries = retries
@@ -196,9 +205,10 @@ class JobStore:
                       key=lambda r: r.id)
 
     # ---- events ---------------------------------------------------------------------------------
-    async def add_event(self, job_id: str, kind: str, data: dict[str, Any]) -> str:
+    async def add_event(self, job_id: str, event: JobEvent) -> str:
+        """Append ``event`` to the job's stream; its id (the SSE ``id``)."""
         eid = await self.redis.xadd(self._k("job", job_id, "events"),
-                                    {"type": kind, "data": json.dumps(data)})
+                                    {"type": event.kind, "data": json.dumps(event_data(event))})
         return eid.decode()
 
     async def read_events(self, job_id: str, after: str, block_ms: int, count: int = 200
@@ -256,8 +266,47 @@ class JobStore:
 
     # ---- training's share -----------------------------------------------------------------------
     async def training_active(self) -> bool:
-        """Whether a training run is active (it keeps the key alive while it runs)."""
-        return bool(await self.redis.exists(self._k("training")))
+        """Whether a training run is active (its :class:`TrainingBeacon` keeps the key alive
+        while it runs)."""
+        return bool(await self.redis.exists(_training_key(self.p)))
 
-    async def mark_training(self, ttl_s: float) -> None:
-        await self.redis.set(self._k("training"), "1", px=int(ttl_s * 1000))
+
+class TrainingBeacon:
+    """While a training run is active it keeps the store's training key (``prefix`` as the
+    :class:`JobStore`'s) alive in Redis, with a TTL of ``ttl_s`` renewed every third of it:
+    the jobs scheduler then keeps to its share of the env workers. When the run ends
+    (:meth:`stop`) or its process dies, the key goes and API jobs get the whole pool.
+
+    A thread with a synchronous client: the training loop that owns it is not async."""
+
+    def __init__(self, redis_url: str, prefix: str, ttl_s: float = 15.0):
+        if not ttl_s > 0:
+            raise ValueError(f"TrainingBeacon.ttl_s: must be > 0 (got {ttl_s!r})")
+        self.key, self.ttl_s = _training_key(prefix), ttl_s
+        self.redis = redis.Redis.from_url(redis_url, socket_timeout=5)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="training-beacon")
+
+    def start(self) -> TrainingBeacon:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.redis.set(self.key, "1", px=int(self.ttl_s * 1000))
+            except redis.RedisError:
+                pass                     # Redis restarting: the next beat sets it again
+            if self._stop.wait(self.ttl_s / 3):
+                break
+
+    def stop(self) -> None:
+        """Stop renewing and remove the key (idempotent)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        try:
+            self.redis.delete(self.key)
+        except redis.RedisError:
+            pass                         # Redis gone: the key expires by itself
+        self.redis.close()

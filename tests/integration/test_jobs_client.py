@@ -20,8 +20,10 @@ from rollout_service.jobs.app import build_app
 from rollout_service.jobs.auth import TeamQuota, TokenBook
 from rollout_service.jobs.cli import main
 from rollout_service.jobs.client import ApiError, JobsClient
-from rollout_service.jobs.schema import (Attempt, EpisodeCounts, Rollout, Step,
-                                         VerdictCounts)
+from rollout_service.jobs.schema import (Attempt, EpisodeCounts, JobCompletedEvent,
+                                         JobStatusEvent, Rollout, RolloutCompletedEvent,
+                                         RolloutStartedEvent, RolloutStepEvent, Step,
+                                         TaskSummaryEvent, VerdictCounts)
 from rollout_service.jobs.store import JobStore
 from tests.integration.api_kit import serving
 
@@ -74,15 +76,13 @@ def _rollout(job_id: str, sample: int, **kw) -> Rollout:
 async def part1(store: JobStore, job_id: str) -> None:
     await store.update_job(job_id, lambda j: j.model_copy(update={
         "state": "running", "started_at": time.time()}))
-    await store.add_event(job_id, "job.status", {"state": "running", "error": None})
+    await store.add_event(job_id, JobStatusEvent(state="running"))
     await store.put_rollout(_rollout(job_id, 0, state="running", attempts=[
         Attempt(attempt=1, started_at=time.time())]))
-    await store.add_event(job_id, "rollout.started", {"rollout_id": "r0000s000",
-                                                      "task_id": TASK, "sample": 0,
-                                                      "attempt": 1})
-    await store.add_event(job_id, "rollout.step", {"rollout_id": "r0000s000", "step": 1,
-                                                   "action": 'click("12")', "url": "/ram",
-                                                   "error": ""})
+    await store.add_event(job_id, RolloutStartedEvent(rollout_id="r0000s000", task_id=TASK,
+                                                      sample=0, attempt=1))
+    await store.add_event(job_id, RolloutStepEvent(rollout_id="r0000s000", step=1,
+                                                   action='click("12")', url="/ram"))
 
 
 async def part2(store: JobStore, job_id: str) -> None:
@@ -91,19 +91,16 @@ async def part2(store: JobStore, job_id: str) -> None:
         Attempt(attempt=1, started_at=1.0, ended_at=2.0)], steps=[
         Step(index=0, target='link "Users"', title="RAM console"),
         Step(index=1, target='button "Create User"', title="Create User")]))
-    await store.add_event(job_id, "rollout.completed", {
-        "rollout_id": "r0000s000", "task_id": TASK, "state": "completed",
-        "verdict": "success", "attempts": 1})
+    await store.add_event(job_id, RolloutCompletedEvent(
+        rollout_id="r0000s000", task_id=TASK, state="completed", verdict="success",
+        attempts=1))
     # The second sample loses its environment once: recorded, queued again, retried.
-    await store.add_event(job_id, "rollout.started", {"rollout_id": "r0000s001",
-                                                      "task_id": TASK, "sample": 1,
-                                                      "attempt": 1})
-    await store.add_event(job_id, "rollout.completed", {
-        "rollout_id": "r0000s001", "task_id": TASK, "state": "queued", "verdict": None,
-        "attempts": 1})
-    await store.add_event(job_id, "rollout.started", {"rollout_id": "r0000s001",
-                                                      "task_id": TASK, "sample": 1,
-                                                      "attempt": 2})
+    await store.add_event(job_id, RolloutStartedEvent(rollout_id="r0000s001", task_id=TASK,
+                                                      sample=1, attempt=1))
+    await store.add_event(job_id, RolloutCompletedEvent(
+        rollout_id="r0000s001", task_id=TASK, state="queued", attempts=1))
+    await store.add_event(job_id, RolloutStartedEvent(rollout_id="r0000s001", task_id=TASK,
+                                                      sample=1, attempt=2))
 
 
 async def part3(store: JobStore, job_id: str) -> str:
@@ -113,19 +110,18 @@ async def part3(store: JobStore, job_id: str) -> str:
         Attempt(attempt=1, started_at=1.0, ended_at=2.0, env_error="browser: crashed"),
         Attempt(attempt=2, started_at=3.0, ended_at=4.0)], steps=[
         Step(index=0, target='link "Users"', title="RAM console", screenshot=shot)]))
-    await store.add_event(job_id, "rollout.completed", {
-        "rollout_id": "r0000s001", "task_id": TASK, "state": "completed",
-        "verdict": "failure", "attempts": 2})
-    await store.add_event(job_id, "task.summary", {"task_id": TASK, "samples": 2,
-                                                   "completed": 2, "passes": 1})
+    await store.add_event(job_id, RolloutCompletedEvent(
+        rollout_id="r0000s001", task_id=TASK, state="completed", verdict="failure",
+        attempts=2))
+    await store.add_event(job_id, TaskSummaryEvent(task_id=TASK, samples=2, completed=2,
+                                                   passes=1))
     episodes, verdicts = EpisodeCounts(completed=2), VerdictCounts(success=1, failure=1)
     job = await store.update_job(job_id, lambda j: j.model_copy(update={
         "episodes": episodes, "verdicts": verdicts, "state": "completed",
         "finished_at": time.time()}))
-    await store.add_event(job_id, "job.status", {"state": "completed", "error": None})
-    await store.add_event(job_id, "job.completed", {
-        "state": "completed", "episodes": job.episodes.model_dump(),
-        "verdicts": job.verdicts.model_dump()})
+    await store.add_event(job_id, JobStatusEvent(state="completed"))
+    await store.add_event(job_id, JobCompletedEvent(state="completed", episodes=job.episodes,
+                                                    verdicts=job.verdicts))
     return shot
 
 
@@ -213,8 +209,13 @@ def test_events_resume_across_server_cuts(api, redis_server):
         writer.join()
     assert [(e, k) for e, k, _ in got] == stored_events(redis_server.url, job)
     assert len({e for e, _, _ in got}) == len(got) == 12
-    assert got[0][1:] == ("job.status", {"state": "queued", "error": None})
-    assert got[-1][1] == "job.completed" and got[-1][2]["verdicts"]["failure"] == 1
+    assert got[0][1:] == ("job.status", {"state": "queued", "error": None})   # the wire data
+    assert got[0].payload == JobStatusEvent(state="queued")
+    assert got[3].payload == RolloutStepEvent(rollout_id="r0000s000", step=1,
+                                              action='click("12")', url="/ram")
+    assert got[-1].payload == JobCompletedEvent(state="completed",
+                                                episodes=EpisodeCounts(completed=2),
+                                                verdicts=VerdictCounts(success=1, failure=1))
     # It reconnected at least twice, each time after the last event it had then.
     resumed = [h for h in asked if h]
     order = [e for e, _, _ in got]

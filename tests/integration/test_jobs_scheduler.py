@@ -21,7 +21,7 @@ from rollout_service.episode import EpisodeOutcome
 from rollout_service.jobs.auth import TeamQuota
 from rollout_service.jobs.schema import Job, Sampling
 from rollout_service.jobs.scheduler import JobScheduler, SchedulerConfig
-from rollout_service.jobs.store import JobStore
+from rollout_service.jobs.store import JobStore, TrainingBeacon
 
 SUITE = {t.id: t for t in load_suite(TASKS_DIR)}
 TASKS = ["ram-create-user-0", "ecs-add-rule-0", "vpc-create-vpc-0"]
@@ -136,12 +136,14 @@ def test_fair_share_between_teams_and_priority_within(store):
 def test_share_of_the_pool_while_training(store):
     async def go():
         eps = Episodes(seconds=0.3)
-        await store.mark_training(60)
-        job = await make_job(store, "a", TASKS, samples=2)
-        sched = scheduler(store, eps, workers=4, share_during_training=0.5)
-        await run_until_done(sched, store, [job])
+        beacon = TrainingBeacon(store.url, store.p, ttl_s=60).start()
+        try:
+            job = await make_job(store, "a", TASKS, samples=2)
+            sched = scheduler(store, eps, workers=4, share_during_training=0.5)
+            await run_until_done(sched, store, [job])
+        finally:
+            beacon.stop()
         assert eps.most == 2                       # half of 4 workers while training runs
-        await store.redis.delete(store._k("training"))
         eps2 = Episodes(seconds=0.3)
         job2 = await make_job(store, "a", TASKS, samples=2)
         await run_until_done(scheduler(store, eps2, workers=4), store, [job2])

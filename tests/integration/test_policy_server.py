@@ -105,7 +105,7 @@ def test_the_openai_compatible_endpoint(engine, tiny):
     from tests.conftest import wait_for
 
     from infra.llm import OpenAIChatClient
-    from rollout_service.api import build_api
+    from rollout_service.chat_api import build_api
 
     router = PolicyRouter([PolicyServerBody(PolicyConfig(), engine=engine)])
     api = TestClient(build_api(router, HFChatTokenizer(tiny), "tiny", max_prompt_tokens=200))

@@ -1,10 +1,12 @@
 """The jobs API's pure parts: the job state machine, per-procedure verdicts and where a failing
 sample left the procedure, verdicts of episodes, the element an action named, the token file
-(hashes only, reloaded on change, refusing bad scopes), and the OpenAPI document kept in the
-repository being the one the app generates."""
+(hashes only, reloaded on change, refusing bad scopes), the event payloads' wire format, and
+the OpenAPI document kept in the repository being the one the app generates."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +19,18 @@ from rollout_service.episode import EpisodeOutcome
 from rollout_service.jobs.auth import TeamQuota, TokenBook, hash_token
 from rollout_service.jobs.report import (build_report, failed_step, procedure_steps,
                                          procedure_verdict, render_html)
-from rollout_service.jobs.schema import (JOB_STATES, TERMINAL, TRANSITIONS, Job, Rollout,
-                                         Sampling, Step, may_move)
+from rollout_service.jobs.client import StreamEvent
+from rollout_service.jobs.schema import (EVENT_MODELS, EVENT_TYPES, JOB_STATES, TERMINAL,
+                                         TRANSITIONS, EpisodeCounts, Job, JobCompletedEvent,
+                                         JobStatusEvent, Rollout, RolloutCompletedEvent,
+                                         RolloutStartedEvent, RolloutStepEvent, Sampling, Step,
+                                         TaskSummaryEvent, VerdictCounts, event_data,
+                                         may_move, parse_event)
 from rollout_service.jobs.scheduler import target_of, verdict_of
 
 SUITE = {t.id: t for t in load_suite(TASKS_DIR)}
-OPENAPI = Path(__file__).resolve().parents[2] / "rollout_service" / "jobs" / "openapi.json"
+ROOT = Path(__file__).resolve().parents[2]
+OPENAPI = ROOT / "rollout_service" / "jobs" / "openapi.json"
 
 
 def test_state_machine():
@@ -153,3 +161,71 @@ def test_the_committed_openapi_document_is_current():
     ``python -m rollout_service.jobs.app > rollout_service/jobs/openapi.json``."""
     assert json.loads(OPENAPI.read_text()) == json.loads(json.dumps(current_openapi())), \
         "the OpenAPI document changed: regenerate rollout_service/jobs/openapi.json"
+
+
+# ---- the events of a job's stream ----------------------------------------------------------------
+# Each event as the scheduler and the API write it, and the exact JSON text of its SSE ``data:``
+# line (what clients of every version parse): the models must not change it.
+WIRE = [
+    (JobStatusEvent(state="queued"), '{"state": "queued", "error": null}'),
+    (JobStatusEvent(state="failed", error="the job's tasks cannot be loaded: x"),
+     '{"state": "failed", "error": "the job\'s tasks cannot be loaded: x"}'),
+    (RolloutStartedEvent(rollout_id="r0000s001", task_id="t", sample=1, attempt=2),
+     '{"rollout_id": "r0000s001", "task_id": "t", "sample": 1, "attempt": 2}'),
+    (RolloutStepEvent(rollout_id="r0000s000", step=3, action='click("12")', url="/ram",
+                      error=""),
+     '{"rollout_id": "r0000s000", "step": 3, "action": "click(\\"12\\")", "url": "/ram", '
+     '"error": ""}'),
+    (RolloutCompletedEvent(rollout_id="r0000s001", task_id="t", state="queued", verdict=None,
+                           attempts=1),
+     '{"rollout_id": "r0000s001", "task_id": "t", "state": "queued", "verdict": null, '
+     '"attempts": 1}'),
+    (TaskSummaryEvent(task_id="t", samples=2, completed=2, passes=1),
+     '{"task_id": "t", "samples": 2, "completed": 2, "passes": 1}'),
+    (JobCompletedEvent(state="cancelled", episodes=EpisodeCounts(cancelled=2),
+                       verdicts=VerdictCounts()),
+     '{"state": "cancelled", "episodes": {"queued": 0, "running": 0, "completed": 0, '
+     '"failed": 0, "cancelled": 2}, "verdicts": {"success": 0, "failure": 0, '
+     '"infeasible": 0, "undetermined": 0}}'),
+]
+
+
+@pytest.mark.parametrize("event,wire", WIRE, ids=[e.kind for e, _ in WIRE])
+def test_event_payloads_keep_their_wire_format(event, wire):
+    assert json.dumps(event_data(event)) == wire
+    assert parse_event(event.kind, json.loads(wire)) == event
+    assert StreamEvent("1-0", event.kind, json.loads(wire)).payload == event
+
+
+def test_every_event_type_has_a_model_and_unknown_ones_are_refused():
+    assert {e.kind for e, _ in WIRE} == set(EVENT_TYPES) == set(EVENT_MODELS)
+    with pytest.raises(ValueError, match="rollout.paused"):
+        parse_event("rollout.paused", {})
+    with pytest.raises(ValueError, match="state"):
+        parse_event("job.status", {"state": "sleeping"})
+    # A newer server's extra field does not break an older client.
+    assert parse_event("job.status", {"state": "running", "error": None, "why": "x"}) == \
+        JobStatusEvent(state="running")
+
+
+def test_the_client_imports_no_server_code():
+    """The client is for other teams: pydantic (the event models) but not the task suite, Redis,
+    FastAPI or the scheduler."""
+    code = "import sys, rollout_service.jobs.client; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.split()
+    heavy = {"yaml", "redis", "fastapi", "consolerl.tasks", "rollout_service.jobs.store",
+             "rollout_service.jobs.scheduler", "prometheus_client"}
+    assert not heavy & set(out), sorted(heavy & set(out))
+
+
+def test_the_openapi_document_describes_every_event():
+    document = current_openapi()
+    stream = document["paths"]["/v1/jobs/{job_id}/events"]["get"]["responses"]["200"]
+    pairs = {branch["properties"]["event"]["const"]:
+             branch["properties"]["data"]["contentSchema"]["$ref"].rsplit("/", 1)[1]
+             for branch in stream["content"]["text/event-stream"]["schema"]["oneOf"]}
+    assert pairs == {kind: model.__name__ for kind, model in EVENT_MODELS.items()}
+    schemas = document["components"]["schemas"]
+    assert all(list(schemas[name]["properties"]) == list(EVENT_MODELS[kind].model_fields)
+               for kind, name in pairs.items())

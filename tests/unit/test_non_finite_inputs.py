@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from reward_service.service import ScoreRequest
-from rollout_service.api import ChatRequest, build_api
+from rollout_service.chat_api import ChatRequest, build_api
 from rollout_service.jobs.schema import JobCreate, Sampling
 
 NON_FINITE = [math.nan, math.inf, -math.inf]

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from consolerl.types import Observation, StepResult
 from rollout_service.agent import AgentLoop, Generation, _Step, build_messages
-from rollout_service.api import build_api
+from rollout_service.chat_api import build_api
 from rollout_service.models import HFChatTokenizer, end_of_turn_id, resolve_model
 from tests.conftest import run_async
 from trainer.sft import IGNORE, build_sft_example

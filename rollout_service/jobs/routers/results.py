@@ -1,0 +1,97 @@
+"""What a job produced: its rollouts, the documentation-verification report (JSON and HTML)
+and the artifacts (screenshots) its steps kept."""
+# No "from __future__ import annotations": FastAPI reads the routes' annotations.
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from consolerl.errors import ConfigError
+
+from ..auth import Principal
+from ..report import build_report, render_html
+from ..schema import ResultPage, Rollout, RolloutSummary, spec_tasks
+from .context import ERRORS, NOT_FOUND, ApiContext, Context, Detail, auth, own_job
+
+router = APIRouter(prefix="/v1", responses=ERRORS)
+
+
+@router.get("/jobs/{job_id}/results", response_model=ResultPage, tags=["results"],
+            operation_id="job_results", responses=NOT_FOUND)
+async def results(job_id: str, ctx: Context,
+                  who: Annotated[Principal, Depends(auth("jobs:read"))],
+                  verdict: Annotated[str | None, Query(
+                      pattern="^(success|failure|infeasible|undetermined)$")] = None,
+                  task_id: Annotated[str | None, Query(max_length=64)] = None,
+                  after: Annotated[str | None, Query(max_length=64)] = None,
+                  limit: Annotated[int, Query(ge=1, le=500)] = 100) -> ResultPage:
+    """The job's rollouts in task order, filtered by ``verdict`` and ``task_id``."""
+    await own_job(ctx, job_id, who)
+    rows = [r for r in await ctx.store.rollouts(job_id)
+            if (verdict is None or r.verdict == verdict)
+            and (task_id is None or r.task_id == task_id)
+            and (after is None or r.id > after)]
+    page = rows[:limit]
+    return ResultPage(data=[RolloutSummary(
+        id=r.id, task_id=r.task_id, sample=r.sample, state=r.state, verdict=r.verdict,
+        reward=r.reward, end_reason=r.end_reason, attempts=len(r.attempts)) for r in page],
+        has_more=len(rows) > limit, last_id=page[-1].id if page else None)
+
+
+@router.get("/jobs/{job_id}/rollouts/{rollout_id}", response_model=Rollout, tags=["results"],
+            operation_id="get_rollout", responses=NOT_FOUND)
+async def rollout(job_id: str, rollout_id: str, ctx: Context,
+                  who: Annotated[Principal, Depends(auth("jobs:read"))]) -> Rollout:
+    """One rollout: its attempts, steps (action, element, page, error, screenshot
+    artifact), verdict and deciding audit events."""
+    await own_job(ctx, job_id, who)
+    found = await ctx.store.get_rollout(job_id, rollout_id[:64])
+    if found is None:
+        raise HTTPException(404, f"no rollout {rollout_id[:64]!r} in job {job_id}")
+    return found
+
+
+async def report_of(ctx: ApiContext, job_id: str, who: Principal) -> dict[str, Any]:
+    job = await own_job(ctx, job_id, who)
+    try:
+        tasks = spec_tasks(await ctx.store.job_spec(job.id), ctx.catalog)
+    except (KeyError, ConfigError):      # a catalog task removed since: report by id
+        tasks = {}
+    return build_report(job, tasks, await ctx.store.rollouts(job_id))
+
+
+@router.get("/jobs/{job_id}/report", tags=["results"], operation_id="job_report", responses={
+    **NOT_FOUND, 200: {"content": {"application/json": {"schema": {"type": "object"}},
+                                   "text/html": {"schema": {"type": "string"}}},
+                       "description": "the report (JSON; HTML with Accept: text/html)"}})
+async def report(job_id: str, request: Request, ctx: Context,
+                 who: Annotated[Principal, Depends(auth("jobs:read"))]) -> Response:
+    """The documentation-verification report: per procedure its pass rate over K, a
+    verdict (works, broken, flaky, inconclusive) and, when broken, where and why."""
+    data = await report_of(ctx, job_id, who)
+    accept = request.headers.get("accept", "")
+    if "text/html" in accept and "application/json" not in accept.split(",")[0]:
+        return HTMLResponse(render_html(data))
+    return JSONResponse(data)
+
+
+@router.get("/jobs/{job_id}/report.html", tags=["results"], operation_id="job_report_html",
+            responses={**NOT_FOUND, 200: {"content": {"text/html": {"schema": {
+                "type": "string"}}}, "description": "the report as a page"}})
+async def report_html(job_id: str, ctx: Context,
+                      who: Annotated[Principal, Depends(auth("jobs:read"))]) -> HTMLResponse:
+    return HTMLResponse(render_html(await report_of(ctx, job_id, who)))
+
+
+@router.get("/artifacts/{artifact_id}", tags=["results"], operation_id="get_artifact",
+            responses={404: {"model": Detail}, 200: {
+                "content": {"image/jpeg": {}, "image/png": {}},
+                "description": "the artifact's bytes"}})
+async def artifact(artifact_id: str, ctx: Context,
+                   who: Annotated[Principal, Depends(auth("artifacts:read"))]) -> Response:
+    found = await ctx.store.get_artifact(who.team, artifact_id[:64])
+    if found is None:
+        raise HTTPException(404, f"no artifact {artifact_id[:64]!r}")
+    return Response(found[1], media_type=found[0],
+                    headers={"Cache-Control": "private, max-age=86400"})
