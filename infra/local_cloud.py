@@ -3,8 +3,6 @@ its own state dir, for benchmarks, the suite runner and the job's embedded local
 have their own, restartable ``CloudServer``)."""
 from __future__ import annotations
 
-import ctypes
-import signal
 import socket
 import subprocess
 import sys
@@ -23,14 +21,10 @@ def free_port() -> int:
 def service_process() -> dict:
     """``subprocess.Popen`` options for a service a run starts and stops itself (Redis, the
     local cloud): a process group of its own, so a signal to the run's group (Ctrl-C, make's
-    group) leaves it serving until the run stops it last; and SIGTERM should the starting
-    thread die without stopping it."""
-    return {"process_group": 0, "preexec_fn": _die_with_parent}
-
-
-def _die_with_parent() -> None:
-    # PR_SET_PDEATHSIG (1): the kernel sends SIGTERM when the parent thread exits.
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+    group) leaves it serving until the run stops it last. (No PR_SET_PDEATHSIG: the kernel
+    ties it to the starting thread, and a service restarted from a helper thread would die
+    with that thread.)"""
+    return {"process_group": 0}
 
 
 def stop_process(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
