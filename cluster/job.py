@@ -40,15 +40,15 @@ from tqdm import tqdm
 
 from cluster.builders import env_pool, rollout_spec, trainer_algo
 from cluster.config import JobConfig, check_training
-from rollout_service.export import ExportConfig, run_export
 from cluster.rollout import TrainingRolloutsActor, start_policy, success_by_version
 from cluster.runtime import (PeakMemory, Session, handle_stop_signals, on_driver_node,
-                             progress, stop_actors, stop_exit_code)
+                             progress, stop_actors, stop_exit_code, stopping)
 from consolerl.config import load_config, to_dict
 from consolerl.errors import ConfigError, ConsoleRLError
 from env_workers.leases import AccountPool
 from env_workers.pool import EnvPoolConfig
 from rollout_service.experience import ExperienceStream
+from rollout_service.export import ExportConfig, run_export
 from rollout_service.jobs.store import TrainingBeacon
 from rollout_service.models import HFChatTokenizer, resolve_model
 from trainer.curves import plot_curves
@@ -174,6 +174,7 @@ class Started:
         self.workers: list[Any] = []
 
     def stop(self) -> dict[str, Any]:
+        stopping()
         out: dict[str, Any] = {}
         if self.interrupted:
             progress("stopping: episodes end at their next step, accounts are released")

@@ -162,6 +162,7 @@ class Session:
         self.close()
 
     def close(self) -> None:
+        stopping()
         self.announcements.close()
         if ray.is_initialized():
             ray.shutdown()       # stops an embedded cluster; disconnects from an external one
@@ -218,9 +219,17 @@ def own_process_groups() -> Iterator[None]:
         services.ConsolePopen = launcher
 
 
-# The signal that began the stop (0: none yet). Later signals while stopping are noted, not
-# raised: an interrupt inside the clean-up would leave accounts leased and processes running.
+# The signal that began the stop (0: none yet), and whether the run is stopping (by a signal
+# or on its own). Signals while stopping are noted, not raised: an interrupt inside the
+# clean-up would leave accounts leased and processes running.
 _STOP_SIGNAL = [0]
+_STOPPING = [False]
+
+
+def stopping() -> None:
+    """The run is stopping on its own (the work is done or failed): from here on a signal
+    no longer interrupts, so the clean-up finishes."""
+    _STOPPING[0] = True
 
 
 def handle_stop_signals() -> None:
@@ -233,11 +242,12 @@ def handle_stop_signals() -> None:
 
 
 def _on_stop_signal(signum: int, frame: Any) -> None:
-    if _STOP_SIGNAL[0]:
+    if _STOP_SIGNAL[0] or _STOPPING[0]:
         progress(f"stopping already (signal {signum} ignored): the run's processes and "
                  "leases are being released")
         return
     _STOP_SIGNAL[0] = signum
+    _STOPPING[0] = True
     raise KeyboardInterrupt(f"signal {signum}")
 
 

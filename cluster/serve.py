@@ -22,7 +22,8 @@ import ray
 from cluster.builders import jobs_api_specs
 from cluster.config import JobConfig
 from cluster.jobs_api import SCHEDULER_NAME, HttpServerActor, JobsSchedulerActor
-from cluster.runtime import Session, handle_stop_signals, on_driver_node, progress, stop_exit_code
+from cluster.runtime import (Session, handle_stop_signals, on_driver_node, progress,
+                             stop_exit_code, stopping)
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
 from infra.observability.discovery import PublishConfig
@@ -95,6 +96,7 @@ class Stack:
         """The HTTP side first (no new jobs), then the scheduler: running episodes stop at
         their next step and go back to the queue, accounts are released. ``interrupted``
         (a signal): the episodes get seconds, not minutes."""
+        stopping()
         self.stop_http()
         if self.scheduler is not None:
             ray.get(self.scheduler.stop.remote(), timeout=30)

@@ -37,10 +37,10 @@ def stop_signals():
     """The job's signal handling (cluster.runtime.handle_stop_signals), undone afterwards:
     other tests in the same process keep their handlers."""
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    runtime._STOP_SIGNAL[0] = 0
+    runtime._STOP_SIGNAL[0], runtime._STOPPING[0] = 0, False
     runtime.handle_stop_signals()
     yield
-    runtime._STOP_SIGNAL[0] = 0
+    runtime._STOP_SIGNAL[0], runtime._STOPPING[0] = 0, False
     for s, handler in previous.items():
         signal.signal(s, handler)
 
