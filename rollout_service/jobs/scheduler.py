@@ -124,6 +124,10 @@ class RunningJob:
     rollouts: dict[str, Rollout]
     running: set[str] = field(default_factory=set)
     stop: str = ""                      # cancelled | expired: stop between steps
+    # Held while an episode's end is recorded: episodes that end together are recorded one
+    # after the other, so a task's summary is sent once, the counts are whole, and the job
+    # ends (job.completed) after the last episode's events.
+    recording: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class JobScheduler:
@@ -204,7 +208,9 @@ class JobScheduler:
                 del self.live[jid]
         for live in list(self.live.values()):
             if live.stop and not live.running:
-                await self._close(live)
+                async with live.recording:       # after an episode's end being recorded
+                    if live.job.id in self.live:  # (which may have closed the job itself)
+                        await self._close(live)
         states: dict[str, int] = {"queued": 0, "running": 0}
         for live in self.live.values():
             if live.job.state in states:
@@ -374,7 +380,8 @@ class JobScheduler:
         for wait_s in (0.5, 1, 2, 4, 8, 16, 30, 30, 30, 30):
             # Redis may be restarting (AOF brings it back): the result must not be lost.
             try:
-                await self._record(live, rollout, outcome, error, steps, env_s)
+                async with live.recording:
+                    await self._record(live, rollout, outcome, error, steps, env_s)
                 await self.store.add_usage(job.team, env_s)
                 break
             except Exception:

@@ -1,7 +1,7 @@
 """The jobs scheduler's choices against a real Redis: fair share between teams, priority within
 a team, the share of the pool beside training, per-team concurrency quotas, retries of
-infrastructure errors only (each attempt recorded), deadlines, and a restarted scheduler that
-never re-runs a finished episode. Episodes are played by a stand-in for the episode runner
+infrastructure errors only (each attempt recorded), deadlines, a restarted scheduler that
+never re-runs a finished episode, and episodes that end together recorded one after the other. Episodes are played by a stand-in for the episode runner
 (what is checked here is which episode runs when, not the episode itself: the real runner is
 exercised by test_jobs_api_stack)."""
 from __future__ import annotations
@@ -233,4 +233,19 @@ def test_a_stopped_scheduler_puts_running_episodes_back(store):
         assert (await store.get_job(job)).state == "running"
         (done,) = await run_until_done(scheduler(store, Episodes(seconds=0.05)), store, [job])
         assert done.state == "completed" and done.episodes.completed == 2
+    run_async(go())
+
+
+def test_job_completed_is_the_last_event_when_episodes_end_together(store):
+    """Episodes that end at the same moment record one after the other: the job ends after
+    the last one's events, with every episode counted."""
+    async def go():
+        for _ in range(3):
+            eps = Episodes(seconds=0.2)
+            job = await make_job(store, "a", TASKS[:1], samples=4)
+            (done,) = await run_until_done(scheduler(store, eps, workers=4), store, [job])
+            kinds = [k for _, k, _ in await store.read_events(job, "0", 0, 1000)]
+            assert kinds[-1] == "job.completed" and kinds.count("job.completed") == 1, kinds
+            assert kinds.count("rollout.completed") == 4 and kinds.count("task.summary") == 1
+            assert done.episodes.completed == 4, done.episodes
     run_async(go())
