@@ -37,7 +37,7 @@ from consolerl.stats import percentile
 from consolerl.types import EpisodeSpec
 from env_workers.accounts import PoolConfig
 from env_workers.driver import ScriptedDriver, expect_observation
-from env_workers.pool import EnvWorkerBody
+from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import EnvWorker, WorkerConfig
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from infra.local_cloud import LocalCloud
@@ -88,11 +88,11 @@ async def _episodes(url: str, redis_url: str, workers: int, per_worker: int, tag
                     ) -> tuple[float, int, float]:
     """(episodes per minute, episodes, PSS MB of the browsers at the end)."""
     pool_config = PoolConfig(redis_url=redis_url, key_prefix=f"bench:{tag}", lease_ttl_s=30)
-    bodies = [EnvWorkerBody(WorkerConfig(console_url=url), pool_config, f"bench-{tag}-{i}")
+    bodies = [LeasedEnvWorker(WorkerConfig(console_url=url), pool_config, f"bench-{tag}-{i}")
               for i in range(workers)]
     done = 0
 
-    async def run(body: EnvWorkerBody, index: int) -> None:
+    async def run(body: LeasedEnvWorker, index: int) -> None:
         nonlocal done
         for n in range(per_worker):
             start = await body.start_episode(EpisodeSpec("/console/ram/users"), 60)

@@ -19,7 +19,7 @@ so that a CPU step is seconds, not minutes.
 3. GRPO: ``--steps`` steps, each ``--states-per-step`` train states x ``--group-size`` samples,
    reward 1 when the parsed action equals the oracle's, trained by the unchanged GRPO path
    (:func:`trainer.algo.build_batch`, the rows with signal as :class:`trainer.grpo.GRPOTrainer`
-   selects them, :meth:`trainer.engine.TrainerWorkerBody.step`).
+   selects them, :meth:`trainer.engine.TrainerWorker.step`).
 4. After: step 2 again, same states, same sampling seeds. The difference's 95% interval is a
    paired bootstrap over held-out states.
 
@@ -52,7 +52,7 @@ from env_workers.actions import Action, ActionError, parse_action
 from rollout_service.models import HFChatTokenizer, cache_dir, end_of_turn_id, resolve_model
 from trainer.algo import AlgoConfig, build_batch
 from trainer.config import TrainerConfig
-from trainer.engine import EngineConfig, OptimConfig, TrainerWorkerBody
+from trainer.engine import EngineConfig, OptimConfig, TrainerWorker
 from trainer.grpo import rows_to_train
 from trainer.sft import (
     DataError,
@@ -289,7 +289,7 @@ def evaluate(sampler: Sampler, states: list[State], samples: int, seed: int,
     return {"accuracy": acc, "greedy": greedy, "loglik": loglik}
 
 
-def grpo_step(worker: TrainerWorkerBody, sampler: Sampler, states: list[State], group: int,
+def grpo_step(worker: TrainerWorker, sampler: Sampler, states: list[State], group: int,
               temperature: float, seed: int, step: int, pad: int) -> dict[str, Any]:
     """One GRPO step on ``states``: ``group`` samples each, rewards, the trainer's batch and
     row selection, the worker's optimizer step."""
@@ -334,7 +334,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     _progress(f"{len(states['train'])} train / {len(states['heldout'])} held-out states; "
               f"SFT on {len(sft)}, GRPO on {len(rl)}, evaluation on {len(heldout)} x "
               f"{args.eval_samples} samples")
-    worker = TrainerWorkerBody(0, 1, model_path, EngineConfig(
+    worker = TrainerWorker(0, 1, model_path, EngineConfig(
         micro_batch_tokens=args.micro_batch_tokens, optim=OptimConfig(lr=args.lr),
         train_layers=args.train_layers),
         AlgoConfig(temperature=args.temperature))

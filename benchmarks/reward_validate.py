@@ -67,7 +67,7 @@ from consolerl.tasks import TASKS_DIR, Task, load_suite
 from consolerl.types import Observation, StepResult
 from env_workers.accounts import PoolConfig, load_pool_accounts
 from env_workers.driver import DriverError, StepFn, find_bid
-from env_workers.pool import EnvWorkerBody
+from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
 from reward_service.fusion import fuse
 from reward_service.judges import JudgeChannel, JudgeConfig, judge_clients
@@ -550,7 +550,7 @@ async def run_cases(cases: Sequence[Case], url: str, endpoint: str, redis_url: s
     t0 = time.monotonic()
 
     async def work(index: int) -> None:
-        env = EnvWorkerBody(WorkerConfig(console_url=url), pool, f"validate-{index}")
+        env = LeasedEnvWorker(WorkerConfig(console_url=url), pool, f"validate-{index}")
         try:
             while not queue.empty():
                 i, case = queue.get_nowait()

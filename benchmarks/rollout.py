@@ -39,7 +39,7 @@ from consolerl.accounts import load_accounts
 from consolerl.errors import ConfigError
 from consolerl.tasks import TASKS_DIR, load_suite
 from env_workers.accounts import PoolConfig
-from env_workers.pool import EnvWorkerBody
+from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from infra.local_cloud import LocalCloud
@@ -49,7 +49,7 @@ from rollout_service.agent import AgentConfig, AgentLoop, SamplingParams
 from rollout_service.experience import ExperienceStream, StreamConfig
 from rollout_service.models import HFChatTokenizer, resolve_model
 from rollout_service.orchestrator import Orchestrator, OrchestratorConfig
-from rollout_service.policy import Engine, PolicyConfig, PolicyRouter, PolicyServerBody, make_engine
+from rollout_service.policy import Engine, PolicyConfig, PolicyRouter, PolicyServer, make_engine
 
 
 def _progress(msg: str) -> None:
@@ -82,9 +82,9 @@ async def run_mode(mode: str, args: argparse.Namespace, cloud: LocalCloud, redis
     stream = ExperienceStream(StreamConfig(url=redis_url, stream=f"bench:{mode}:exp"))
     stream.redis.delete(stream.config.stream, stream.version_key)
     pool = PoolConfig(redis_url=redis_url, key_prefix=f"bench:{mode}", lease_ttl_s=30)
-    workers = [EnvWorkerBody(WorkerConfig(console_url=cloud.url), pool, f"w{i}")
+    workers = [LeasedEnvWorker(WorkerConfig(console_url=cloud.url), pool, f"w{i}")
                for i in range(args.workers)]
-    server = PolicyServerBody(PolicyConfig(), engine=engine)
+    server = PolicyServer(PolicyConfig(), engine=engine)
     agent = AgentLoop(PolicyRouter([server]), tokenizer,
                       AgentConfig(max_steps=args.max_steps, max_new_tokens=args.max_new_tokens,
                                   max_prompt_tokens=3072, max_observation_chars=3000))

@@ -11,7 +11,7 @@ latencies measured on this machine; the control plane runs for real:
   model's tokenizer every turn, the policy called through the real router) where
   ``--turn-loop`` puts it: on the env workers (``act``, one call per episode from here; the job's
   choice from 1,000 workers up) or here (an env worker call and a policy call per turn);
-- N real :class:`~env_workers.pool.EnvWorkerBody` (account leases with heartbeats on the real
+- N real :class:`~env_workers.pool.LeasedEnvWorker` (account leases with heartbeats on the real
   :class:`~env_workers.leases.AccountPool`, N accounts, a real Redis) in one Ray actor, called
   over Ray as the orchestrator calls env worker actors; only their browser is simulated
   (:class:`~benchmarks.scale_sim.SimBrowser`: sign-in and step latencies, the episode's

@@ -38,7 +38,7 @@ from benchmarks.services import cloud_and_redis
 from consolerl.accounts import load_accounts
 from consolerl.tasks import TASKS_DIR, load_suite
 from env_workers.accounts import PoolConfig
-from env_workers.pool import EnvWorkerBody
+from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
@@ -61,7 +61,7 @@ def _progress(msg: str) -> None:
 class _TimedEnv:
     """An env worker whose reset and step calls are timed."""
 
-    def __init__(self, body: EnvWorkerBody, out: dict[str, list[float]]):
+    def __init__(self, body: LeasedEnvWorker, out: dict[str, list[float]]):
         self.body, self.out, self.name = body, out, body.name
         for name in ("acquire", "begin", "cleaned", "close_browser", "end_episode"):
             setattr(self, name, getattr(body, name))
@@ -125,7 +125,7 @@ async def _episodes(cloud: Any, redis_url: str, out: dict[str, list[float]]) -> 
     runner = EpisodeRunner(accounts, cloud.endpoint, score, client_factory=lambda a: _TimedClient(
         CloudConfig(endpoint=cloud.endpoint), Credentials(a.access_key_id, a.access_key_secret),
         out=out))
-    body = EnvWorkerBody(WorkerConfig(console_url=cloud.url),
+    body = LeasedEnvWorker(WorkerConfig(console_url=cloud.url),
                          PoolConfig(redis_url=redis_url, key_prefix="calibrate"), "calibrate")
     env = _TimedEnv(body, out)
     me = psutil.Process()

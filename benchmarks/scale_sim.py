@@ -34,7 +34,7 @@ from consolerl.types import Observation, StepResult
 from env_workers.accounts import PoolConfig
 from env_workers.actions import parse_action
 from env_workers.leases import AccountPool
-from env_workers.pool import EnvWorkerBody
+from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
 from reward_service.actiontrail import TrailClient, TrailConfig, TrailMetrics
 from rollout_service.agent import Generation
@@ -104,7 +104,7 @@ class SimEnvHost:
         self.tally: dict[str, float] = defaultdict(float)
         rng = random.Random(seed)
         self.bodies = {
-            f"w{i}": EnvWorkerBody(WorkerConfig(), config, f"w{i}", pool=self.pool,
+            f"w{i}": LeasedEnvWorker(WorkerConfig(), config, f"w{i}", pool=self.pool,
                                    browser=SimBrowser(latency, pages,
                                                       random.Random(rng.random()), self.tally))
             for i in range(n)}

@@ -26,7 +26,7 @@ from consolerl.accounts import load_accounts
 from consolerl.stats import percentile
 from consolerl.tasks import TASKS_DIR, Task, load_suite
 from env_workers.accounts import PoolConfig, load_pool_accounts
-from env_workers.pool import EnvWorkerBody
+from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
@@ -53,7 +53,7 @@ async def run_tasks(tasks: list[Task], url: str, endpoint: str, redis_url: str
     accounts = load_pool_accounts(pool)
     runner = EpisodeRunner(accounts, endpoint, RewardService(tasks, accounts, endpoint).score,
                            ready_timeout_s=60)
-    env = EnvWorkerBody(WorkerConfig(console_url=url), pool, "suite-0")
+    env = LeasedEnvWorker(WorkerConfig(console_url=url), pool, "suite-0")
     policy = scripted_policy(run_oracle)
     outcomes = []
     try:

@@ -1,6 +1,6 @@
 """What one GRPO optimizer step costs on this machine: ``python -m benchmarks.train_step --json``.
 
-The step is the trainer worker's own (:class:`trainer.engine.TrainerWorkerBody.step`, in this
+The step is the trainer worker's own (:class:`trainer.engine.TrainerWorker.step`, in this
 process, both cores) on a batch shaped like the job's: ``--turns`` rows (default 24) whose
 prompts are the agent's real prompt (its system prompt, a task and an accessibility tree) cut to
 ~``--prompt-tokens`` tokens each (±5%), responses of ~10 tokens, rewards mixed within each group
@@ -50,7 +50,7 @@ from consolerl.experience import Group, Sample, Turn
 from rollout_service.agent import SYSTEM_PROMPT, SamplingParams
 from rollout_service.models import HFChatTokenizer, resolve_model
 from trainer.algo import AlgoConfig, TrainBatch, build_batch
-from trainer.engine import EngineConfig, LoraConfig, TrainerWorkerBody, native_bf16
+from trainer.engine import EngineConfig, LoraConfig, TrainerWorker, native_bf16
 
 SETTINGS = {
     "fp32": EngineConfig(autocast="off"),
@@ -158,7 +158,7 @@ class Generator:
         return (self.tokens() - n0) / (time.perf_counter() - t0)
 
 
-def _step(worker: TrainerWorkerBody, batch: TrainBatch) -> float:
+def _step(worker: TrainerWorker, batch: TrainBatch) -> float:
     t0 = time.perf_counter()
     worker.step(batch, int(batch.num_tokens()), int(batch.num_seqs()))
     return time.perf_counter() - t0
@@ -170,7 +170,7 @@ def probe_bf16(model: str, warm: TrainBatch, engine: EngineConfig) -> dict[str, 
     times = {}
     probe = warm.rows([0, 1])
     for name, autocast in (("fp32", "off"), ("bf16", "bfloat16")):
-        worker = TrainerWorkerBody(0, 1, model, replace(engine, autocast=autocast),
+        worker = TrainerWorker(0, 1, model, replace(engine, autocast=autocast),
                                    AlgoConfig())
         worker.init_distributed("")
         if name == "fp32":
@@ -187,7 +187,7 @@ def probe_bf16(model: str, warm: TrainBatch, engine: EngineConfig) -> dict[str, 
 def run_setting(name: str, engine: EngineConfig, model: str, batch: TrainBatch,
                 warm: TrainBatch, repeats: int, gen: Generator | None,
                 contend: bool = True) -> dict[str, Any]:
-    worker = TrainerWorkerBody(0, 1, model, engine, AlgoConfig())
+    worker = TrainerWorker(0, 1, model, engine, AlgoConfig())
     worker.init_distributed("")
     if gen is not None:
         gen.running.clear()

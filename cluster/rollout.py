@@ -26,7 +26,7 @@ from rollout_service.agent import AgentConfig, AgentLoop
 from rollout_service.experience import ExperienceStream, StreamConfig
 from rollout_service.models import HFChatTokenizer
 from rollout_service.orchestrator import Orchestrator, OrchestratorConfig
-from rollout_service.policy import PolicyConfig, PolicyRouter, PolicyServer
+from rollout_service.policy import PolicyConfig, PolicyRouter, PolicyServerActor
 
 
 def start_policy(config: PolicyConfig, metrics: PublishConfig | None = None
@@ -35,7 +35,7 @@ def start_policy(config: PolicyConfig, metrics: PublishConfig | None = None
     :func:`rollout_service.models.resolve_model`), CPU/GPU per replica and placement from
     the config, each announcing its metrics when ``metrics`` is given."""
     options = policy_options(config)
-    servers = [PolicyServer.options(**options).remote(config, None, None, f"policy-{i}",
+    servers = [PolicyServerActor.options(**options).remote(config, None, None, f"policy-{i}",
                                                       metrics)
                for i in range(config.replicas)]
     return servers, PolicyRouter(servers)

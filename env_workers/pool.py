@@ -39,7 +39,7 @@ log = logging.getLogger("env_workers.pool")
 # well under it) is a browser that hangs: the episode ends as an env error (the same bound as
 # the rollout side's for a step called over Ray).
 ACT_STEP_TIMEOUT_S = 120.0
-# Agents shipped to this process by reference (see EnvWorkerBody.act): one copy per process
+# Agents shipped to this process by reference (see LeasedEnvWorker.act): one copy per process
 # however many worker bodies it holds, the newest few kept.
 _AGENTS: dict[str, Any] = {}
 _AGENTS_KEPT = 4
@@ -88,7 +88,7 @@ class EnvPoolConfig:
         check_resources("env pool: field 'resources'", self.resources)
 
 
-class EnvWorkerBody:
+class LeasedEnvWorker:
     """The actor's body (kept a plain class so it can be tested without Ray)."""
 
     def __init__(self, worker_config: WorkerConfig, pool_config: PoolConfig, name: str,
@@ -268,7 +268,7 @@ class EnvWorkerBody:
             self._endpoint.close()
 
 
-EnvWorkerActor = ray.remote(EnvWorkerBody)
+EnvWorkerActor = ray.remote(LeasedEnvWorker)
 
 
 async def _resolve_agent(agent: Any) -> Any:

@@ -14,7 +14,7 @@ provisioning error, a browser that died, a lease lost, the cloud failing the sco
 :class:`~consolerl.types.EnvError` value on the outcome, never the agent's failure.
 
 The env side is anything with the env worker's episode methods (``acquire``, ``reset``,
-``step``, ``close_browser``, ``end_episode``): :class:`env_workers.pool.EnvWorkerBody` in
+``step``, ``close_browser``, ``end_episode``): :class:`env_workers.pool.LeasedEnvWorker` in
 process, or its Ray actor handle. A policy is any :data:`EpisodePolicy`; :func:`model_policy`
 adapts an :class:`~rollout_service.agent.AgentLoop`, :func:`scripted_policy` a scripted agent
 such as :func:`rollout_service.oracle.run_oracle`.

@@ -60,7 +60,7 @@ from consolerl.resources import fill
 from consolerl.tasks import TASKS_DIR, Task, load_suite
 from consolerl.types import Observation, StepResult
 from env_workers.accounts import PoolConfig, load_pool_accounts
-from env_workers.pool import EnvWorkerBody
+from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
 from infra.local_cloud import LocalCloud
 from infra.redis_local import RedisServer
@@ -272,7 +272,7 @@ class _Exporter:
             return build_record(task, status, recording, self.tokenizer, self.config.agent)
 
     async def work(self, index: int, jobs: asyncio.Queue[Task]) -> None:
-        env = EnvWorkerBody(WorkerConfig(
+        env = LeasedEnvWorker(WorkerConfig(
             console_url=self.config.console_url or f"http://{self.endpoint}"),
             self.pool_config, f"export-{os.getpid()}-{index}")
         try:
@@ -281,7 +281,7 @@ class _Exporter:
         finally:
             await env.drain()
 
-    async def episode(self, env: EnvWorkerBody, task: Task) -> None:
+    async def episode(self, env: LeasedEnvWorker, task: Task) -> None:
         recording = Recording()
         policy = scripted_policy(recording_policy(self.config.agent, recording))
         try:

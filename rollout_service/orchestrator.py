@@ -220,7 +220,7 @@ class RolloutMetrics:
 
 
 class Orchestrator:
-    """Runs groups on ``workers`` (EnvWorkerBody objects or EnvWorkerActor handles).
+    """Runs groups on ``workers`` (LeasedEnvWorker objects or EnvWorkerActor handles).
 
     ``accounts``: the accounts the workers lease (their credentials provision and destroy);
     ``endpoint``: the cloud's OpenAPI endpoint; ``scorer``: ``RewardService.score`` or a

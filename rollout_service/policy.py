@@ -190,7 +190,7 @@ def _sample(torch: Any, logits: Any, sampling: SamplingParams, gen: Any) -> tupl
 class PolicyRouter:
     """Least-loaded routing over replicas, sticky per session (an episode keeps its replica,
     so its growing prompts hit that replica's prefix cache). ``replicas`` are objects with an
-    async ``generate``: PolicyServer actor handles or :class:`PolicyServerBody` objects."""
+    async ``generate``: PolicyServer actor handles or :class:`PolicyServer` objects."""
 
     def __init__(self, replicas: Sequence[Any]):
         if not replicas:
@@ -241,10 +241,10 @@ async def call(method: Any, *args: Any) -> Any:
     return await result if asyncio.iscoroutine(result) else result
 
 
-class PolicyServerBody:
+class PolicyServer:
     """An engine behind the PolicyServer interface, with its metrics
     (``consolerl_policy_*``). Used in process (tests, one machine) or as the Ray actor
-    :data:`PolicyServer`. ``engine`` is built by :func:`make_engine` from ``config`` when not
+    :data:`PolicyServerActor`. ``engine`` is built by :func:`make_engine` from ``config`` when not
     given."""
 
     def __init__(self, config: PolicyConfig | None = None, engine: Engine | None = None,
@@ -394,7 +394,7 @@ def _reconstructed() -> bool:
         return False
 
 
-PolicyServer = ray.remote(PolicyServerBody)
+PolicyServerActor = ray.remote(PolicyServer)
 
 
 def make_engine(config: PolicyConfig) -> Engine:

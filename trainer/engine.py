@@ -1,8 +1,8 @@
 """The update engine: data-parallel trainer workers (Ray actors) around one causal LM each.
 
-Each :class:`TrainerWorkerBody` holds a full replica of the model wrapped in torch's
+Each :class:`TrainerWorker` holds a full replica of the model wrapped in torch's
 ``DistributedDataParallel`` (``gloo`` on CPU, ``nccl`` on GPU), optionally with LoRA adapters
-(peft). One optimizer step (:meth:`TrainerWorkerBody.step`) on a rank's shard of the batch:
+(peft). One optimizer step (:meth:`TrainerWorker.step`) on a rank's shard of the batch:
 
 1. micro-batches by a token budget; each one's forward gives the log-probs of the sampled
    tokens under the current weights, and those, detached, are the "old" policy of the PPO
@@ -211,7 +211,7 @@ def common_prefix(mb: TrainBatch) -> int:
 _SHARE_METRICS = frozenset({"loss", "pg_loss", "kl"})
 
 
-class TrainerWorkerBody:
+class TrainerWorker:
     """One data-parallel rank: the model is loaded on construction; :meth:`init_distributed`
     joins the process group (rendezvous at rank 0's :meth:`address`) and builds the
     optimizer."""
@@ -465,7 +465,7 @@ class TrainerWorkerBody:
             dist.destroy_process_group()
 
 
-TrainerWorker = ray.remote(TrainerWorkerBody)
+TrainerWorkerActor = ray.remote(TrainerWorker)
 
 
 def worker_options(engine: EngineConfig) -> dict[str, Any]:
@@ -487,7 +487,7 @@ def start_workers(model_path: str, engine: EngineConfig, algo: AlgoConfig) -> li
     """``engine.workers`` ranks as Ray actors, joined in one process group (rendezvous on
     rank 0's node)."""
     options = worker_options(engine)
-    workers = [TrainerWorker.options(**options).remote(
+    workers = [TrainerWorkerActor.options(**options).remote(
         rank, engine.workers, model_path, engine, algo) for rank in range(engine.workers)]
     master = ray.get(workers[0].address.remote())
     ray.get([w.init_distributed.remote(master) for w in workers])

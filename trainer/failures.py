@@ -15,7 +15,7 @@ _MEMORY_SETTINGS = {
                      "trainer.engine.gradient_checkpointing: true (or LoRA: "
                      "trainer.engine.lora.rank), and reserve it with trainer.engine.memory_gib",
     "PolicyServer": "lower policy.kv_cache_gib or policy.max_model_len",
-    "EnvWorker": "run fewer browsers per node (env.workers)",
+    "LeasedEnvWorker": "run fewer browsers per node (env.workers)",
     "TrainingRollouts": "lower orchestrator.group_size or orchestrator.groups_per_step",
 }
 

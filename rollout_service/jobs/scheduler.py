@@ -131,7 +131,7 @@ class RunningJob:
 
 
 class JobScheduler:
-    """``workers``: env workers (EnvWorkerBody or their actors) API jobs may use;
+    """``workers``: env workers (LeasedEnvWorker or their actors) API jobs may use;
     ``catalog``: the task suite by id; ``agent_for``: an AgentLoop for a model name and agent
     config; ``quota_of``: a team's :class:`~.auth.TeamQuota`."""
 

@@ -471,14 +471,14 @@ def kill_chromium(case: Case) -> str:
     if not browsers:
         raise NoVictim("no Chromium running")
     victim = case.rng.choice(sorted(browsers, key=lambda p: p.pid))
-    workers = {p.pid for p in procs if p.cmdline.startswith("ray::EnvWorker")}
+    workers = {p.pid for p in procs if p.cmdline.startswith("ray::LeasedEnvWorker")}
     case.injection.victim_pid = next((a for a in ancestors(victim.pid) if a in workers), 0)
     os.kill(victim.pid, signal.SIGKILL)
     return f"SIGKILL Chromium pid {victim.pid} of env worker pid {case.injection.victim_pid}"
 
 
 def kill_env_worker(case: Case) -> str:
-    victim, text = _kill(case, "ray::EnvWorker")
+    victim, text = _kill(case, "ray::LeasedEnvWorker")
     case.injection.victim_pid = victim.pid
     return text
 

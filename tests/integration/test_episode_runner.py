@@ -15,7 +15,7 @@ from consolerl.tasks import TASKS_DIR, Task, load_task
 from consolerl.types import Observation, StepResult
 from env_workers.accounts import PoolConfig
 from env_workers.leases import AccountPool
-from env_workers.pool import EnvWorkerBody
+from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
 from infra.provisioning.sdk import EPISODE_TAG
 from reward_service.actiontrail import TrailClient
@@ -41,7 +41,7 @@ def run(cloud, accounts, redis_url: str, prefix: str, script):
     pool = PoolConfig(redis_url=redis_url, key_prefix=prefix)
 
     async def go():
-        env = EnvWorkerBody(WorkerConfig(console_url=cloud.url), pool, "runner-test")
+        env = LeasedEnvWorker(WorkerConfig(console_url=cloud.url), pool, "runner-test")
         try:
             return await runner.run(env, TASK, scripted_policy(script), max_steps=40,
                                     trajectory_id="t-1", seed=3)
@@ -90,7 +90,7 @@ class _Breaks:
     """An env worker whose ``step`` raises (its process died under Ray: the call raises
     instead of answering an EnvError)."""
 
-    def __init__(self, env: EnvWorkerBody):
+    def __init__(self, env: LeasedEnvWorker):
         self.env = env
 
     def __getattr__(self, name):
@@ -108,7 +108,7 @@ def run_wrapped(cloud, accounts, redis_url: str, prefix: str, wrapper):
     pool = PoolConfig(redis_url=redis_url, key_prefix=prefix)
 
     async def go():
-        env = EnvWorkerBody(WorkerConfig(console_url=cloud.url), pool, "runner-test")
+        env = LeasedEnvWorker(WorkerConfig(console_url=cloud.url), pool, "runner-test")
         try:
             t0 = time.monotonic()
             out = await runner.run(wrapper(env), TASK, scripted_policy(run_oracle),
@@ -223,7 +223,7 @@ def test_a_sweep_clears_what_dead_holders_left_without_running_an_episode(
     pool.episode_begun(victim.account_id, "orphan02")
 
     async def go():
-        env = EnvWorkerBody(WorkerConfig(console_url=runner_cloud.url),
+        env = LeasedEnvWorker(WorkerConfig(console_url=runner_cloud.url),
                             PoolConfig(redis_url=redis_server.url, key_prefix=prefix), "sweeper")
         try:
             return await runner.clear_orphans(env), await runner.clear_orphans(env)

@@ -43,8 +43,8 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def policy_app(tokenizer):
     from rollout_service.chat_api import build_api
-    from rollout_service.policy import PolicyConfig, PolicyRouter, PolicyServerBody
-    router = PolicyRouter([PolicyServerBody(PolicyConfig(), engine=FakeEngine())])
+    from rollout_service.policy import PolicyConfig, PolicyRouter, PolicyServer
+    router = PolicyRouter([PolicyServer(PolicyConfig(), engine=FakeEngine())])
     return build_api(router, tokenizer, "fuzz", max_prompt_tokens=2048)
 
 

@@ -13,7 +13,7 @@ from consolerl.experience import Turn
 from rollout_service.experience import ExperienceStream, StreamConfig
 from consolerl.experience import Group, Sample
 from rollout_service.models import cached_tiny_model  # noqa: E402
-from rollout_service.policy import PolicyConfig, PolicyServer  # noqa: E402
+from rollout_service.policy import PolicyConfig, PolicyServerActor  # noqa: E402
 from trainer.algo import AlgoConfig  # noqa: E402
 from trainer.checkpoint import CheckpointConfig  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
@@ -29,7 +29,7 @@ def cluster():
     workers = start_workers(model, EngineConfig(
         workers=2, num_cpus_per_worker=0.5, threads_per_worker=1, micro_batch_tokens=64,
         optim=OptimConfig(lr=1e-2)), AlgoConfig())
-    server = PolicyServer.options(num_cpus=0.5).remote(
+    server = PolicyServerActor.options(num_cpus=0.5).remote(
         PolicyConfig(model=model, backend="transformers"), None, None, "policy-0")
     try:
         yield model, workers, server

@@ -65,7 +65,7 @@ def test_services_of_a_cluster_job_listen_on_the_node_address(tmp_path, monkeypa
 # What each actor kind needs, as the config names it (the smoke config plus these overrides).
 PLACED = ("env.resources={browser: 1}", "policy.resources={policy: 1}",
           "trainer.engine.resources={trainer: 1}")
-NEEDS = {"EnvWorkerBody": "browser", "PolicyServerBody": "policy", "TrainerWorkerBody": "trainer"}
+NEEDS = {"LeasedEnvWorker": "browser", "PolicyServer": "policy", "TrainerWorker": "trainer"}
 
 
 @pytest.fixture
@@ -165,9 +165,9 @@ def test_smoke_run_under_ray_job_submit_on_three_nodes(three_nodes, tmp_path):
     assert summary["services"]["cloud"] == f"{cluster.ip}:18090"
     assert summary["services"]["redis"] == f"redis://{cluster.ip}:6391/0"
     nodes = placement(cluster, seen)
-    assert sorted(nodes["EnvWorkerBody"]) == ["browsers", "browsers"]
-    assert nodes["PolicyServerBody"] == ["policy"]
-    assert sorted(nodes["TrainerWorkerBody"]) == ["head", "head"]
+    assert sorted(nodes["LeasedEnvWorker"]) == ["browsers", "browsers"]
+    assert nodes["PolicyServer"] == ["policy"]
+    assert sorted(nodes["TrainerWorker"]) == ["head", "head"]
 
 
 # ---- a worker node lost mid-run ----------------------------------------------------------------
@@ -216,7 +216,7 @@ def _node_kill_run(cluster: RayCluster, server: RedisServer, tmp_path: Path) -> 
         time.sleep(0.5)
     assert len(leased) == 2, ("no moment with both workers in an episode", job.output()[-4000:])
     watch_actors(cluster, seen)
-    on_killed = [a for a in seen.values() if a["class_name"] == "EnvWorkerBody"
+    on_killed = [a for a in seen.values() if a["class_name"] == "LeasedEnvWorker"
                  and cluster.node_named(a["node_id"]) == "browsers"]
     assert len(on_killed) == 1, seen
     killed_at = time.monotonic()
@@ -292,7 +292,7 @@ def test_the_jobs_apis_env_workers_keep_their_placement_and_restarts(tmp_path):
         while True:
             actors = cluster.actors()
             workers = [a for a in actors
-                       if a["class_name"] == "EnvWorkerBody" and a["state"] == "ALIVE"]
+                       if a["class_name"] == "LeasedEnvWorker" and a["state"] == "ALIVE"]
             if len(workers) == 2:
                 break
             assert time.monotonic() < deadline, (actors, log.read_text()[-4000:])

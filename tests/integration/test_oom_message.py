@@ -20,7 +20,7 @@ from trainer.failures import describe_failure
 ray.init(num_cpus=1, include_dashboard=False)
 
 @ray.remote(max_restarts=0)
-class TrainerWorkerBody:
+class TrainerWorker:
     def __init__(self):
         self.blocks = []
 
@@ -29,7 +29,7 @@ class TrainerWorkerBody:
             self.blocks.append(bytearray(64 * 2**20))
         return len(self.blocks)
 
-actor = TrainerWorkerBody.remote()
+actor = TrainerWorker.remote()
 try:
     ray.get(actor.grow.remote(int(sys.argv[1])))
     print("NOT KILLED")
@@ -57,6 +57,6 @@ def test_an_actor_killed_for_memory_is_named_with_the_setting_to_change(tmp_path
     out = proc.stdout + proc.stderr
     line = next((x for x in proc.stdout.splitlines() if x.startswith("MESSAGE:")), "")
     assert line, out[-3000:]
-    assert "memory monitor killed TrainerWorkerBody" in line, line
+    assert "memory monitor killed TrainerWorker" in line, line
     assert " GB" in line and "with the node at" in line, line
     assert "trainer.engine.micro_batch_tokens" in line, line

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from rollout_service.agent import AgentConfig, AgentLoop, SamplingParams  # noqa: E402
 from rollout_service.models import HFChatTokenizer, tiny_model  # noqa: E402
-from rollout_service.policy import (PolicyConfig, PolicyRouter, PolicyServerBody,  # noqa: E402
+from rollout_service.policy import (PolicyConfig, PolicyRouter, PolicyServer,  # noqa: E402
                                     TransformersEngine)
 from consolerl.types import Observation, StepResult  # noqa: E402
 from tests.conftest import run_async  # noqa: E402
@@ -61,7 +61,7 @@ def test_update_weights_in_place_changes_the_next_generation(tiny):
 
 
 def test_router_is_sticky_per_session_and_least_loaded(engine):
-    servers = [PolicyServerBody(PolicyConfig(), engine=engine, name=f"p{i}") for i in range(2)]
+    servers = [PolicyServer(PolicyConfig(), engine=engine, name=f"p{i}") for i in range(2)]
     router = PolicyRouter(servers)
 
     async def go():
@@ -77,7 +77,7 @@ def test_router_is_sticky_per_session_and_least_loaded(engine):
 
 def test_the_agent_loop_on_real_tokens(engine, tiny):
     tok = HFChatTokenizer(tiny)
-    server = PolicyServerBody(PolicyConfig(), engine=engine)
+    server = PolicyServer(PolicyConfig(), engine=engine)
     steps = []
 
     async def step(text):
@@ -107,7 +107,7 @@ def test_the_openai_compatible_endpoint(engine, tiny):
     from infra.llm import OpenAIChatClient
     from rollout_service.chat_api import build_api
 
-    router = PolicyRouter([PolicyServerBody(PolicyConfig(), engine=engine)])
+    router = PolicyRouter([PolicyServer(PolicyConfig(), engine=engine)])
     api = TestClient(build_api(router, HFChatTokenizer(tiny), "tiny", max_prompt_tokens=200))
     r = api.post("/v1/chat/completions", json={
         "model": "tiny", "messages": [{"role": "user", "content": "Judge this."}],

@@ -129,7 +129,7 @@ def test_a_failed_provisioning_makes_the_episode_an_env_error(prov_cloud, accoun
                                                               redis_server):
     from consolerl.tasks import parse_task
     from env_workers.accounts import PoolConfig
-    from env_workers.pool import EnvWorkerBody
+    from env_workers.pool import LeasedEnvWorker
     from env_workers.worker import WorkerConfig
     from reward_service.service import RewardService
     from rollout_service.episode import EpisodeRunner, scripted_policy
@@ -150,7 +150,7 @@ def test_a_failed_provisioning_makes_the_episode_an_env_error(prov_cloud, accoun
 
     async def go():
         # The browser never starts: the episode stops before it.
-        env = EnvWorkerBody(WorkerConfig(), PoolConfig(redis_url=redis_server.url,
+        env = LeasedEnvWorker(WorkerConfig(), PoolConfig(redis_url=redis_server.url,
                                                        key_prefix="test:prov-episode"), "w0")
         try:
             return await runner.run(env, task, scripted_policy(run_oracle), max_steps=5)

@@ -15,7 +15,7 @@ from consolerl.tasks import TASKS_DIR, Task, load_task
 from consolerl.types import Observation, StepResult
 from env_workers.accounts import PoolConfig
 from env_workers.driver import ScriptedDriver, StepFn, find_bid
-from env_workers.pool import EnvWorkerBody
+from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
 from reward_service.fusion import fuse
 from reward_service.service import RewardService
@@ -71,7 +71,7 @@ def test_hacks_earn_nothing(hack_cloud, make_client, accounts, redis_server, pol
                            RewardService([TASK], accounts, hack_cloud.endpoint).score)
 
     async def go():
-        env = EnvWorkerBody(WorkerConfig(console_url=hack_cloud.url), PoolConfig(
+        env = LeasedEnvWorker(WorkerConfig(console_url=hack_cloud.url), PoolConfig(
             redis_url=redis_server.url, key_prefix="test:hack"), "hacker")
         try:
             return await runner.run(env, TASK, scripted_policy(policy), max_steps=40)

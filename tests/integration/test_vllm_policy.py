@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray")
 from consolerl.errors import ConfigError  # noqa: E402
 from rollout_service.agent import SamplingParams  # noqa: E402
 from rollout_service.models import HFChatTokenizer, default_model  # noqa: E402
-from rollout_service.policy import PolicyConfig, PolicyServer  # noqa: E402
+from rollout_service.policy import PolicyConfig, PolicyServerActor  # noqa: E402
 from rollout_service.vllm_engine import vllm_python  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def server(model_path):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = PolicyConfig(model=str(model_path), backend="vllm", max_model_len=1024,
                           kv_cache_gib=0.5, enforce_eager=True, seed=0)
-    actor = PolicyServer.options(num_cpus=1).remote(config, None, None, "vllm-0")
+    actor = PolicyServerActor.options(num_cpus=1).remote(config, None, None, "vllm-0")
     try:
         yield actor
     finally:

@@ -9,7 +9,7 @@ import pytest
 
 from trainer.failures import describe_failure
 from consolerl.accounts import lease_agent, parse_lease_agent
-from rollout_service.policy import PolicyServerBody, PolicyUnavailable, SamplingParams
+from rollout_service.policy import PolicyServer, PolicyUnavailable, SamplingParams
 from tests.conftest import run_async
 
 
@@ -29,7 +29,7 @@ class StubEngine:
 
 
 def test_a_restarted_replica_serves_only_once_it_has_the_trainers_weights():
-    server = PolicyServerBody(engine=StubEngine(), name="policy-0")
+    server = PolicyServer(engine=StubEngine(), name="policy-0")
     assert server.awaiting_weights is False         # not a Ray actor: never reconstructed
     server.awaiting_weights = True                  # what a restart by Ray sets
     assert run_async(server.version()) == -1
@@ -62,18 +62,18 @@ RAY_OOM = ("1 worker(s) were killed due to the node running low on memory. Memor
            "(IP: 192.0.2.2, ID: 540e) was 3.21GB used / 23.54GB limit (0.136419)\nOOM kill "
            "reason: Memory usage 3357401088B exceeded threshold of 3235394048B\nRay killed 1 "
            "worker(s) based on the killing policy\nSelected to kill: (Actor(8fb2): job ID=01, "
-           "task name=PolicyServerBody.generate, required resources={}, pid=8639, actual "
+           "task name=PolicyServer.generate, required resources={}, pid=8639, actual "
            "memory used=1.97GB, worker ID=dcbf)\n]")
 
 
 def test_an_actor_killed_for_memory_is_named_with_its_setting():
     from trainer.failures import describe_oom
     text = describe_failure(RuntimeError(RAY_OOM))
-    assert text == ("Ray's memory monitor killed PolicyServerBody (pid 8639) at 1.97 GB with "
+    assert text == ("Ray's memory monitor killed PolicyServer (pid 8639) at 1.97 GB with "
                     "the node at 3.21 of 23.54 GB: lower policy.kv_cache_gib or "
                     "policy.max_model_len")
     # Without the figure in the message, the job's own last sample of that pid.
-    bare = "killed due to memory pressure (class_name: EnvWorkerBody, pid: 77)"
-    assert "at 0.5 GB" in describe_oom(RuntimeError(bare), {77: ("ray::EnvWorkerBody",
+    bare = "killed due to memory pressure (class_name: LeasedEnvWorker, pid: 77)"
+    assert "at 0.5 GB" in describe_oom(RuntimeError(bare), {77: ("ray::LeasedEnvWorker",
                                                                   2**29)})
     assert describe_oom(RuntimeError("something else")) is None

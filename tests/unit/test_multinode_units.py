@@ -317,8 +317,8 @@ def _started(monkeypatch, config: JobConfig) -> dict[str, list[dict]]:
     classes replaced by recorders; the options each was given, by kind."""
     kinds = {"env": Recorder(), "policy": Recorder(), "trainer": Recorder()}
     monkeypatch.setattr(pool_module, "EnvWorkerActor", kinds["env"])
-    monkeypatch.setattr(rollout_module, "PolicyServer", kinds["policy"])
-    monkeypatch.setattr(engine_module, "TrainerWorker", kinds["trainer"])
+    monkeypatch.setattr(rollout_module, "PolicyServerActor", kinds["policy"])
+    monkeypatch.setattr(engine_module, "TrainerWorkerActor", kinds["trainer"])
     monkeypatch.setattr(engine_module.ray, "get", lambda refs, **kw: refs)
     pool_module.EnvPool(rollout_spec(config, config.policy, None).env_pool)
     rollout_module.start_policy(config.policy)
@@ -353,8 +353,8 @@ def test_option_builders_carry_the_config(monkeypatch):
 
 
 # Every place the project starts an actor of these kinds, and the option builder it must use.
-_ACTOR_STARTS = {"EnvWorkerActor": "worker_options", "PolicyServer": "policy_options",
-                 "TrainerWorker": "worker_options"}
+_ACTOR_STARTS = {"EnvWorkerActor": "worker_options", "PolicyServerActor": "policy_options",
+                 "TrainerWorkerActor": "worker_options"}
 
 
 def test_no_actor_of_a_placed_kind_is_started_around_its_option_builder():

@@ -25,7 +25,7 @@ def test_the_peak_and_its_breakdown_include_children():
 
 
 def test_process_kinds():
-    assert process_kind(["ray::TrainerWorkerBody.step"]) == "ray::TrainerWorkerBody"
+    assert process_kind(["ray::TrainerWorker.step"]) == "ray::TrainerWorker"
     assert process_kind(["ray::IDLE"]) == "ray workers"
     assert process_kind(["/usr/lib/chromium/chromium", "--type=renderer"]) == "chromium"
     assert process_kind([".venv-vllm/bin/python", "-m", "rollout_service.vllm_server"]) == "vllm"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from rollout_service.agent import Generation
-from rollout_service.policy import PolicyServerBody, SamplingParams
+from rollout_service.policy import PolicyServer, SamplingParams
 from tests.conftest import run_async
 
 
@@ -26,7 +26,7 @@ class CountingEngine:
 def test_pause_holds_requests_until_resumed():
     async def scenario():
         engine = CountingEngine()
-        server = PolicyServerBody(engine=engine, name="policy-0")
+        server = PolicyServer(engine=engine, name="policy-0")
         await server.pause(60.0)
         request = asyncio.ensure_future(server.generate([1, 2], SamplingParams(max_tokens=2)))
         await asyncio.sleep(0.3)
@@ -43,7 +43,7 @@ def test_pause_holds_requests_until_resumed():
 def test_a_pause_lifts_itself_after_max_s():
     async def scenario():
         engine = CountingEngine()
-        server = PolicyServerBody(engine=engine, name="policy-0")
+        server = PolicyServer(engine=engine, name="policy-0")
         await server.pause(0.2)
         gen = await asyncio.wait_for(server.generate([1], SamplingParams(max_tokens=1)), 5)
         assert gen.token_ids == (5,)

@@ -13,7 +13,7 @@ from consolerl.experience import Group, Sample
 from rollout_service.models import cached_tiny_model  # noqa: E402
 from rollout_service.policy import TransformersEngine  # noqa: E402
 from trainer.algo import AlgoConfig, build_batch, response_logprobs  # noqa: E402
-from trainer.engine import EngineConfig, LoraConfig, OptimConfig, TrainerWorkerBody  # noqa: E402
+from trainer.engine import EngineConfig, LoraConfig, OptimConfig, TrainerWorker  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def _logprobs(worker, batch):
 
 
 def test_full_step_raises_the_rewarded_response_and_lowers_the_other(tiny):
-    worker = TrainerWorkerBody(0, 1, tiny, EngineConfig(micro_batch_tokens=64,
+    worker = TrainerWorker(0, 1, tiny, EngineConfig(micro_batch_tokens=64,
                                                         optim=OptimConfig(lr=1e-2)),
                                AlgoConfig())
     worker.init_distributed("")
@@ -54,7 +54,7 @@ def test_full_step_raises_the_rewarded_response_and_lowers_the_other(tiny):
 
 
 def test_lora_trains_adapters_and_publishes_merged_weights_in_base_names(tiny):
-    worker = TrainerWorkerBody(0, 1, tiny, EngineConfig(
+    worker = TrainerWorker(0, 1, tiny, EngineConfig(
         micro_batch_tokens=64, optim=OptimConfig(lr=5e-2),
         lora=LoraConfig(rank=4, alpha=8, target_modules=("q_proj", "v_proj"))), AlgoConfig())
     worker.init_distributed("")
@@ -81,7 +81,7 @@ def test_lora_trains_adapters_and_publishes_merged_weights_in_base_names(tiny):
 
 
 def _grad_norm_of_one_step(tiny, **engine):
-    worker = TrainerWorkerBody(0, 1, tiny, EngineConfig(micro_batch_tokens=64,
+    worker = TrainerWorker(0, 1, tiny, EngineConfig(micro_batch_tokens=64,
                                                         optim=OptimConfig(lr=1e-3), **engine),
                                AlgoConfig())
     worker.init_distributed("")
@@ -141,7 +141,7 @@ def test_a_shared_prefix_runs_once_and_gives_the_same_logprobs_and_gradient(tiny
     batch = _prefixed_batch()
     results = []
     for share in (False, True):
-        worker = TrainerWorkerBody(0, 1, tiny, EngineConfig(autocast="off", share_prefix=share),
+        worker = TrainerWorker(0, 1, tiny, EngineConfig(autocast="off", share_prefix=share),
                                    AlgoConfig())
         worker.init_distributed("")
         calls = []
@@ -165,7 +165,7 @@ def test_a_shared_prefix_runs_once_and_gives_the_same_logprobs_and_gradient(tiny
 
 
 def test_train_layers_trains_only_the_top_layers_and_publishes_the_whole_model(tiny):
-    worker = TrainerWorkerBody(0, 1, tiny, EngineConfig(train_layers=1, autocast="off",
+    worker = TrainerWorker(0, 1, tiny, EngineConfig(train_layers=1, autocast="off",
                                                         optim=OptimConfig(lr=1e-2)),
                                AlgoConfig())
     worker.init_distributed("")
@@ -197,6 +197,6 @@ def test_train_layers_trains_only_the_top_layers_and_publishes_the_whole_model(t
     full = worker.published_state()
     assert not isinstance(full, PartialWeights) and set(full) == set(after)
     with pytest.raises(Exception, match="EngineConfig.train_layers: 99 is more than"):
-        TrainerWorkerBody(0, 1, tiny, EngineConfig(train_layers=99), AlgoConfig())
+        TrainerWorker(0, 1, tiny, EngineConfig(train_layers=99), AlgoConfig())
     with pytest.raises(Exception, match="EngineConfig.train_layers"):
         EngineConfig(train_layers=-1)

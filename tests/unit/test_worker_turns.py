@@ -15,7 +15,7 @@ import pytest
 from consolerl.types import Observation, StepResult
 from env_workers import pool as pool_module
 from env_workers.accounts import PoolConfig
-from env_workers.pool import EnvWorkerBody
+from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
 from rollout_service.agent import AgentConfig, AgentLoop, Generation
 from rollout_service.episode import PolicyFailed, WorkerSidePolicy
@@ -49,8 +49,8 @@ class Browser(FakeEnv):
         return 0.0
 
 
-def body(browser) -> EnvWorkerBody:
-    return EnvWorkerBody(WorkerConfig(), PoolConfig(redis_url="redis://127.0.0.1:1/0"), "w0",
+def body(browser) -> LeasedEnvWorker:
+    return LeasedEnvWorker(WorkerConfig(), PoolConfig(redis_url="redis://127.0.0.1:1/0"), "w0",
                          pool=object(), browser=browser)
 
 
@@ -106,7 +106,7 @@ class ActingEnv:
 
     async def act(self, shipped, task_id, title, procedure, observation, seed, tid):
         self.calls["act"] += 1
-        return await EnvWorkerBody.act(self, shipped, task_id, title, procedure,
+        return await LeasedEnvWorker.act(self, shipped, task_id, title, procedure,
                                        observation, seed, tid)
 
     async def step(self, text):
