@@ -150,8 +150,9 @@ def test_a_failed_provisioning_makes_the_episode_an_env_error(prov_cloud, accoun
 
     async def go():
         # The browser never starts: the episode stops before it.
-        env = LeasedEnvWorker(WorkerConfig(), PoolConfig(redis_url=redis_server.url,
-                                                       key_prefix="test:prov-episode"), "w0")
+        env = LeasedEnvWorker(WorkerConfig(console_url=prov_cloud.url),
+                              PoolConfig(redis_url=redis_server.url,
+                                         key_prefix="test:prov-episode"), "w0")
         try:
             return await runner.run(env, task, scripted_policy(run_oracle), max_steps=5)
         finally:
