@@ -42,9 +42,11 @@ def rollout_spec(config: JobConfig, policy: PolicyConfig, metrics: PublishConfig
                  workers: int | None = None, suite_dir: str | None = None) -> RolloutSpec:
     """The rollout side's sections. ``policy``: ``config.policy`` with its model resolved
     (the caller resolves it once: the SFT stage may have replaced it)."""
-    return RolloutSpec(env_pool(config, metrics, workers), policy, config.agent,
-                       config.cloud.endpoint, config.cloud.accounts_path, config.trail,
-                       config.reward, suite_dir or str(TASKS_DIR), metrics)
+    return RolloutSpec(env_pool=env_pool(config, metrics, workers), policy=policy,
+                       agent=config.agent, endpoint=config.cloud.endpoint,
+                       accounts_file=config.cloud.accounts_path, trail=config.trail,
+                       reward=config.reward, suite_dir=suite_dir or str(TASKS_DIR),
+                       metrics=metrics)
 
 
 def jobs_api_specs(config: JobConfig, policy: PolicyConfig, metrics: PublishConfig | None,
@@ -54,10 +56,12 @@ def jobs_api_specs(config: JobConfig, policy: PolicyConfig, metrics: PublishConf
     api = config.api
     tokens = str(Path(api.tokens_file).resolve())
     rollout = rollout_spec(config, policy, metrics, workers=api.workers, suite_dir=suite_dir)
-    scheduler = SchedulerSpec(rollout, api.scheduler, config.stream.url, api.prefix, tokens,
-                              tuple(api.models.items()))
-    http = HttpSpec(config.stream.url, api.prefix, tokens, ("live", *api.models),
-                    api.sse_max_s, rollout.suite_dir)
+    scheduler = SchedulerSpec(rollout=rollout, scheduler=api.scheduler,
+                              redis_url=config.stream.url, prefix=api.prefix,
+                              tokens_file=tokens, models=tuple(api.models.items()))
+    http = HttpSpec(redis_url=config.stream.url, prefix=api.prefix, tokens_file=tokens,
+                    models=("live", *api.models), sse_max_s=api.sse_max_s,
+                    suite_dir=rollout.suite_dir)
     return scheduler, http
 
 
