@@ -4,7 +4,7 @@
 #   make learning-check  SFT then GRPO (<= 60 min), then held-out success of both (1.5-2 h in all)
 #   make secrets-check  no password, AccessKey secret or API token in a run's outputs (RUN=runs/demo)
 #   make test        the fast suite (unit + integration against real local services)
-#   make test-slow   the slow tests (run before resolving an issue)
+#   make test-slow   the slow tests (multi-node, ray job submit, the learning regression; ~40 min)
 #   make test-faults the fault-injection suite (10 faults x 3 points in real runs, ~1.5 h) + table
 #   make cloud       serve the local cloud on $(CLOUD_PORT)
 #   make serve       the jobs API for other teams on 127.0.0.1:8000 (prints a token the first time)

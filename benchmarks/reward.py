@@ -33,7 +33,7 @@ and a :class:`~reward_service.service.RewardService` over it with the default
 ``score_success_p50_ms`` / ``score_failure_p50_ms`` split the latency by verdict (a failure
 checks its end state once, without the settle wait a success's check may get).
 
-Prints one JSON object with ``--json``; progress goes to stderr. The issue's target: p50 under
+Prints one JSON object with ``--json``; progress goes to stderr. The target: p50 under
 50 ms with 100,000 events stored and no delivery delay.
 """
 from __future__ import annotations

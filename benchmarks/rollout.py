@@ -6,7 +6,7 @@ CPU policy (``--backend``: vLLM on CPU where ``.venv-vllm`` exists, else transfo
 default SmolLM2-135M-Instruct unless ``--model``), the reward
 service, and a stand-in trainer that consumes groups from the experience stream, ``--groups-
 per-step`` per step, spends ``--train-seconds`` per step (the time an optimizer step would take;
-the real trainer is issue 8) and then advances the trainer version the staleness control reads.
+the real trainer is trainer.grpo) and then advances the trainer version the staleness control reads.
 
 Each mode runs until ``--groups`` groups of ``--group-size`` episodes are trained:
 
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups-per-step", type=int, default=1)
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--train-seconds", type=float, default=30.0,
-                        help="stand-in optimizer step: issue 24's CPU step (top 6 layers, "
+                        help="stand-in optimizer step: the CPU step (top 6 layers, "
                              "generation paused) took 53.9 s for 24 turns, ~27 s for a group "
                              "of 2 episodes of ~6 turns (python -m benchmarks.train_step)")
     parser.add_argument("--max-steps", type=int, default=6)

@@ -36,7 +36,7 @@ from typing import Any
 
 from benchmarks.scale_model import LATENCY_FILE, TRAIL_QPS, Latency
 
-PROMPT_TOKENS = 705          # mean prompt of a turn (the compact prompt; issue 24's measure)
+PROMPT_TOKENS = 705          # mean prompt of a turn (the compact prompt, as measured)
 RESPONSE_TOKENS = 12
 
 

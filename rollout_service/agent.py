@@ -124,7 +124,7 @@ class ChatTokenizer(Protocol):
     """``apply_chat_template``: the prompt ids, the template's markers as control tokens and
     every message's content as plain text: a control string in it (``<|im_end|>``, any added
     token) comes out as ordinary tokens, never as a control token. ``decode``: the sampled ids
-    as text. :class:`rollout_service.models.HFChatTokenizer` is the real one (issue 23)."""
+    as text. :class:`rollout_service.models.HFChatTokenizer` is the real one."""
 
     def apply_chat_template(self, messages: list[dict[str, str]], *, tokenize: bool = True,
                             add_generation_prompt: bool = True) -> list[int]: ...

@@ -545,7 +545,7 @@ def test_accounts_from_environment_and_secrets_file(tmp_path):
     assert "Hunter2" not in str(caught.value)
 
 
-# -- the free index (issue 25: an acquire no longer scans every account) ---------------------
+# -- the free index (an acquire no longer scans every account) ---------------------
 
 def test_the_index_follows_the_account_list_redis_losing_it_and_quarantine(
         make_pool, rclient, redis_server, accounts):

@@ -199,7 +199,7 @@ def test_rpc_v1_runs_only_the_signed_action(cloud, accounts):
     assert r.status_code == 200, r.text
 
 
-# ---- issue 23: non-ASCII signatures, hashes and tokens are refused, never a 500 -----------
+# ---- non-ASCII signatures, hashes and tokens are refused, never a 500 -----------
 
 def _assert_refused(r, code: str) -> None:
     assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])

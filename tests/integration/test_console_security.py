@@ -195,7 +195,7 @@ def test_metrics_cover_the_console(http, console_cloud):
     assert 'consolerl_console_sim_pages_total{page="ram_users",status="200"}' in text
 
 
-# ---- sign-in: CSRF token and lockout (issue 23) ----------------------------------------------
+# ---- sign-in: CSRF token and lockout ----------------------------------------------
 
 def test_sign_in_needs_the_forms_csrf_token(console_cloud, accounts):
     heidi = accounts[HEIDI]

@@ -215,7 +215,7 @@ def test_metrics_count_judge_votes_and_pending_episodes(http_cloud, accounts):
     assert metric(text, 'consolerl_reward_trail_wait_seconds_count{status="pending"}') == 1
 
 
-# -- issue 23: every user mistake is a 4xx naming its field; only an outage is a 503 ----------
+# -- every user mistake is a 4xx naming its field; only an outage is a 503 ----------
 
 def valid_request(account_id: str = "1000000000000001", **changes) -> dict:
     now = time.time()

@@ -147,7 +147,7 @@ def test_time_round_trip():
     assert parse_iso("2026-13-01T00:00:00Z") is None and parse_iso("yesterday") is None
 
 
-# ---- issue 23: secrets, tokens and JSON from outside never give a 500 -----------------------
+# ---- secrets, tokens and JSON from outside never give a 500 -----------------------
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -162,14 +162,14 @@ def test_same_secret_compares_utf8_bytes_and_never_raises(given, expected, equal
 
 
 def test_stdlib_compare_digest_raises_on_non_ascii_text():
-    """Why the helper exists: what auth, OSS and the console called before (issue 23)."""
+    """Why the helper exists: what auth, OSS and the console called before."""
     with pytest.raises(TypeError):
         hmac.compare_digest("é", "e")
 
 
 def test_secrets_are_compared_only_through_same_secret():
     """Every secret comparison of the repository goes through ``consolerl.text.same_secret``:
-    a direct ``compare_digest`` on text is the 500 of issue 23 waiting to happen."""
+    a direct ``compare_digest`` on text is a 500 waiting to happen."""
     found = []
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT)

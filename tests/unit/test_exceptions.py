@@ -1,4 +1,4 @@
-"""One exception hierarchy (issue 20): every exception class the project defines derives from
+"""One exception hierarchy: every exception class the project defines derives from
 :class:`consolerl.errors.ConsoleRLError`, and survives a pickle round trip (errors cross Ray
 boundaries) as the same type with the same message and attributes.
 

@@ -1,4 +1,4 @@
-"""Fuzzing of the pure parsers of outside input (issue 23, item 3): the action parser, goto's
+"""Fuzzing of the pure parsers of outside input: the action parser, goto's
 host allow-list, task files (from dicts, as the jobs API gets them, and from YAML text), their
 prerequisites, drift profiles, accounts files, the local cloud's parameter parsing, query
 strings, ACS3 Authorization headers and timestamps, judges' replies and lease user agents.

@@ -1,7 +1,7 @@
-"""The agent's prompts encode the episode's task and procedure once (issue 25: most of the
+"""The agent's prompts encode the episode's task and procedure once (most of the
 rollout actor's CPU time per step was encoding the same text again): the ids are the same,
 id for id, as encoding the whole prompt, for real pages and tokenizers, and page text that
-holds control strings still goes the plain-text way of issue 23."""
+holds control strings still goes the plain-text way."""
 from __future__ import annotations
 
 import pytest
