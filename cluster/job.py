@@ -363,6 +363,8 @@ def _leases_left(config: EnvPoolConfig) -> int:
 
 def _write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    if not (run_dir / "metrics.jsonl").exists():
+        return                   # stopped before its first step: nothing to plot
     try:
         plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
     except Exception as exc:  # noqa: BLE001 - a missing plot never fails the run
