@@ -201,8 +201,9 @@ def own_process_groups() -> Iterator[None]:
     """Ray processes started inside (an embedded cluster's GCS, raylet and agents; through the
     raylet every worker, and the browsers and vLLM engines the workers start) each get a
     process group of their own instead of the driver's. Ray starts them all through
-    ``ray._private.services.ConsolePopen`` (Ray 2.60; ``tests/integration`` checks the groups);
-    they still die with the driver (Ray's kernel fate-sharing, PR_SET_PDEATHSIG)."""
+    ``ray._private.services.ConsolePopen`` (Ray 2.60; tests/integration/test_process_groups.py
+    fails if that moves); they still die with the driver (Ray's kernel fate-sharing,
+    PR_SET_PDEATHSIG)."""
     from ray._private import services  # noqa: PLC0415 - Ray's process launcher
 
     launcher = services.ConsolePopen
