@@ -243,7 +243,7 @@ def handle_stop_signals() -> None:
 
 
 def _on_stop_signal(signum: int, frame: Any) -> None:
-    if _STOP_SIGNAL[0] or _STOPPING[0]:
+    if _STOPPING[0]:                 # set by the first signal too
         progress(f"stopping already (signal {signum} ignored): the run's processes and "
                  "leases are being released")
         return
