@@ -58,6 +58,7 @@ class PolicyConfig:
     max_model_len: int = 8192
     num_cpus_per_replica: float = 1.0
     num_gpus_per_replica: float = 0.0
+    tensor_parallel_size: int = 1
     # Ray placement of the replicas: DEFAULT packs them, SPREAD puts them on distinct nodes.
     scheduling_strategy: str = "DEFAULT"
     # Ray custom resources each replica needs (e.g. {"policy": 1}).
@@ -77,6 +78,7 @@ class PolicyConfig:
             raise ConfigError(f"PolicyConfig.dtype: must be float32, bfloat16 or float16, "
                               f"got {self.dtype!r}")
         check_int("PolicyConfig.replicas", self.replicas, 1)
+        check_int("PolicyConfig.tensor_parallel_size", self.tensor_parallel_size, 1)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"PolicyConfig.gpu_memory_utilization: must be in (0, 1], "
                               f"got {self.gpu_memory_utilization!r}")

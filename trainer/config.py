@@ -12,6 +12,26 @@ from .engine import EngineConfig
 from .stream import ConsumerConfig
 
 
+TRANSPORTS = ("collective", "object_store")
+
+
+@dataclass(frozen=True)
+class WeightsConfig:
+    """How the weights reach the policy replicas after a step. ``transport``: ``collective``
+    (a process group between trainer rank 0 and each replica's engine: NCCL on GPU, gloo on
+    CPU; tensors streamed in chunks of ``chunk_mib``) or ``object_store`` (Ray's object store
+    and a file per replica; also the fallback for a replica Ray restarted)."""
+
+    transport: str = "collective"
+    chunk_mib: int = 256
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ConfigError(f"WeightsConfig.transport: must be one of "
+                              f"{', '.join(TRANSPORTS)}, got {self.transport!r}")
+        check_int("WeightsConfig.chunk_mib", self.chunk_mib, 1)
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     """``steps``: optimizer steps of the GRPO stage; each takes ``orchestrator.groups_per_step``
@@ -34,6 +54,7 @@ class TrainerConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
     read_timeout_s: float = 1800.0        # waiting for the stream before giving up a step
     time_budget_s: float = 0.0
     skip_zero_advantage: bool = True

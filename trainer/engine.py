@@ -85,6 +85,8 @@ class EngineConfig:
     checkpointing, whose recomputation cannot replay a cache)."""
 
     workers: int = 1
+    strategy: str = "ddp"
+    nodes: int = 1
     backend: str = "gloo"
     device: str = "cpu"
     dtype: str = "float32"
@@ -104,6 +106,13 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_int("EngineConfig.workers", self.workers, 1)
+        check_int("EngineConfig.nodes", self.nodes, 1)
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"EngineConfig.strategy: must be one of {', '.join(STRATEGIES)}, "
+                              f"got {self.strategy!r}")
+        if self.workers % self.nodes:
+            raise ConfigError(f"EngineConfig.nodes: {self.workers} workers do not divide "
+                              f"evenly over {self.nodes} nodes")
         if self.backend not in ("gloo", "nccl"):
             raise ConfigError(f"EngineConfig.backend: must be gloo or nccl, "
                               f"got {self.backend!r}")
@@ -124,6 +133,7 @@ class EngineConfig:
 
 
 AUTOCAST_MODES = ("auto", "bfloat16", "off")
+STRATEGIES = ("ddp", "fsdp2")
 _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
