@@ -52,7 +52,7 @@ from rollout_service.export import ExportConfig, run_export
 from rollout_service.jobs.store import TrainingBeacon
 from rollout_service.models import HFChatTokenizer, resolve_model
 from trainer.curves import plot_curves
-from trainer.engine import start_workers
+from trainer.engine import EngineConfig, call_for_rank0, start_workers
 from trainer.failures import describe_failure, explain_no_experience
 from trainer.grpo import GRPOTrainer, NoExperienceError
 from trainer.sft import train_sft
@@ -151,7 +151,8 @@ def _grpo(session: Session, run_dir: Path, summary: dict[str, Any], started: Sta
     summary["history"] = trainer.run(config.trainer.steps, _step_printer(config, trainer),
                                      deadline=t_start + budget if budget else None)
     summary["stopped_by"] = trainer.stopped_by
-    summary["final_model"] = _save_final(started.workers[0], model_path, run_dir / "final")
+    summary["final_model"] = _save_final(started.workers, config.trainer.engine, model_path,
+                                         run_dir / "final")
     progress(f"final model: {summary['final_model']}")
     summary["completed"] = True
 
@@ -190,12 +191,15 @@ class Started:
         return out
 
 
-def _save_final(rank0: Any, model_path: str, folder: Path) -> str:
+def _save_final(workers: list[Any], engine: EngineConfig, model_path: str,
+                folder: Path) -> str:
     """The trained weights as a model folder (config, weights, tokenizer) that the policy,
-    ``cluster.evaluate`` and Hugging Face load; written beside, then swapped in."""
+    ``cluster.evaluate`` and Hugging Face load; written beside (by rank 0; under FSDP2 every
+    rank takes part in gathering the weights), then swapped in."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    ray.get(rank0.save_pretrained.remote(str(tmp)))
+    rank0, others = call_for_rank0(workers, engine, "save_pretrained", str(tmp))
+    ray.get([rank0, *others])
     for f in Path(model_path).iterdir():
         if f.is_file() and (f.name.startswith("tokenizer") or f.name in (
                 "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")):

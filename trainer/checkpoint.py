@@ -2,10 +2,15 @@
 
 Layout of ``CheckpointConfig.dir``::
 
-    step-000012/                 one committed checkpoint
+    step-000012/                 one committed checkpoint, full (DDP):
         model.safetensors        model tensors (CPU, contiguous; tied tensors stored once)
         optimizer.pt             torch.save of the optimizer state dict (absent when None)
         state.json               step, version, trainer_state, extra, aliases, file sizes
+    step-000013/                 or sharded (FSDP2, :meth:`CheckpointManager.save_sharded`):
+        sharded/                 torch.distributed.checkpoint: every rank's shards of the
+                                 model and optimizer ({"model": ..., "optim": ...} by
+                                 parameter name), .metadata
+        state.json               as above, "layout": "sharded", every file's size
     latest                       "step-000012": the commit point
     .tmp-...                     a checkpoint being written, or one being deleted
 
@@ -24,7 +29,12 @@ already acknowledged (lost to training) and the weight versions after it already
 to the policy servers under the same numbers. An operator who accepts that loads an older one
 explicitly: ``manager.load(manager.checkpoints()[-2])``.
 
-Single writer: one trainer process saves into a directory at a time (readers are fine).
+A sharded checkpoint is written by every rank into the same ``.tmp-`` folder (rank 0 makes it
+and broadcasts its name); DCP fsyncs each rank's file and writes ``.metadata`` once all are
+written; then rank 0 commits as above. It loads at any world size and under either strategy
+(DCP reshards); a full checkpoint loads under either strategy too.
+
+Single writer: one trainer job saves into a directory at a time (readers are fine).
 """
 from __future__ import annotations
 
@@ -52,6 +62,8 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
+SHARDED_DIR = "sharded"
+DCP_METADATA = f"{SHARDED_DIR}/.metadata"
 STATE_FILE = "state.json"
 LATEST_FILE = "latest"
 TMP_PREFIX = ".tmp-"
@@ -103,6 +115,9 @@ class Checkpoint:
     trainer_state: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
+    # A sharded checkpoint: no tensors here (model_state empty, optimizer_state None); every
+    # rank reads its part with CheckpointManager.read_sharded.
+    sharded: bool = False
 
 
 def step_dir_name(step: int) -> str:
@@ -168,6 +183,10 @@ class CheckpointManager:
             if fpath.stat().st_size != size:
                 raise CheckpointCorrupt(str(path), f"{fname} has {fpath.stat().st_size} "
                                         f"bytes, {size} were written")
+        if state.get("layout") == "sharded":
+            return Checkpoint(state["step"], state["version"], path, {}, None,
+                              state["trainer_state"], state.get("extra", {}),
+                              state.get("time", 0.0), sharded=True)
         try:
             stored = load_file(path / MODEL_FILE, device="cpu")
         except (SafetensorError, OSError, ValueError) as exc:
@@ -191,6 +210,17 @@ class CheckpointManager:
                           state["trainer_state"], state.get("extra", {}),
                           state.get("time", 0.0))
 
+    def read_sharded(self, path: str | os.PathLike, state: dict[str, Any]) -> None:
+        """Fill ``state`` (every rank's own tensors, shaped as this run shards them) from the
+        sharded checkpoint at ``path`` (:meth:`load` checked its files); every rank calls it.
+        DCP reshards: the checkpoint may come from another world size or strategy."""
+        import torch.distributed.checkpoint as dcp
+        try:
+            dcp.load(state, storage_reader=dcp.FileSystemReader(str(Path(path) / SHARDED_DIR)))
+        except Exception as exc:  # DCP raises CheckpointException and others for bad files
+            raise CheckpointCorrupt(str(path), f"{SHARDED_DIR}: {type(exc).__name__}: "
+                                    f"{str(exc)[:500]}") from None
+
     # -- saving -----------------------------------------------------------------------------
 
     def save(self, step: int, version: int, model_state: dict[str, torch.Tensor],
@@ -200,23 +230,9 @@ class CheckpointManager:
         ``extra`` must be JSON-serialisable (group ids, entry ids, metrics). Tensors are
         copied to CPU; tensors that are the same view of one storage (tied embeddings) are
         stored once and come back as one object under every key."""
-        for name, value in (("step", step), ("version", version)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"save: {name!r} must be an integer >= 0, got {value!r}")
-        extra = dict(extra or {})
-        try:
-            state_json = {"trainer_state": json.loads(json.dumps(trainer_state)),
-                          "extra": json.loads(json.dumps(extra))}
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"save: 'trainer_state' and 'extra' must be JSON-serialisable "
-                              f"dicts: {exc}") from None
+        state_json = _json_state(step, version, trainer_state, extra)
         tensors, aliases = unshared_tensors(model_state, "save: 'model_state'")
-
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.cleanup()
-        final = self.dir / step_dir_name(step)
-        tmp = self.dir / f"{TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        tmp = self._stage(step)
         try:
             files: dict[str, int] = {}
             save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})
@@ -231,6 +247,70 @@ class CheckpointManager:
             state = {"format": FORMAT_VERSION, "step": step, "version": version,
                      "time": time.time(), "model_keys": list(model_state),
                      "aliases": aliases, "files": files, **state_json}
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return self._commit(tmp, step, state)
+
+    def save_sharded(self, step: int, version: int, state: dict[str, Any],
+                     trainer_state: dict[str, Any], extra: dict[str, Any] | None = None
+                     ) -> Path | None:
+        """Write and commit checkpoint ``step`` from every rank's shards: a collective, every
+        rank of the default process group calls it with its own ``state`` (DCP's state dict:
+        DTensor shards or whole tensors by name). Rank 0 returns the committed folder, the
+        other ranks None."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        state_json = _json_state(step, version, trainer_state, extra)
+        distributed = dist.is_available() and dist.is_initialized()
+        rank = dist.get_rank() if distributed else 0
+        name: list[Any] = [None]
+        if rank == 0:
+            try:
+                name = [str(self._stage(step))]
+            except Exception as exc:
+                name = [exc]                     # the other ranks must not wait for a name
+        if distributed:
+            dist.broadcast_object_list(name, src=0)
+        if isinstance(name[0], BaseException):
+            raise name[0]
+        tmp = Path(name[0])
+        try:
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp / SHARDED_DIR),
+                                                                sync_files=True))
+        except BaseException:
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if rank != 0:
+            return None
+        try:
+            _fsync_dir(tmp / SHARDED_DIR)
+            files = {str(f.relative_to(tmp)): f.stat().st_size
+                     for f in sorted((tmp / SHARDED_DIR).iterdir()) if f.is_file()}
+            if DCP_METADATA not in files:
+                raise CheckpointCorrupt(str(tmp), f"DCP wrote no {DCP_METADATA}")
+            meta = {"format": FORMAT_VERSION, "layout": "sharded", "step": step,
+                    "version": version, "time": time.time(), "model_keys": [], "aliases": {},
+                    "files": files, **state_json}
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return self._commit(tmp, step, meta)
+
+    def _stage(self, step: int) -> Path:
+        """A fresh ``.tmp-`` folder for checkpoint ``step`` (leftovers of a crash removed)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.cleanup()
+        tmp = self.dir / f"{TMP_PREFIX}{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        return tmp
+
+    def _commit(self, tmp: Path, step: int, state: dict[str, Any]) -> Path:
+        """``state.json`` into ``tmp``, then ``tmp`` renamed into place, ``latest`` moved to
+        it, old checkpoints removed."""
+        final = self.dir / step_dir_name(step)
+        try:
             with open(tmp / STATE_FILE, "w") as f:
                 json.dump(state, f, indent=1)
                 f.flush()
@@ -328,9 +408,28 @@ class CheckpointManager:
             if not isinstance(state.get(key), kind):
                 raise CheckpointCorrupt(str(path), f"{STATE_FILE} field {key!r} is missing or "
                                         f"not a {kind.__name__}")
-        if MODEL_FILE not in state["files"]:
-            raise CheckpointCorrupt(str(path), f"{STATE_FILE} lists no {MODEL_FILE}")
+        layout = state.get("layout", "full")
+        needed = {"full": MODEL_FILE, "sharded": DCP_METADATA}.get(layout)
+        if needed is None:
+            raise CheckpointCorrupt(str(path), f"{STATE_FILE}: unknown layout {layout!r}")
+        if needed not in state["files"]:
+            raise CheckpointCorrupt(str(path), f"{STATE_FILE} lists no {needed}")
         return state
+
+
+def _json_state(step: int, version: int, trainer_state: dict[str, Any],
+                extra: dict[str, Any] | None) -> dict[str, Any]:
+    """``trainer_state`` and ``extra`` as JSON holds them; a ConfigError for a bad step,
+    version or a value JSON cannot hold."""
+    for name, value in (("step", step), ("version", version)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"save: {name!r} must be an integer >= 0, got {value!r}")
+    try:
+        return {"trainer_state": json.loads(json.dumps(trainer_state)),
+                "extra": json.loads(json.dumps(dict(extra or {})))}
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"save: 'trainer_state' and 'extra' must be JSON-serialisable "
+                          f"dicts: {exc}") from None
 
 
 def _fsync_file(path: Path) -> None:

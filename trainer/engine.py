@@ -1,27 +1,40 @@
 """The update engine: data-parallel trainer workers (Ray actors) around one causal LM each.
 
-Each :class:`TrainerWorker` holds a full replica of the model wrapped in torch's
-``DistributedDataParallel`` (``gloo`` on CPU, ``nccl`` on GPU), optionally with LoRA adapters
-(peft). One optimizer step (:meth:`TrainerWorker.step`) on a rank's shard of the batch:
+Two strategies (``EngineConfig.strategy``), both over ``gloo`` on CPU and ``nccl`` on GPU:
+
+- ``ddp``: each :class:`TrainerWorker` holds a full replica of the model wrapped in torch's
+  ``DistributedDataParallel``, optionally with LoRA adapters (peft);
+- ``fsdp2``: torch's ``fully_shard`` over each decoder layer and the root
+  (:mod:`trainer.sharding`): parameters, gradients and optimizer states are split over the
+  ranks, so reading the full weights (:meth:`TrainerWorker.iter_published`) and writing a
+  checkpoint are collective: every rank is called, rank 0 gets the result.
+
+Weights, gradients and optimizer states are fp32 (the master copy) whatever the compute
+dtype; ``dtype: bfloat16`` computes the forward and backward in bf16 (autocast; under FSDP2
+the gathered weights are bf16 copies and gradients are reduced in fp32).
+
+One optimizer step (:meth:`TrainerWorker.step`) on a rank's shard of the batch:
 
 1. micro-batches by a token budget; each one's forward gives the log-probs of the sampled
    tokens under the current weights, and those, detached, are the "old" policy of the PPO
    ratio (one update per batch: the weights before the step are the ones in use), while the
    rollout log-probs enter through the staleness importance weights;
-2. gradients accumulated locally (``no_sync``) and averaged across ranks on the last
-   micro-batch; the loss (:func:`trainer.algo.compute_loss`) is scaled by the global token
+2. gradients accumulated locally (DDP's ``no_sync``, FSDP2's
+   ``set_requires_gradient_sync(False)``) and averaged across ranks on the last micro-batch; the loss (:func:`trainer.algo.compute_loss`) is scaled by the global token
    count so that the accumulated, averaged gradient is the gradient of the global token-mean
    loss;
-3. gradient clipping, the optimizer step.
+3. gradient clipping (the norm over all shards), the optimizer step.
 
 :meth:`state_dict` gives the full model in Hugging Face names (LoRA merged in), which is what
-PolicyServers load and checkpoints store.
+PolicyServers load; checkpoints store it (DDP) or every rank's shards (FSDP2, through
+``torch.distributed.checkpoint``; :mod:`trainer.checkpoint`).
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,12 +80,16 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """``workers``: data-parallel ranks (Ray actors); ``backend``: ``gloo`` (CPU) or ``nccl``
-    (GPU); ``micro_batch_tokens``: padded tokens (rows x length) per forward/backward, rows
-    sorted by length first so that a micro-batch pads little. ``autocast``: the forward and
-    backward in bf16 autocast over fp32 weights: ``auto`` where the device computes bf16
-    natively (a GPU with bf16, a CPU with AVX512-BF16 or AMX; elsewhere emulated bf16 is slower
-    than fp32), ``bfloat16`` always, ``off`` never. ``memory_gib``: what Ray reserves for each
+    """``workers``: data-parallel ranks (Ray actors); ``strategy``: ``ddp`` (a full replica per
+    rank) or ``fsdp2`` (parameters, gradients and optimizer states sharded over the ranks; no
+    LoRA); ``backend``: ``gloo`` (CPU) or ``nccl`` (GPU); ``dtype``: the compute dtype:
+    ``float32``, or ``bfloat16`` = bf16 autocast over fp32 master weights and fp32 optimizer
+    states, on any device (``float16`` is refused: it needs loss scaling, which the engine does
+    not do); ``micro_batch_tokens``: padded tokens (rows x length) per forward/backward, rows
+    sorted by length first so that a micro-batch pads little. ``autocast`` (with ``dtype:
+    float32``): the forward and backward in bf16 autocast over fp32 weights: ``auto`` where the
+    device computes bf16 natively (a GPU with bf16, a CPU with AVX512-BF16 or AMX; elsewhere
+    emulated bf16 is slower than fp32), ``bfloat16`` always, ``off`` never. ``memory_gib``: what Ray reserves for each
     worker (0 = nothing): Ray then places workers where that much memory is free instead of
     letting its memory monitor kill them. ``train_layers``: 0 trains the whole model; N > 0
     trains only the top N decoder layers and the final norm (LoRA: adapters on those layers
@@ -116,12 +133,23 @@ class EngineConfig:
         if self.backend not in ("gloo", "nccl"):
             raise ConfigError(f"EngineConfig.backend: must be gloo or nccl, "
                               f"got {self.backend!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"EngineConfig.dtype: must be float32, bfloat16 or float16, "
+        if self.dtype == "float16":
+            raise ConfigError("EngineConfig.dtype: float16 training needs loss scaling, which "
+                              "the engine does not do; use bfloat16 (bf16 compute over fp32 "
+                              "master weights) or float32")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"EngineConfig.dtype: must be float32 or bfloat16, "
                               f"got {self.dtype!r}")
         if self.autocast not in AUTOCAST_MODES:
             raise ConfigError(f"EngineConfig.autocast: must be one of "
                               f"{', '.join(AUTOCAST_MODES)}, got {self.autocast!r}")
+        if self.dtype == "bfloat16" and self.autocast == "off":
+            raise ConfigError("EngineConfig.autocast: off contradicts dtype: bfloat16 (bf16 "
+                              "compute); set dtype: float32 for fp32 compute")
+        if self.strategy == "fsdp2" and self.lora.rank:
+            raise ConfigError(f"EngineConfig.lora.rank: {self.lora.rank} with strategy fsdp2; "
+                              f"LoRA trains under strategy ddp only (set lora.rank: 0 or "
+                              f"strategy: ddp)")
         if not self.memory_gib >= 0:
             raise ConfigError(f"EngineConfig.memory_gib: must be >= 0 (0 = no reservation), "
                               f"got {self.memory_gib!r}")
@@ -151,9 +179,12 @@ def native_bf16(device: str) -> bool:
 
 
 def autocast_dtype(engine: EngineConfig, device: str) -> Any:
-    """The autocast dtype of ``engine`` on ``device`` (None: no autocast)."""
+    """The compute dtype of ``engine`` on ``device``, which the forward and backward autocast
+    to over fp32 weights (None: fp32 compute)."""
     import torch
-    if engine.autocast == "off" or engine.dtype != "float32":
+    if engine.dtype == "bfloat16":
+        return torch.bfloat16
+    if engine.autocast == "off":
         return None
     if engine.autocast == "bfloat16" or native_bf16(device):
         return torch.bfloat16
@@ -239,8 +270,9 @@ class TrainerWorker:
         self.device = torch.device(engine.device if engine.device != "cuda"
                                    else f"cuda:{torch.cuda.current_device()}")
         torch.manual_seed(1234 + rank)
-        model = AutoModelForCausalLM.from_pretrained(model_path,
-                                                     dtype=getattr(torch, engine.dtype))
+        # fp32 master weights whatever the compute dtype: AdamW's updates at small learning
+        # rates are far below a bf16 weight's rounding step and would be lost.
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         model.to(self.device)
         if engine.gradient_checkpointing:
             # Non-reentrant: works with frozen inputs (LoRA) and under autocast.
@@ -259,6 +291,8 @@ class TrainerWorker:
         elif trained is not None:
             freeze_below(model, trained)
         self.model = model
+        self.sharded = engine.strategy == "fsdp2"
+        self._gathered = False
         self.tied = bool(getattr(self._base().config, "tie_word_embeddings", False))
         self.ddp: Any = model
         self.optimizer: Any = None
@@ -271,12 +305,19 @@ class TrainerWorker:
         return f"{_node_ip()}:{free_port()}"
 
     def init_distributed(self, master: str) -> int:
+        """Join the process group at ``master`` (``""`` with one rank: a group of its own,
+        which FSDP2 needs even alone), wrap or shard the model, build the optimizer."""
         torch = self.torch
-        if self.world_size > 1:
+        if self.world_size > 1 or self.sharded:
             import torch.distributed as dist
-            from torch.nn.parallel import DistributedDataParallel
-            dist.init_process_group(self.engine_config.backend, init_method=f"tcp://{master}",
+            dist.init_process_group(self.engine_config.backend,
+                                    init_method=f"tcp://{master or f'127.0.0.1:{free_port()}'}",
                                     rank=self.rank, world_size=self.world_size)
+        if self.sharded:
+            from .sharding import shard_model
+            shard_model(self.model, self.device.type, self.world_size, self.autocast)
+        elif self.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
             self.ddp = DistributedDataParallel(self.model)
         o = self.engine_config.optim
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -303,12 +344,27 @@ class TrainerWorker:
         with autocast:
             kwargs: dict[str, Any] = {"use_cache": False, "attention_mask": mb.attention_mask_BT}
             if shared >= MIN_SHARED_PREFIX:
+                if self.sharded:
+                    self._keep_gathered(True)
                 mb, kwargs = self._prefix_once(mb, shared)
             # Only the positions that predict response tokens: [B, R+1, V], not [B, T, V].
             out = module(input_ids=mb.input_ids_BT, position_ids=mb.position_ids_BT,
                          logits_to_keep=mb.response_len + 1, **kwargs)
         # The log-softmax in fp32: bf16 log-probs would put ~1e-2 noise on the PPO ratio.
         return response_logprobs(out.logits.float(), mb, self.algo.sampling_temperature)
+
+    def _keep_gathered(self, keep: bool) -> None:
+        """FSDP2: keep each layer's gathered weights from its forward to the end of the
+        micro-batch's backward (``keep``), or free them now. A shared prefix needs it: its keys
+        and values reach the weights in the backward outside the hooks FSDP2 gathers them by.
+        The cost: the whole model's gathered weights (in the compute dtype) for that while."""
+        self.model.set_reshard_after_forward(not keep)
+        self.model.set_reshard_after_backward(not keep)
+        if not keep:
+            for module in self.model.modules():
+                if hasattr(module, "reshard") and hasattr(module, "unshard"):
+                    module.reshard()
+        self._gathered = keep
 
     def _prefix_once(self, mb: TrainBatch, shared: int) -> tuple[TrainBatch, dict[str, Any]]:
         """Run the ``shared`` prompt tokens common to every row once; return the rest of the
@@ -324,7 +380,9 @@ class TrainerWorker:
         prefix = mb.input_ids_BT[int(lens.argmax()), start:start + shared]
         cache = DynamicCache(config=self._base().config)
         # The inner model, not DDP's wrapper: DDP expects one forward per backward; autograd
-        # sums both paths' gradients into each weight before DDP's hooks see them.
+        # sums both paths' gradients into each weight before DDP's hooks see them. (FSDP2
+        # has no wrapper: each layer's gradient is reduce-scattered after each path's
+        # backward and accumulated into its shard.)
         positions = torch.arange(shared, device=prefix.device)[None]
         self.model(input_ids=prefix[None], position_ids=positions, past_key_values=cache,
                    use_cache=True, logits_to_keep=1)
@@ -364,7 +422,10 @@ class TrainerWorker:
         sums: dict[str, float] = {}
         for i, mb in enumerate(micro):
             last = i == len(micro) - 1
-            sync = contextlib.nullcontext() if (last or self.world_size == 1) \
+            if self.sharded:
+                # Reduce-scatter the gradients only after the last micro-batch's backward.
+                self.model.set_requires_gradient_sync(last)
+            sync = contextlib.nullcontext() if (last or self.world_size == 1 or self.sharded) \
                 else self.ddp.no_sync()
             with sync:
                 new = self._forward(self.ddp, mb)
@@ -374,15 +435,20 @@ class TrainerWorker:
                                              batch_num_seqs=global_seqs,
                                              dp_size=self.world_size, ref_logprobs_BR=ref)
                 loss.backward()
+            if self._gathered:
+                self._keep_gathered(False)
             weight = float(mb.num_tokens())
             for k, v in metrics.items():
                 share = k in _SHARE_METRICS
                 sums[k] = sums.get(k, 0.0) + float(v) * (1.0 if share else weight)
         t_optim = time.perf_counter()
         clip = self.engine_config.optim.grad_clip
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip)) if clip \
-            else float(torch.norm(torch.stack([p.grad.norm() for p in self.params
-                                               if p.grad is not None])))
+        # Under FSDP2 the gradients are DTensor shards: the norm is the total over every
+        # rank's shards (and the same on every rank).
+        grads = [p.grad for p in self.params if p.grad is not None]
+        total = torch.nn.utils.clip_grad_norm_(self.params, clip) if clip \
+            else torch.nn.utils.get_total_norm(grads)
+        grad_norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
         self.optimizer.step()
         self.steps += 1
         tokens = float(shard.num_tokens()) or 1.0
@@ -392,52 +458,121 @@ class TrainerWorker:
                    fwd_bwd_s=t_optim - t0, optim_s=time.perf_counter() - t_optim,
                    step_s=time.perf_counter() - t0,
                    padded_tokens=float(sum(m.input_ids_BT.numel() for m in micro)),
-                   bf16=float(self.autocast is not None))
+                   bf16=float(self.autocast is not None), sharded=float(self.sharded))
         return out
 
     # -- weights and checkpoints ---------------------------------------------------------------
+    #
+    # Under FSDP2 (``self.sharded``) every method here that reads the full weights or writes a
+    # checkpoint is collective: every rank calls it, in the same order; rank 0 returns the
+    # result, the others None (:func:`call_for_rank0` does that from the driver). Under DDP any
+    # rank answers alone.
 
-    def state_dict(self) -> dict[str, Any]:
-        """The full model in Hugging Face names, on CPU. With LoRA, each adapted weight is
-        ``W + delta`` computed aside (peft's ``get_delta_weight``): the base weights are never
-        merged and unmerged in place, which would drift them by rounding at every publish."""
+    def _full_state(self, keep: bool) -> Iterator[tuple[str, Any]]:
+        """The full model in Hugging Face names, one tensor at a time, on CPU where ``keep``.
+        With LoRA, each adapted weight is ``W + delta`` computed aside (peft's
+        ``get_delta_weight``): the base weights are never merged and unmerged in place, which
+        would drift them by rounding at every publish."""
         torch = self.torch
+        if self.sharded:
+            from .sharding import gathered, tied_names
+            yield from gathered(iter(self.model.state_dict().items()), keep,
+                                tied_names(self.model))
+            return
         if not self.engine_config.lora.rank:
-            return {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
-        out: dict[str, Any] = {}
+            for k, v in self.model.state_dict().items():
+                yield k, (v.detach().to("cpu") if keep else None)
+            return
+        merged = {}
+        with torch.no_grad():
+            for name, module in self.model.named_modules():
+                if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight"):
+                    merged[f"{name}.base_layer.weight"] = module
         for k, v in self.model.state_dict().items():
             if "lora_" in k:
                 continue
-            out[_base_name(k)] = v.detach().to("cpu")
-        with torch.no_grad():
-            for name, module in self.model.named_modules():
-                if not (hasattr(module, "base_layer") and hasattr(module, "get_delta_weight")):
-                    continue
-                key = _base_name(f"{name}.base_layer.weight")
-                delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
-                out[key] = (module.base_layer.weight.detach() + delta).to("cpu")
-        return out
+            if not keep:
+                yield _base_name(k), None
+            elif k in merged:
+                module = merged[k]
+                with torch.no_grad():
+                    delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
+                    yield _base_name(k), (v.detach() + delta).to("cpu")
+            else:
+                yield _base_name(k), v.detach().to("cpu")
 
-    def published_state(self) -> dict[str, Any]:
-        """What a policy server needs to serve the current weights: with ``train_layers`` (no
-        LoRA) only the weights that train (:class:`~consolerl.tensors.PartialWeights`; the
-        frozen rest is what every server started from), else (and after a checkpoint was
-        loaded) :meth:`state_dict`."""
-        if not self.engine_config.train_layers or self.engine_config.lora.rank \
-                or self.loaded_checkpoint:
-            # After a checkpoint load the frozen layers are the checkpoint's, which need not
-            # be what the policy servers started from (it may come from other settings).
-            return self.state_dict()
-        return PartialWeights({name: p.detach().to("cpu")
-                               for name, p in self.model.named_parameters() if p.requires_grad})
+    def published_partial(self) -> bool:
+        """Whether :meth:`iter_published` gives only the weights that train (``train_layers``
+        without LoRA; the frozen rest is what every server started from) rather than the whole
+        model. After a checkpoint was loaded it is the whole model: the frozen layers are then
+        the checkpoint's, which need not be what the servers started from."""
+        return bool(self.engine_config.train_layers and not self.engine_config.lora.rank
+                    and not self.loaded_checkpoint)
+
+    def iter_published(self) -> Iterator[tuple[str, Any]]:
+        """``(hf_name, full tensor on CPU)`` for each weight a policy server needs
+        (:meth:`published_partial` says whether that is the whole model) on rank 0,
+        ``(hf_name, None)`` on the other ranks. Under FSDP2 each weight is gathered as it is
+        reached (one parameter at a time; a collective, so every rank must run this generator
+        to its end in lockstep); under DDP nothing crosses ranks."""
+        yield from self._published(self.rank == 0)
+
+    def _published(self, keep: bool) -> Iterator[tuple[str, Any]]:
+        if not self.published_partial():
+            yield from self._full_state(keep)
+            return
+        trained = ((n, p) for n, p in self.model.named_parameters() if p.requires_grad)
+        if self.sharded:
+            from .sharding import gathered, tied_names
+            yield from gathered(trained, keep, tied_names(self.model))
+        else:
+            for n, p in trained:
+                yield n, (p.detach().to("cpu") if keep else None)
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The full model in Hugging Face names, on CPU (LoRA merged in). Under FSDP2 every
+        rank calls it, rank 0 gets the dict, the others None."""
+        if not self.sharded:
+            return dict(self._full_state(True))
+        state = dict(self._full_state(self.rank == 0))
+        return state if self.rank == 0 else None
+
+    def published_state(self) -> dict[str, Any] | None:
+        """What a policy server needs to serve the current weights (:meth:`iter_published`
+        collected): :class:`~consolerl.tensors.PartialWeights` when only the weights that train,
+        else the whole model. Under FSDP2 every rank calls it, rank 0 gets the dict, the others
+        None."""
+        keep = self.rank == 0 or not self.sharded      # DDP: any rank holds the weights
+        items = dict(self._published(keep))
+        if not keep:
+            return None
+        return PartialWeights(items) if self.published_partial() else items
 
     def training_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(trainable model state, optimizer state) for a checkpoint."""
+        """(model state, optimizer state) for a full (DDP) checkpoint."""
+        if self.sharded:
+            raise ConfigError("training_state: strategy fsdp2 checkpoints through "
+                              "save_checkpoint on every rank (sharded)")
         model_state = {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
         return model_state, self.optimizer.state_dict()
 
     def load_training_state(self, model_state: dict[str, Any],
                             optimizer_state: dict[str, Any] | None) -> None:
+        """A full checkpoint's model and optimizer state (every rank loads the same)."""
+        if self.sharded:
+            # A DDP checkpoint into FSDP2: the same parameters in the same order, so the
+            # optimizer's indexes map to this model's names.
+            from .sharding import load_full_state, named_optimizer_state
+            names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+            state = dict(model_state)
+            if self.tied and "lm_head.weight" not in state and \
+                    "model.embed_tokens.weight" in state:
+                state["lm_head.weight"] = state["model.embed_tokens.weight"]
+            load_full_state(self.model, self.optimizer, state,
+                            None if optimizer_state is None
+                            else named_optimizer_state(optimizer_state, names))
+            self.loaded_checkpoint = True
+            return
         missing, unexpected = self.model.load_state_dict(model_state, strict=False)
         missing = [m for m in missing if not (self.tied and m.endswith("lm_head.weight"))]
         if missing or unexpected:
@@ -447,26 +582,52 @@ class TrainerWorker:
             self.optimizer.load_state_dict(optimizer_state)
         self.loaded_checkpoint = True
 
+    def full_optimizer_state(self) -> dict[str, Any] | None:
+        """The whole optimizer state keyed by parameter name on rank 0 (others: None). Every
+        rank calls it under FSDP2. It holds everything at once: for checks and tools."""
+        from .sharding import full_optimizer_state
+        state = full_optimizer_state(self.model, self.optimizer)
+        return state if self.rank == 0 else None
+
     def save_checkpoint(self, config: Any, step: int, version: int,
-                        trainer_state: dict[str, Any]) -> str:
-        """Write this rank's model and optimizer as a checkpoint (rank 0; the folder is shared
-        storage on a cluster): the tensors never cross the object store."""
+                        trainer_state: dict[str, Any]) -> str | None:
+        """Write the model and optimizer as checkpoint ``step`` (the folder is shared storage
+        on a cluster; the tensors never cross the object store). DDP: rank 0 writes the full
+        state. FSDP2: every rank calls it and writes its shards; rank 0 commits and returns
+        the folder, the others None."""
         from .checkpoint import CheckpointManager
+        manager = CheckpointManager(config)
+        if self.sharded:
+            from .sharding import dcp_state
+            path = manager.save_sharded(step, version, dcp_state(self.model, self.optimizer),
+                                        trainer_state)
+            return None if path is None else str(path)
         model_state, optimizer_state = self.training_state()
-        return str(CheckpointManager(config).save(step, version, model_state, optimizer_state,
-                                                  trainer_state))
+        return str(manager.save(step, version, model_state, optimizer_state, trainer_state))
 
     def load_checkpoint(self, config: Any, path: str) -> int:
+        """Load checkpoint ``path`` (every rank calls it): a sharded one is resharded to this
+        run's strategy and world size, a full one loads on DDP and FSDP2 alike."""
         from .checkpoint import CheckpointManager
-        ckpt = CheckpointManager(config).load(path)
-        self.load_training_state(ckpt.model_state, ckpt.optimizer_state)
+        manager = CheckpointManager(config)
+        ckpt = manager.load(path)
+        if ckpt.sharded:
+            from .sharding import dcp_state, set_dcp_state
+            state = dcp_state(self.model, self.optimizer)
+            manager.read_sharded(ckpt.path, state)
+            set_dcp_state(self.model, self.optimizer, state)
+            self.loaded_checkpoint = True
+        else:
+            self.load_training_state(ckpt.model_state, ckpt.optimizer_state)
         return ckpt.step
 
-    def save_pretrained(self, folder: str) -> str:
-        """The merged model as a Hugging Face folder (e.g. for evaluation or serving)."""
-        base = self._base()
+    def save_pretrained(self, folder: str) -> str | None:
+        """The merged model as a Hugging Face folder (e.g. for evaluation or serving). Under
+        FSDP2 every rank calls it; rank 0 writes and returns the folder, the others None."""
         state = self.state_dict()
-        base.save_pretrained(folder, state_dict=state)
+        if state is None:
+            return None
+        self._base().save_pretrained(folder, state_dict=state)
         return folder
 
     def shutdown(self) -> None:
@@ -502,6 +663,18 @@ def start_workers(model_path: str, engine: EngineConfig, algo: AlgoConfig) -> li
     master = ray.get(workers[0].address.remote())
     ray.get([w.init_distributed.remote(master) for w in workers])
     return workers
+
+
+def call_for_rank0(workers: Sequence[Any], engine: EngineConfig, method: str,
+                   *args: Any) -> tuple[Any, list[Any]]:
+    """Rank 0's answer to ``method(*args)``: under DDP only rank 0 is called (every rank holds
+    the whole model); under FSDP2 every rank is, in the same order (gathering the shards is a
+    collective). Returns rank 0's ObjectRef and the other ranks' (their value is None; wait on
+    them so that an error on any rank surfaces)."""
+    if engine.strategy != "fsdp2":
+        return getattr(workers[0], method).remote(*args), []
+    refs = [getattr(w, method).remote(*args) for w in workers]
+    return refs[0], refs[1:]
 
 
 def _base_name(peft_key: str) -> str:

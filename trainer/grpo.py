@@ -36,6 +36,7 @@ from consolerl.experience import Group
 from .algo import TrainBatch, build_batch
 from .checkpoint import CheckpointManager
 from .config import TrainerConfig
+from .engine import call_for_rank0
 from .stream import Delivery, ExperienceConsumer
 
 log = logging.getLogger(__name__)
@@ -273,8 +274,10 @@ class GRPOTrainer:
         the orchestrator reads."""
         t0 = time.perf_counter()
         if self.publish_fn is not None and version > 0:
-            state_ref = self.workers[0].published_state.remote()
+            state_ref, others = call_for_rank0(self.workers, self.config.engine,
+                                               "published_state")
             self.publish_fn(version, state_ref)
+            ray.get(others)
         self.stream.set_trainer_version(version)
         self.metrics.version.set(version)
         seconds = time.perf_counter() - t0
@@ -287,9 +290,11 @@ class GRPOTrainer:
     def checkpoint(self) -> float:
         """Commit the steps so far (the entries they used are acknowledged by :meth:`ack`)."""
         t0 = time.perf_counter()
-        ray.get(self.workers[0].save_checkpoint.remote(
-            self.config.checkpoint, self.step, self.version,
-            {"trained_groups": sorted(self.trained), "unacked": list(self.unacked)}))
+        rank0, others = call_for_rank0(
+            self.workers, self.config.engine, "save_checkpoint", self.config.checkpoint,
+            self.step, self.version,
+            {"trained_groups": sorted(self.trained), "unacked": list(self.unacked)})
+        ray.get([rank0, *others])
         seconds = time.perf_counter() - t0
         self.metrics.ckpt_s.observe(seconds)
         self.metrics.phase_s.labels("checkpoint").observe(seconds)

@@ -12,6 +12,8 @@ from typing import Any
 
 import ray
 
+from .engine import call_for_rank0
+
 log = logging.getLogger("trainer.weight_sync")
 # What a call to a replica that is down (crashed, restarting, gone with its node) raises.
 _REPLICA_DOWN = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
@@ -82,8 +84,10 @@ class ReplicaSync:
             if served == version:
                 continue
             try:
-                ray.get(server.update_weights.remote(
-                    version, self.trainer.workers[0].published_state.remote()), timeout=600)
+                state_ref, others = call_for_rank0(self.trainer.workers,
+                                                   self.trainer.config.engine, "published_state")
+                ray.get(server.update_weights.remote(version, state_ref), timeout=600)
+                ray.get(others, timeout=600)
                 log.warning("policy-%d was restarted: sent it the weights of version %d", i,
                             version)
             except _REPLICA_DOWN as exc:

@@ -1,0 +1,179 @@
+"""FSDP2 trainer workers on real Ray actors over gloo, against DDP on the same weights.
+
+A small random Llama (4 layers, tied embeddings) keeps it fast. The batch's prompts share a
+20-token prefix (the shared-prefix path runs) and each rank's shard takes two micro-batches
+(gradient accumulation with the sync on the last one only). One step under FSDP2 and under
+DDP from the same weights gives the same loss, gradient norm and weights; a sharded
+checkpoint written by two ranks resumes on one (FSDP2 and DDP alike) with the weights and
+optimizer state that were saved, and the next step matches the two-rank run's."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ray = pytest.importorskip("ray")
+
+from consolerl.experience import Group, Sample, Turn  # noqa: E402
+from consolerl.tensors import PartialWeights  # noqa: E402
+from trainer.algo import AlgoConfig, build_batch  # noqa: E402
+from trainer.checkpoint import CheckpointConfig, CheckpointManager  # noqa: E402
+from trainer.engine import EngineConfig, OptimConfig, call_for_rank0, start_workers  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("llama-tiny")
+    LlamaForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _batch(seed: int):
+    """8 rows (4 per rank) whose prompts share 20 tokens, then differ; mixed rewards."""
+    shared = tuple(40 + (seed * 5 + k) % 200 for k in range(20))
+    samples = []
+    for i in range(8):
+        prompt = shared + tuple(300 + (seed + i * 7 + k) % 150 for k in range(1 + i % 4))
+        response = tuple(100 + (seed * 3 + i + k) % 90 for k in range(2 + i % 3))
+        turn = Turn(prompt, response, tuple(-3.0 for _ in response), (1,) * len(response), 0,
+                    "", "")
+        samples.append(Sample(f"s{i}", (turn,), float(i % 2)))
+    return build_batch([Group(f"g{seed}", "t", tuple(samples))], 0, AlgoConfig())
+
+
+def _engine(strategy: str, workers: int, **kw) -> EngineConfig:
+    return EngineConfig(workers=workers, strategy=strategy, num_cpus_per_worker=0.5,
+                        threads_per_worker=1, micro_batch_tokens=64, autocast="off",
+                        optim=OptimConfig(lr=1e-3, weight_decay=0.01), **kw)
+
+
+def _step(workers, batch):
+    shards = batch.split(len(workers))
+    tokens, seqs = int(batch.num_tokens()), int(batch.num_seqs())
+    return ray.get([w.step.remote(s, tokens, seqs) for w, s in zip(workers, shards)])
+
+
+def _rank0(workers, engine, method, *args):
+    ref, others = call_for_rank0(workers, engine, method, *args)
+    out = ray.get(ref)
+    assert ray.get(others) == [None] * len(others)
+    return out
+
+
+def _close(a: dict, b: dict, atol: float) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=atol, rtol=1e-4), \
+            (k, float((a[k] - b[k]).abs().max()))
+
+
+def _optim_close(a: dict, b: dict) -> None:
+    assert a["state"].keys() == b["state"].keys() and a["state"]
+    for name, sa in a["state"].items():
+        sb = b["state"][name]
+        assert float(sa["step"]) == float(sb["step"])
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(sa[key], sb[key], atol=1e-9, rtol=1e-5), (name, key)
+
+
+def _stop(workers) -> None:
+    ray.get([w.shutdown.remote() for w in workers])
+    for w in workers:
+        ray.kill(w)
+
+
+def test_fsdp2_step_equals_ddp_and_resumes_at_another_world_size(model_path, ray_session,
+                                                                  tmp_path):
+    batch, after = _batch(1), _batch(2)
+    ddp_cfg, fsdp_cfg = _engine("ddp", 2), _engine("fsdp2", 2)
+    ddp = start_workers(model_path, ddp_cfg, AlgoConfig())
+    fsdp = start_workers(model_path, fsdp_cfg, AlgoConfig())
+    before = _rank0(fsdp, fsdp_cfg, "state_dict")
+    _close(before, ray.get(ddp[0].state_dict.remote()), 0.0)
+
+    m_ddp, m_fsdp = _step(ddp, batch), _step(fsdp, batch)
+    assert all(m["micro_batches"] == 2 for m in m_ddp + m_fsdp)
+    assert [m["sharded"] for m in m_fsdp] == [1.0, 1.0] and m_ddp[0]["sharded"] == 0.0
+    assert sum(m["loss"] for m in m_fsdp) == pytest.approx(sum(m["loss"] for m in m_ddp),
+                                                           rel=1e-5, abs=1e-7)
+    # The norm over both ranks' shards, the same on every rank, and DDP's.
+    assert m_fsdp[0]["grad_norm"] == pytest.approx(m_fsdp[1]["grad_norm"], rel=1e-6)
+    assert m_fsdp[0]["grad_norm"] == pytest.approx(m_ddp[0]["grad_norm"], rel=1e-5)
+    stepped = _rank0(fsdp, fsdp_cfg, "state_dict")
+    _close(stepped, ray.get(ddp[0].state_dict.remote()), 2e-6)
+    assert not torch.equal(stepped["model.layers.0.mlp.up_proj.weight"],
+                           before["model.layers.0.mlp.up_proj.weight"])
+    # Tied: one tensor under both names, as DDP gives it.
+    assert stepped["lm_head.weight"] is stepped["model.embed_tokens.weight"]
+
+    # The published weights, gathered a tensor at a time on every rank.
+    published = _rank0(fsdp, fsdp_cfg, "published_state")
+    assert not isinstance(published, PartialWeights)
+    _close(published, stepped, 0.0)
+
+    # A sharded checkpoint from both ranks; a full one from DDP beside it.
+    ckpt = CheckpointConfig(dir=str(tmp_path / "fsdp"), keep=1)
+    path = _rank0(fsdp, fsdp_cfg, "save_checkpoint", ckpt, 1, 1, {"trained_groups": ["g1"]})
+    manager = CheckpointManager(ckpt)
+    assert manager.latest_path() == tmp_path / "fsdp" / "step-000001"
+    loaded = manager.load(path)
+    assert loaded.sharded and loaded.trainer_state == {"trained_groups": ["g1"]}
+    assert {f.name for f in (tmp_path / "fsdp" / "step-000001" / "sharded").iterdir()} == {
+        ".metadata", "__0_0.distcp", "__1_0.distcp"}
+    saved_optim = _rank0(fsdp, fsdp_cfg, "full_optimizer_state")
+    ddp_ckpt = CheckpointConfig(dir=str(tmp_path / "ddp"))
+    ddp_path = ray.get(ddp[0].save_checkpoint.remote(ddp_ckpt, 1, 1, {}))
+    _optim_close(saved_optim, ray.get(ddp[0].full_optimizer_state.remote()))
+
+    # The two-rank run goes on one step.
+    _step(fsdp, after)
+    two_ranks = _rank0(fsdp, fsdp_cfg, "state_dict")
+    _stop(ddp + fsdp)
+
+    # One FSDP2 rank resumes from the two ranks' shards (DCP reshards), and steps the same.
+    one_cfg = _engine("fsdp2", 1)
+    one = start_workers(model_path, one_cfg, AlgoConfig())
+    assert ray.get(one[0].load_checkpoint.remote(ckpt, path)) == 1
+    _close(_rank0(one, one_cfg, "state_dict"), stepped, 0.0)
+    _optim_close(_rank0(one, one_cfg, "full_optimizer_state"), saved_optim)
+    _step(one, after)
+    _close(_rank0(one, one_cfg, "state_dict"), two_ranks, 2e-6)
+
+    # DDP (one rank) loads the sharded checkpoint; FSDP2 loads DDP's full one.
+    plain = start_workers(model_path, _engine("ddp", 1), AlgoConfig())
+    ray.get(plain[0].load_checkpoint.remote(ckpt, path))
+    _close(ray.get(plain[0].state_dict.remote()), stepped, 0.0)
+    _optim_close(ray.get(plain[0].full_optimizer_state.remote()), saved_optim)
+    ray.get(one[0].load_checkpoint.remote(ddp_ckpt, ddp_path))
+    _close(_rank0(one, one_cfg, "state_dict"), stepped, 2e-6)
+    _optim_close(_rank0(one, one_cfg, "full_optimizer_state"), saved_optim)
+    _stop(one + plain)
+
+
+def test_fsdp2_train_layers_publishes_only_the_top_layers(model_path, ray_session):
+    cfg = _engine("fsdp2", 2, train_layers=1)
+    workers = start_workers(model_path, cfg, AlgoConfig())
+    before = _rank0(workers, cfg, "state_dict")
+    _step(workers, _batch(3))
+    part = _rank0(workers, cfg, "published_state")
+    assert isinstance(part, PartialWeights)
+    assert part and all(k.startswith("model.layers.3.") or k == "model.norm.weight"
+                        for k in part)
+    after = _rank0(workers, cfg, "state_dict")
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and changed <= set(part)
+    _close({k: after[k] for k in part}, dict(part), 0.0)
+    _stop(workers)
