@@ -177,3 +177,26 @@ def test_fsdp2_train_layers_publishes_only_the_top_layers(model_path, ray_sessio
     assert changed and changed <= set(part)
     _close({k: after[k] for k in part}, dict(part), 0.0)
     _stop(workers)
+
+
+def test_fsdp2_bf16_compute_moves_every_fp32_master_weight(model_path, ray_session):
+    """Under FSDP2, bf16 compute (bf16 gathers, fp32 gradient reduction) with gradient
+    checkpointing at lr 1e-6: every sharded fp32 weight moves as DDP's fp32 step moves it."""
+    updates = []
+    for strategy, extra in (("ddp", {"autocast": "off"}), ("fsdp2", {"dtype": "bfloat16",
+                                                   "gradient_checkpointing": True})):
+        cfg = EngineConfig(workers=2, strategy=strategy, num_cpus_per_worker=0.5,
+                           threads_per_worker=1, micro_batch_tokens=64,
+                           optim=OptimConfig(lr=1e-6), **extra)
+        workers = start_workers(model_path, cfg, AlgoConfig())
+        before = _rank0(workers, cfg, "state_dict")
+        metrics = _step(workers, _batch(4))
+        assert metrics[0]["bf16"] == float(strategy == "fsdp2")
+        after = _rank0(workers, cfg, "state_dict")
+        updates.append(torch.cat([(after[k] - before[k]).flatten() for k in before
+                                  if k != "lm_head.weight"]))
+        _stop(workers)
+    fp32, bf16 = updates
+    assert (fp32 != 0).float().mean() > 0.99 and (bf16 != 0).float().mean() > 0.99
+    assert (torch.sign(bf16) == torch.sign(fp32)).float().mean() > 0.98
+    assert float(bf16.abs().mean()) == pytest.approx(float(fp32.abs().mean()), rel=0.1)
