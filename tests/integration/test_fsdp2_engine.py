@@ -34,7 +34,8 @@ def model_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_session():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    # address="local": a Ray of its own even when another test run has one on this machine.
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         yield
     finally:
@@ -200,3 +201,59 @@ def test_fsdp2_bf16_compute_moves_every_fp32_master_weight(model_path, ray_sessi
     assert (fp32 != 0).float().mean() > 0.99 and (bf16 != 0).float().mean() > 0.99
     assert (torch.sign(bf16) == torch.sign(fp32)).float().mean() > 0.98
     assert float(bf16.abs().mean()) == pytest.approx(float(fp32.abs().mean()), rel=0.1)
+
+
+def test_grpo_trainer_under_fsdp2_publishes_checkpoints_and_resumes(model_path, ray_session,
+                                                                    redis_server, tmp_path):
+    """The GRPO loop's calls that read the weights or write a checkpoint reach every rank
+    under FSDP2 (rank 0's answer used): publish, the sharded checkpoint, restore, and the
+    final Hugging Face folder."""
+    from transformers import AutoModelForCausalLM
+
+    from rollout_service.experience import ExperienceStream, StreamConfig
+    from trainer.config import TrainerConfig
+    from trainer.grpo import GRPOTrainer
+    from trainer.stream import ConsumerConfig
+
+    cfg = _engine("fsdp2", 2)
+    workers = start_workers(model_path, cfg, AlgoConfig())
+    stream_cfg = StreamConfig(url=redis_server.url, stream="t:fsdp2")
+    stream = ExperienceStream(stream_cfg)
+    for seed in range(3):
+        stream.push(_batch_group(seed))
+    published: list[tuple[int, dict]] = []
+    config = TrainerConfig(steps=2, engine=cfg, consumer=ConsumerConfig(block_ms=200),
+                           checkpoint=CheckpointConfig(dir=str(tmp_path / "ckpt")),
+                           read_timeout_s=20)
+
+    def trainer() -> GRPOTrainer:
+        return GRPOTrainer(config, stream_cfg, 1, workers,
+                           lambda v, ref: published.append((v, ray.get(ref))), 0,
+                           tmp_path / "run")
+    first = trainer()
+    first.start()
+    first.run(2)
+    assert [v for v, _ in published] == [1, 2]
+    state = _rank0(workers, cfg, "state_dict")
+    _close(published[-1][1], state, 0.0)
+    latest = CheckpointManager(config.checkpoint).latest()
+    assert latest.step == 2 and latest.sharded
+
+    _step(workers, _batch(9))                            # trained past the checkpoint
+    again = trainer()
+    assert again.restore() and (again.step, again.version) == (2, 2)
+    _close(_rank0(workers, cfg, "state_dict"), state, 0.0)
+
+    folder = _rank0(workers, cfg, "save_pretrained", str(tmp_path / "final"))
+    saved = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+    _close({k: saved[k] for k in state}, state, 0.0)
+    _stop(workers)
+
+
+def _batch_group(seed: int) -> Group:
+    def turn(i: int) -> Turn:
+        prompt = tuple(10 + (seed * 7 + i + k) % 300 for k in range(20 + i))
+        response = tuple(100 + (seed * 3 + i + k) % 90 for k in range(3))
+        return Turn(prompt, response, (-2.0,) * 3, (1,) * 3, 0, "", "")
+    return Group(f"g{seed}", "t", tuple(Sample(f"s{seed}-{i}", (turn(i),), float(i % 2))
+                                        for i in range(4)))
