@@ -333,17 +333,25 @@ class TrainerWorker:
 
     # -- one optimizer step ------------------------------------------------------------------
 
-    def _forward(self, module: Any, mb: TrainBatch) -> Any:
+    def _shared_prefix(self, mb: TrainBatch) -> int:
+        """The prompt tokens :meth:`_forward` runs once for ``mb`` (0: none)."""
+        shared = common_prefix(mb) if (self.engine_config.share_prefix and mb.num_rows > 1
+                                       and not self.engine_config.gradient_checkpointing) \
+            else 0
+        return shared if shared >= MIN_SHARED_PREFIX else 0
+
+    def _forward(self, module: Any, mb: TrainBatch, shared: int | None = None) -> Any:
+        """Log-probs of ``mb``'s response tokens; ``shared``: the prefix to run once (None:
+        :meth:`_shared_prefix`)."""
         d = self.device
         mb = mb.to(d)
         autocast = self.torch.autocast(device_type=d.type, dtype=self.autocast) \
             if self.autocast is not None else contextlib.nullcontext()
-        shared = common_prefix(mb) if (self.engine_config.share_prefix and mb.num_rows > 1
-                                       and not self.engine_config.gradient_checkpointing) \
-            else 0
+        if shared is None:
+            shared = self._shared_prefix(mb)
         with autocast:
             kwargs: dict[str, Any] = {"use_cache": False, "attention_mask": mb.attention_mask_BT}
-            if shared >= MIN_SHARED_PREFIX:
+            if shared:
                 if self.sharded:
                     self._keep_gathered(True)
                 mb, kwargs = self._prefix_once(mb, shared)
@@ -352,6 +360,33 @@ class TrainerWorker:
                          logits_to_keep=mb.response_len + 1, **kwargs)
         # The log-softmax in fp32: bf16 log-probs would put ~1e-2 noise on the PPO ratio.
         return response_logprobs(out.logits.float(), mb, self.algo.sampling_temperature)
+
+    def _plan(self, micro: list[TrainBatch]) -> list[tuple[TrainBatch, int, bool]]:
+        """``(micro-batch, shared prefix, filler)`` in the order to run. Under FSDP2 every
+        forward and backward gathers each layer's weights from all ranks, so the ranks must
+        run alike: as many micro-batches (the largest split in two, or a zero-weighted filler
+        row, until each rank has the most any has) and a shared prefix in micro-batch i only
+        where every rank has one there."""
+        plan = [(mb, self._shared_prefix(mb), False) for mb in micro]
+        if not self.sharded or self.world_size == 1:
+            return plan
+        torch = self.torch
+        import torch.distributed as dist
+        n = torch.tensor([len(plan)])
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        while len(plan) < int(n):
+            i = max(range(len(plan)), key=lambda j: plan[j][0].num_rows)
+            mb = plan[i][0]
+            if mb.num_rows < 2:
+                plan.append((plan[-1][0].rows([0]), 0, True))
+                continue
+            half = mb.num_rows // 2
+            parts = [mb.rows(range(half)), mb.rows(range(half, mb.num_rows))]
+            plan[i:i + 1] = [(part, self._shared_prefix(part), False) for part in parts]
+        agreed = torch.tensor([1 if shared else 0 for _, shared, _ in plan])
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+        return [(mb, shared if int(agreed[i]) else 0, filler)
+                for i, (mb, shared, filler) in enumerate(plan)]
 
     def _keep_gathered(self, keep: bool) -> None:
         """FSDP2: keep each layer's gathered weights from its forward to the end of the
@@ -420,23 +455,31 @@ class TrainerWorker:
         self.model.train()              # (gradient checkpointing only acts in train mode)
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        for i, mb in enumerate(micro):
-            last = i == len(micro) - 1
+        plan = self._plan(micro)
+        if ref_logprobs is not None and (len(plan) != len(micro) or any(
+                mb is not m for (mb, _, _), m in zip(plan, micro))):
+            raise ConfigError("ref_logprobs: per micro-batch, but FSDP2 re-split this rank's "
+                              "micro-batches to match the other ranks'")
+        for i, (mb, shared, filler) in enumerate(plan):
+            last = i == len(plan) - 1
             if self.sharded:
                 # Reduce-scatter the gradients only after the last micro-batch's backward.
                 self.model.set_requires_gradient_sync(last)
             sync = contextlib.nullcontext() if (last or self.world_size == 1 or self.sharded) \
                 else self.ddp.no_sync()
             with sync:
-                new = self._forward(self.ddp, mb)
+                new = self._forward(self.ddp, mb, shared)
                 ref = ref_logprobs[i] if ref_logprobs is not None else None
                 loss, metrics = compute_loss(new, new.detach(), mb, self.algo,
                                              batch_num_tokens=global_tokens,
                                              batch_num_seqs=global_seqs,
                                              dp_size=self.world_size, ref_logprobs_BR=ref)
-                loss.backward()
+                # A filler runs only for the collectives; it adds nothing to the gradient.
+                (loss * 0.0 if filler else loss).backward()
             if self._gathered:
                 self._keep_gathered(False)
+            if filler:
+                continue
             weight = float(mb.num_tokens())
             for k, v in metrics.items():
                 share = k in _SHARE_METRICS

@@ -55,6 +55,21 @@ def _batch(seed: int):
     return build_batch([Group(f"g{seed}", "t", tuple(samples))], 0, AlgoConfig())
 
 
+def _uneven_batch(long_rows: int, short_rows: int):
+    """``long_rows`` rows of 43 tokens sharing a 20-token prefix (one per micro-batch of 64
+    tokens), then ``short_rows`` short rows with nothing in common: split over two ranks, the
+    ranks' micro-batches differ in number and in shared prefixes."""
+    shared = tuple(50 + k for k in range(20))
+    samples = []
+    for i in range(long_rows + short_rows):
+        prompt = shared + tuple(300 + (i * 7 + k) % 150 for k in range(20)) \
+            if i < long_rows else tuple(80 + i * 9 + k for k in range(3 + i % 3))
+        response = tuple(100 + (i * 5 + k) % 90 for k in range(3))
+        turn = Turn(prompt, response, (-3.0,) * 3, (1,) * 3, 0, "", "")
+        samples.append(Sample(f"u{i}", (turn,), float(i % 2)))
+    return build_batch([Group("gu", "t", tuple(samples))], 0, AlgoConfig())
+
+
 def _engine(strategy: str, workers: int, **kw) -> EngineConfig:
     return EngineConfig(workers=workers, strategy=strategy, num_cpus_per_worker=0.5,
                         threads_per_worker=1, micro_batch_tokens=64, autocast="off",
@@ -98,7 +113,9 @@ def _stop(workers) -> None:
 
 def test_fsdp2_step_equals_ddp_and_resumes_at_another_world_size(model_path, ray_session,
                                                                   tmp_path):
-    batch, after = _batch(1), _batch(2)
+    # After the compared step: shards whose micro-batches differ (4 and 1 before the ranks
+    # agree; a shared prefix on one rank only).
+    batch, after = _batch(1), _uneven_batch(4, 4)
     ddp_cfg, fsdp_cfg = _engine("ddp", 2), _engine("fsdp2", 2)
     ddp = start_workers(model_path, ddp_cfg, AlgoConfig())
     fsdp = start_workers(model_path, fsdp_cfg, AlgoConfig())
@@ -140,7 +157,7 @@ def test_fsdp2_step_equals_ddp_and_resumes_at_another_world_size(model_path, ray
     _optim_close(saved_optim, ray.get(ddp[0].full_optimizer_state.remote()))
 
     # The two-rank run goes on one step.
-    _step(fsdp, after)
+    assert [m["micro_batches"] for m in _step(fsdp, after)] == [4.0, 1.0]
     two_ranks = _rank0(fsdp, fsdp_cfg, "state_dict")
     _stop(ddp + fsdp)
 
@@ -191,7 +208,8 @@ def test_fsdp2_bf16_compute_moves_every_fp32_master_weight(model_path, ray_sessi
                            optim=OptimConfig(lr=1e-6), **extra)
         workers = start_workers(model_path, cfg, AlgoConfig())
         before = _rank0(workers, cfg, "state_dict")
-        metrics = _step(workers, _batch(4))
+        # Rank 0 has two micro-batches, rank 1 one row: FSDP2 runs a zero-weighted filler.
+        metrics = _step(workers, _uneven_batch(2, 1))
         assert metrics[0]["bf16"] == float(strategy == "fsdp2")
         after = _rank0(workers, cfg, "state_dict")
         updates.append(torch.cat([(after[k] - before[k]).flatten() for k in before
