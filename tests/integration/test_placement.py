@@ -107,7 +107,8 @@ def test_trainer_ranks_share_one_placement_group_on_one_node(two_nodes):
 
 
 def test_with_two_nodes_a_nodes_ranks_are_together(two_nodes):
-    ranks = start_workers(str(cached_tiny_model()), _engine(workers=4, nodes=2), AlgoConfig())
+    ranks = start_workers(str(cached_tiny_model()), _engine(workers=4, nodes=2, memory_gib=0.25),
+                          AlgoConfig())
     try:
         seen = [_where(w) for w in ranks]
         assert len({s["group"] for s in seen}) == 1 and seen[0]["group"] is not None
@@ -117,7 +118,8 @@ def test_with_two_nodes_a_nodes_ranks_are_together(two_nodes):
         table = ray.util.placement_group_table(ranks.placement.group)
         assert table["strategy"] == "STRICT_SPREAD"
         assert table["bundles_to_node_id"] == {0: seen[0]["node"], 1: seen[2]["node"]}
-        assert list(table["bundles"].values()) == [{"CPU": 1.0, "GPU": 2.0}] * 2
+        assert list(table["bundles"].values()) == [
+            {"CPU": 1.0, "GPU": 2.0, "memory": 0.5 * 2**30}] * 2
     finally:
         _stop(ranks)
     wait_for(_all_free, timeout=30)
