@@ -29,6 +29,7 @@ stopped) and when the start fails; Ray also removes it when the driver that made
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,8 @@ from typing import Any
 import ray
 
 from consolerl.errors import ConfigError, ConsoleRLError
+
+log = logging.getLogger("trainer.placement")
 
 
 class PlacementError(ConsoleRLError, RuntimeError):
@@ -112,8 +115,11 @@ def place_ranks(workers: int, nodes: int, per_worker: dict[str, float],
         ray.util.remove_placement_group(group)
         raise PlacementError(_not_placed(workers, nodes, per_worker, bundles, strategy,
                                          timeout_s))
-    return RankPlacement(group, workers // nodes, tuple(bundles), strategy,
-                         time.monotonic() - t0)
+    placement = RankPlacement(group, workers // nodes, tuple(bundles), strategy,
+                              time.monotonic() - t0)
+    log.info("trainer placement: %d x %s (%s) placed in %.1f s", nodes,
+             fmt_resources(bundles[0]), strategy, placement.wait_s)
+    return placement
 
 
 def _not_placed(workers: int, nodes: int, per_worker: dict[str, float],
