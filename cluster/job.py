@@ -55,6 +55,7 @@ from trainer.curves import plot_curves
 from trainer.engine import EngineConfig, call_for_rank0, start_workers
 from trainer.failures import describe_failure, explain_no_experience
 from trainer.grpo import GRPOTrainer, NoExperienceError
+from trainer.placement import TrainerRanks
 from trainer.sft import train_sft
 from trainer.stream import dead_letter_stream, redact_url
 from trainer.weight_sync import ReplicaSync, generation_paused, publish_weights
@@ -160,9 +161,9 @@ def _grpo(session: Session, run_dir: Path, summary: dict[str, Any], started: Sta
 class Started:
     """What the GRPO stage started, stopped in order by :meth:`stop`: the training beacon,
     the rollouts (episodes end, their resources are destroyed, accounts released), the
-    trainer's final checks, then the trainer workers and the policy replicas. After an
-    interrupt (``interrupted``) episodes stop at their next step and the actors get a short
-    grace, so the whole stop fits in seconds."""
+    trainer's final checks, then the trainer workers (and their placement group) and the
+    policy replicas. After an interrupt (``interrupted``) episodes stop at their next step
+    and the actors get a short grace, so the whole stop fits in seconds."""
 
     def __init__(self, config: JobConfig):
         self.config = config
@@ -172,7 +173,7 @@ class Started:
         self.run_ref: Any = None
         self.trainer: GRPOTrainer | None = None
         self.servers: list[Any] = []
-        self.workers: list[Any] = []
+        self.workers = TrainerRanks()
 
     def stop(self) -> dict[str, Any]:
         stopping()
@@ -188,6 +189,7 @@ class Started:
         if self.trainer is not None:
             out.update(_final_checks(self.trainer, self.servers, pool))
         stop_actors(self.workers + self.servers, timeout_s=10 if self.interrupted else 60)
+        self.workers.remove_placement()
         return out
 
 

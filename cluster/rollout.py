@@ -43,7 +43,14 @@ def start_policy(config: PolicyConfig, metrics: PublishConfig | None = None
 
 def policy_options(config: PolicyConfig) -> dict[str, Any]:
     """The Ray actor options of every PolicyServer: CPUs, GPUs, the custom resources its
-    config names (only nodes that offer them host it), placement, restarts."""
+    config names (only nodes that offer them host it), placement, restarts; the one source of
+    them (a test starts its probe with exactly these).
+
+    With ``tensor_parallel_size`` > 1 the replica's actor holds that many GPUs
+    (``num_gpus_per_replica``, which the config keeps equal to it) and vLLM runs its tensor
+    parallel workers as child processes on them. No placement group per replica: an actor
+    runs on one node, and Ray gives the GPUs it holds to it alone (distinct
+    ``CUDA_VISIBLE_DEVICES`` per actor), which is all a replica's GPUs need."""
     # A crashed replica is restarted by Ray; it serves again once the job sends it the
     # current weights (trainer.weight_sync.ReplicaSync).
     options: dict[str, Any] = {"num_cpus": config.num_cpus_per_replica,

@@ -47,7 +47,9 @@ class PolicyConfig:
     it has vLLM, else ``.venv-vllm``), ``gpu_memory_utilization`` (on CPU: the share of memory
     for weights and KV cache), ``kv_cache_gib`` (a fixed KV cache size instead; the
     robust choice on CPU, where the share counts every process's memory), ``enforce_eager`` (no graph capture / compilation: faster
-    start), ``startup_timeout_s``."""
+    start), ``startup_timeout_s``, ``tensor_parallel_size`` (one replica's model split over
+    that many GPUs of one node: vLLM on ``cuda`` only, with ``num_gpus_per_replica`` equal
+    to it, so that the replica's actor holds exactly the GPUs its vLLM workers use)."""
 
     model: str = ""
     backend: str = "transformers"
@@ -79,6 +81,18 @@ class PolicyConfig:
                               f"got {self.dtype!r}")
         check_int("PolicyConfig.replicas", self.replicas, 1)
         check_int("PolicyConfig.tensor_parallel_size", self.tensor_parallel_size, 1)
+        tp = self.tensor_parallel_size
+        if tp > 1 and self.backend != "vllm":
+            raise ConfigError(f"PolicyConfig.tensor_parallel_size: {tp} needs backend vllm; "
+                              f"the {self.backend} backend runs a replica on one device")
+        if tp > 1 and self.device != "cuda":
+            raise ConfigError(f"PolicyConfig.tensor_parallel_size: {tp} needs device cuda, "
+                              f"got {self.device!r}")
+        if tp > 1 and self.num_gpus_per_replica != tp:
+            # Fewer GPUs than tp: vLLM's workers find too few devices; more: the rest idle.
+            raise ConfigError(f"PolicyConfig.num_gpus_per_replica: must equal "
+                              f"tensor_parallel_size ({tp}), one GPU per vLLM worker, got "
+                              f"{self.num_gpus_per_replica:g}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"PolicyConfig.gpu_memory_utilization: must be in (0, 1], "
                               f"got {self.gpu_memory_utilization!r}")

@@ -99,7 +99,8 @@ class VllmEngine:
                 "gpu_memory_utilization": getattr(c, "gpu_memory_utilization", 0.9),
                 "kv_cache_gib": getattr(c, "kv_cache_gib", 0.0),
                 "seed": getattr(c, "seed", 0),
-                "enforce_eager": getattr(c, "enforce_eager", False)}
+                "enforce_eager": getattr(c, "enforce_eager", False),
+                "tensor_parallel_size": getattr(c, "tensor_parallel_size", 1)}
         authkey = secrets.token_bytes(32)
         address = str(self._dir / "engine.sock")
         listener = Listener(address, family="AF_UNIX", authkey=authkey)

@@ -129,6 +129,13 @@ class _Server:
             kv_cache_memory_bytes=(int(float(a["kv_cache_gib"]) * 2**30)
                                    if a.get("kv_cache_gib") else None),
             seed=int(a.get("seed", 0)), enforce_eager=bool(a.get("enforce_eager", False)),
+            # tp > 1: worker processes of this one, on the GPUs Ray gave the PolicyServer
+            # actor (its CUDA_VISIBLE_DEVICES, inherited); named rather than left to vLLM,
+            # whose default turns to its Ray executor where it sees Ray, and that would ask
+            # the cluster for GPUs of its own.
+            tensor_parallel_size=int(a.get("tensor_parallel_size", 1)),
+            distributed_executor_backend="mp" if int(a.get("tensor_parallel_size", 1)) > 1
+            else None,
             enable_prefix_caching=True, disable_log_stats=True,
             logprobs_mode="processed_logprobs",
             worker_extension_cls="rollout_service.vllm_server.WeightLoader")

@@ -46,6 +46,7 @@ from consolerl.tensors import PartialWeights
 from infra.local_cloud import free_port
 
 from .algo import AlgoConfig, TrainBatch, compute_loss, response_logprobs
+from .placement import TrainerRanks, place_ranks, worker_resources
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,10 @@ class EngineConfig:
     fine-tuning for a model of L layers. ``share_prefix``: the prompt prefix common to every
     row of a micro-batch (the system prompt; a group's task) runs once and its keys and values
     serve every row; the log-probs and the gradient are the same as without (not with gradient
-    checkpointing, whose recomputation cannot replay a cache)."""
+    checkpointing, whose recomputation cannot replay a cache). ``nodes``: the ranks go on
+    that many nodes, ``workers / nodes`` each, a node's ranks consecutive, all in one Ray
+    placement group (:mod:`trainer.placement`) that is waited for up to
+    ``placement_timeout_s`` before a clear error."""
 
     workers: int = 1
     strategy: str = "ddp"
@@ -113,6 +117,7 @@ class EngineConfig:
     gradient_checkpointing: bool = False
     autocast: str = "auto"
     memory_gib: float = 0.0
+    placement_timeout_s: float = 300.0         # waiting for the ranks' placement group
     threads_per_worker: int = 0                 # torch intra-op threads; 0 = torch's default
     train_layers: int = 0
     share_prefix: bool = True
@@ -153,6 +158,9 @@ class EngineConfig:
         if not self.memory_gib >= 0:
             raise ConfigError(f"EngineConfig.memory_gib: must be >= 0 (0 = no reservation), "
                               f"got {self.memory_gib!r}")
+        if not self.placement_timeout_s > 0:
+            raise ConfigError(f"EngineConfig.placement_timeout_s: must be > 0, "
+                              f"got {self.placement_timeout_s!r}")
         check_int("EngineConfig.train_layers", self.train_layers, 0)
         check_resources("EngineConfig.resources", self.resources)
         if self.micro_batch_tokens < 64:
@@ -682,9 +690,10 @@ class TrainerWorker:
 TrainerWorkerActor = ray.remote(TrainerWorker)
 
 
-def worker_options(engine: EngineConfig) -> dict[str, Any]:
+def worker_options(engine: EngineConfig, scheduling: Any = None) -> dict[str, Any]:
     """The Ray actor options of every trainer worker: CPUs, GPUs, memory, the custom
-    resources its config names (only nodes that offer them host it), its threads."""
+    resources its config names (only nodes that offer them host it), its threads, and
+    ``scheduling`` (its bundle of the placement group) when given."""
     options: dict[str, Any] = {"num_cpus": engine.num_cpus_per_worker}
     if engine.num_gpus_per_worker:
         options["num_gpus"] = engine.num_gpus_per_worker
@@ -694,17 +703,31 @@ def worker_options(engine: EngineConfig) -> dict[str, Any]:
         options["resources"] = dict(engine.resources)
     threads = engine.threads_per_worker or max(1, int(engine.num_cpus_per_worker))
     options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
+    if scheduling is not None:
+        options["scheduling_strategy"] = scheduling
     return options
 
 
-def start_workers(model_path: str, engine: EngineConfig, algo: AlgoConfig) -> list[Any]:
-    """``engine.workers`` ranks as Ray actors, joined in one process group (rendezvous on
-    rank 0's node)."""
-    options = worker_options(engine)
-    workers = [TrainerWorkerActor.options(**options).remote(
-        rank, engine.workers, model_path, engine, algo) for rank in range(engine.workers)]
-    master = ray.get(workers[0].address.remote())
-    ray.get([w.init_distributed.remote(master) for w in workers])
+def start_workers(model_path: str, engine: EngineConfig, algo: AlgoConfig) -> TrainerRanks:
+    """``engine.workers`` ranks as Ray actors in one placement group (a node's ranks together:
+    :mod:`trainer.placement`), joined in one process group (rendezvous on rank 0's node).
+    The caller stops the actors, then calls ``remove_placement()`` on what this returns; a
+    start that fails kills what it started and removes the group itself."""
+    placement = place_ranks(engine.workers, engine.nodes,
+                            worker_resources(worker_options(engine)), engine.placement_timeout_s)
+    workers = TrainerRanks(placement=placement)
+    try:
+        for rank in range(engine.workers):
+            options = worker_options(engine, placement.scheduling(rank))
+            workers.append(TrainerWorkerActor.options(**options).remote(
+                rank, engine.workers, model_path, engine, algo))
+        master = ray.get(workers[0].address.remote())
+        ray.get([w.init_distributed.remote(master) for w in workers])
+    except BaseException:
+        for w in workers:
+            ray.kill(w)
+        workers.remove_placement()
+        raise
     return workers
 
 

@@ -312,6 +312,13 @@ class Recorder:
     address = init_distributed = _Method()
 
 
+class _Placement:
+    """Stands in for trainer.placement.RankPlacement: each rank's bundle by name."""
+
+    def scheduling(self, rank: int) -> str:
+        return f"bundle-of-rank-{rank}"
+
+
 def _started(monkeypatch, config: JobConfig) -> dict[str, list[dict]]:
     """Start every actor kind of a training job through its real start path, with Ray's actor
     classes replaced by recorders; the options each was given, by kind."""
@@ -320,6 +327,7 @@ def _started(monkeypatch, config: JobConfig) -> dict[str, list[dict]]:
     monkeypatch.setattr(rollout_module, "PolicyServerActor", kinds["policy"])
     monkeypatch.setattr(engine_module, "TrainerWorkerActor", kinds["trainer"])
     monkeypatch.setattr(engine_module.ray, "get", lambda refs, **kw: refs)
+    monkeypatch.setattr(engine_module, "place_ranks", lambda *args: _Placement())
     pool_module.EnvPool(rollout_spec(config, config.policy, None).env_pool)
     rollout_module.start_policy(config.policy)
     engine_module.start_workers("model", config.trainer.engine, config.trainer.algo)
@@ -335,6 +343,8 @@ def test_every_actor_is_started_with_the_resources_its_config_names(monkeypatch)
         for options in seen:
             assert options.get("resources") == wanted[kind], (kind, options)
     assert all(o["max_restarts"] == -1 for o in started["env"])
+    assert [o["scheduling_strategy"] for o in started["trainer"]] == [
+        "bundle-of-rank-0", "bundle-of-rank-1"]
     # With none named, none asked (any node will do).
     started = _started(monkeypatch, _config("env.max_restarts=0"))
     assert all("resources" not in o for seen in started.values() for o in seen)
