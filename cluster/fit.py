@@ -25,13 +25,14 @@ intermediate size, kv = KV heads x head dim, L layers, V vocabulary, T =
   ``float32`` (no autocast) is fp32 throughout.
 * Activations of one micro-batch of T padded tokens, from bytes saved for the backward per
   token and decoder layer, a.h + b.kv + c.I, with (a, b, c) measured on CPU by counting the
-  tensors autograd saves (``torch.autograd.graph.saved_tensors_hooks``) in five Llama shapes
-  and fitted (max error 0.6%; ``tests/unit/test_fit.py`` measures it again): (20.4, 3.2, 8.1)
-  for autocast over fp32 weights, (16.1, 4.0, 8.0) for bf16 weights, (32.1, 8.0, 16.0) for
-  fp32. What is saved does not depend on the device (flash attention saves q, k, v, the output
+  tensors autograd saves (``torch.autograd.graph.saved_tensors_hooks``; the growth with both
+  layers and tokens, so that the weights' bf16 copies drop out) in six Llama shapes of
+  head dim 64 and fitted (max error 0.01%; ``tests/unit/test_fit.py`` measures a seventh
+  shape): (30.1, 4.0, 8.0) for autocast over fp32 weights, (20.1, 4.0, 8.0) for bf16
+  weights, (32.1, 8.0, 16.0) for fp32. What is saved does not depend on the device (flash attention saves q, k, v, the output
   and its log-sum-exp on either). Without gradient checkpointing: L x that x T. With it: the
   residual stream at every layer's input (L x h x 4 bytes, 2 with bf16 weights, x T) plus one
-  layer recomputed (1 x that x T). Plus the embeddings and final norm (12h bytes per token,
+  layer recomputed (1 x that x T). Plus the embeddings and final norm (at most 14h bytes per token,
   measured) and the logits: the loss needs them only at the response positions,
   ``logits_to_keep = response_len + 1`` per row, i.e. K = rows x (agent.max_new_tokens + 1)
   positions with rows = T // ``--min-row-tokens`` (default 1024: an assumption, the shortest
@@ -95,9 +96,9 @@ LOGIT_BYTES_PER_VOCAB = 10
 
 # Bytes saved for the backward per token and decoder layer: (a, b, c) of a.h + b.kv + c.I, and
 # the residual stream's bytes per element (see the module docstring for how they were measured).
-ACTIVATION_FIT = {"autocast": ((20.4, 3.2, 8.1), 4), "bf16": ((16.1, 4.0, 8.0), 2),
+ACTIVATION_FIT = {"autocast": ((30.1, 4.0, 8.0), 4), "bf16": ((20.1, 4.0, 8.0), 2),
                   "fp32": ((32.1, 8.0, 16.0), 4)}
-EMBED_BYTES_PER_H = 12
+EMBED_BYTES_PER_H = 14
 
 # Architectures whose parameters are counted from config.json: attention biases (q, k, v, o),
 # per-head q/k norms (Qwen3).
@@ -317,15 +318,16 @@ def cluster_from_manifests(paths: list[str], gpu_gib: float, gpu_note: str) -> C
                    cpus=head_group.cpus + sum(g.pods * g.cpus for g in groups), claims=claims)
 
 
-def cluster_here(gpu_gib: float, gpu_note: str) -> Cluster:
-    """This machine as the whole cluster (an embedded one-machine run)."""
+def cluster_here(gpu_gib: float, gpu_note: str, num_cpus: int = 0) -> Cluster:
+    """This machine as the whole cluster (an embedded one-machine run; ``num_cpus``: the
+    embedded Ray's, ``run.ray_num_cpus``, 0 = the machine's)."""
     gpus = _visible_gpus()
+    cpus = float(num_cpus or os.cpu_count() or 1)
     shm = shutil.disk_usage("/dev/shm").total if os.path.isdir("/dev/shm") else 0
     mounts = {"/dev/shm": Volume("dshm", "emptyDir", size=shm), "/": Volume("root", "local")}
-    node = PodGroup("this machine", 1, float(gpus), float(os.cpu_count() or 1), mounts)
+    node = PodGroup("this machine", 1, float(gpus), cpus, mounts)
     return Cluster(source="this machine", gpu_gib=gpu_gib, gpu_note=gpu_note, head=node,
-                   gpu_groups=(node,), gpus=float(gpus), cpus=float(os.cpu_count() or 1),
-                   local=True)
+                   gpu_groups=(node,), gpus=float(gpus), cpus=cpus, local=True)
 
 
 def cluster_from_ray(address: str, gpu_gib: float, gpu_note: str) -> Cluster:
@@ -378,20 +380,23 @@ class Row:
     unit: str
     ok: bool | None          # None: not checked (nothing to check it against)
     detail: str = ""
+    per: str = ""            # "per GPU": the need is each GPU's
 
-    def figure(self, x: float | None) -> str:
+    def figure(self, x: float | None, per: str = "") -> str:
         if x is None:
             return "?"
-        return f"{x:.1f} {self.unit}" if self.unit == "GiB" else f"{x:g} {self.unit}".strip()
+        text = f"{x:.1f} {self.unit}" if self.unit == "GiB" else f"{x:g} {self.unit}".strip()
+        return f"{text} {per}" if per else text
 
     @property
     def verdict(self) -> str:
         return {True: "ok", False: "REFUSED", None: "not checked"}[self.ok]
 
 
-def _row(check: str, need: float, limit: float | None, unit: str, detail: str) -> Row:
+def _row(check: str, need: float, limit: float | None, unit: str, detail: str,
+         per: str = "") -> Row:
     return Row(check, need, limit, unit, None if limit is None else need <= limit + 1e-9,
-               detail)
+               detail, per)
 
 
 def trained_params(shape: ModelShape, config: JobConfig) -> int:
@@ -496,18 +501,18 @@ def check(config: JobConfig, shape: ModelShape, cluster: Cluster,
         label = (f"{engine.strategy}/{engine.workers}, {engine.dtype}"
                  f"{', ckpt' if engine.gradient_checkpointing else ''}, {p_b:.2f}B params, "
                  f"micro-batch {engine.micro_batch_tokens} tokens")
-        rows.append(_row(f"trainer, per GPU ({label})", sum(parts.values()) / GIB,
-                         share * card / GIB, "GiB", _gib(parts)))
+        rows.append(_row(f"trainer ({label})", sum(parts.values()) / GIB,
+                         share * card / GIB, "GiB", _gib(parts), "per GPU"))
     if policy.backend == "vllm" and policy.device == "cuda":
         parts = vllm_memory(shape, config)
         room = policy.gpu_memory_utilization * card
         kv_room = room - parts["weights"] - parts["overhead"]
         seqs = max(0, int(kv_room // parts["kv_one_sequence"]))
-        rows.append(_row(f"vLLM, per GPU (tp {policy.tensor_parallel_size}, {policy.dtype}, "
+        rows.append(_row(f"vLLM (tp {policy.tensor_parallel_size}, {policy.dtype}, "
                          f"max_model_len {policy.max_model_len})", sum(parts.values()) / GIB,
                          room / GIB, "GiB", f"{_gib(parts)}; room for {seqs} sequences of "
                          f"max_model_len (limit: gpu_memory_utilization "
-                         f"{policy.gpu_memory_utilization:g} x card)"))
+                         f"{policy.gpu_memory_utilization:g} x card)", "per GPU"))
     if policy.backend == "vllm":
         rows.extend(_lengths(config, shape))
     rows.extend(_gpus(config, cluster))
@@ -708,7 +713,7 @@ def _existing(path: str) -> str:
 
 def table(rows: list[Row]) -> str:
     head = ("check", "need", "limit", "verdict")
-    lines = [(r.check, r.figure(r.need) if r.need is not None else "",
+    lines = [(r.check, r.figure(r.need, r.per) if r.need is not None else "",
               r.figure(r.limit) if r.limit is not None else "", r.verdict) for r in rows]
     widths = [max(len(x[i]) for x in [head, *lines]) for i in range(4)]
     out = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
@@ -724,7 +729,7 @@ def refusals(rows: list[Row]) -> list[str]:
     out = []
     for r in rows:
         if r.ok is False:
-            numbers = (f": {r.figure(r.need)} > {r.figure(r.limit)}"
+            numbers = (f": {r.figure(r.need, r.per)} > {r.figure(r.limit)}"
                        if r.need is not None and r.limit is not None else "")
             out.append(f"{r.check}{numbers} ({r.detail})")
     return out
@@ -769,7 +774,7 @@ def dry_run(argv: list[str] | None = None, prog: str = "python -m cluster.fit") 
         shape = ModelShape.from_config(path)
         gib, note = card_gib(args.gpu_gib)
         if args.local:
-            cluster = cluster_here(gib, note)
+            cluster = cluster_here(gib, note, config.run.ray_num_cpus)
         elif args.ray_address:
             cluster = cluster_from_ray(args.ray_address, gib, note)
         else:
