@@ -40,6 +40,7 @@ from tqdm import tqdm
 
 from cluster.builders import env_pool, rollout_spec, trainer_algo
 from cluster.config import JobConfig, check_training
+from cluster.fit import dry_run
 from cluster.rollout import TrainingRolloutsActor, start_policy, success_by_version
 from cluster.runtime import (PeakMemory, Session, handle_stop_signals, on_driver_node,
                              progress, stop_actors, stop_exit_code, stopping)
@@ -378,12 +379,19 @@ def _write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--dry-run" in argv:
+        # Nothing starts: the memory, GPU, /dev/shm, disk and mount checks (cluster.fit).
+        return dry_run([a for a in argv if a != "--dry-run"],
+                       prog="python -m cluster.job --dry-run")
     parser = argparse.ArgumentParser(prog="python -m cluster.job", description=__doc__.split(
         "\n\n")[0])
     parser.add_argument("--config", required=True, help="YAML file (configs/*.yaml)")
     parser.add_argument("--resume", action="store_true", help="continue from run.dir's "
                         "latest checkpoint")
     parser.add_argument("--run-dir", default="", help="run.dir")
+    parser.add_argument("--dry-run", action="store_true", help="start nothing: check that "
+                        "the config fits the cluster (python -m cluster.fit --help)")
     parser.add_argument("overrides", nargs="*", help="section.key=value")
     args = parser.parse_args(argv)
     overrides = list(args.overrides)
