@@ -87,7 +87,7 @@ def test_a_relative_run_dir_is_refused_on_a_cluster():
 def test_gpus_beyond_the_manifest_are_refused():
     [bad] = _refused(_rows(SHIPPED, ("policy.replicas=6",)))
     assert bad.check == "GPUs" and (bad.need, bad.limit) == (10, 8)
-    [bad] = _refused(_rows(SHIPPED, ("policy.tensor_parallel_size=2",)))
+    [bad] = _refused(_rows(SHIPPED, ("policy.tensor_parallel_size=2", "policy.num_gpus_per_replica=2")))
     assert bad.check == "GPUs" and (bad.need, bad.limit) == (12, 8)
 
 
