@@ -474,6 +474,23 @@ class TrainerWorker:
         if dist.is_initialized():
             dist.destroy_process_group()
 
+    def weight_transfer(self, op: str, *args: Any) -> Any:
+        """The trainer's end of the weight groups to the policy replicas
+        (:class:`rollout_service.weight_transfer.WeightSender`, on rank 0), called on every
+        rank: ``("open", key, world, backend, timeout_s)`` -> the group's spec,
+        ``("close", key)``, ``("send", keys, dtype, chunk_bytes)`` -> per key the outcome."""
+        from rollout_service.weight_transfer import WeightSender
+
+        if self.rank != 0:
+            return None                    # (FSDP: the other ranks' part of the gather)
+        sender = self.__dict__.setdefault("_weight_sender", WeightSender(_node_ip()))
+        if op != "send":
+            return getattr(sender, op)(*args)
+        keys, dtype, chunk_bytes = args
+        state = self.published_state()
+        return sender.send(state.items(), keys, dtype, chunk_bytes,
+                           isinstance(state, PartialWeights))
+
 
 TrainerWorkerActor = ray.remote(TrainerWorker)
 
