@@ -86,8 +86,15 @@ class WeightLoader:
         loaded: set[str] = set()
         scope: set[str] = set()
         full: list[bool] = []
+        # A tied output head that arrives as a tensor of its own (a sender that cannot see the
+        # tie) is dropped: vLLM ties it again, and refuses it in a chunk without the embedding.
+        config = getattr(model, "config", None)
+        tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
 
         def load(pairs: list[tuple[str, Any]], partial: bool) -> None:
+            pairs = [(name, t) for name, t in pairs if name not in tied]
+            if not pairs:
+                return
             if partial:
                 chunk_scope = _scope(dict(pairs))
                 _unpack_cpu_linears(model, chunk_scope)
