@@ -35,6 +35,7 @@ import json
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -189,7 +190,9 @@ class WeightSender:
     def send(self, pairs: Iterable[tuple[str, Any]], keys: Iterable[str], dtype: str = "",
              chunk_bytes: int = 256 * 2**20, partial: bool = False) -> dict[str, dict]:
         """Stream ``pairs`` (name, tensor) to the groups ``keys``; returns per key
-        ``{"ok", "error", "bytes", "tensors", "seconds"}``. A group that fails (its receiver
+        ``{"ok", "error", "bytes", "tensors", "seconds"}``. A tensor that is the same view
+        of the same storage as an earlier one still alive is a tied weight, sent once: an
+        iterator must not hand out one tensor object (refilled) for several weights. A group that fails (its receiver
         died, timed out) is dropped and closed, the others go on; ``pairs`` is consumed to
         its end whatever happens (an iterator that gathers weights collectively must run in
         step on every rank)."""
@@ -263,19 +266,21 @@ class _Stream:
         self.entries: list[list] = []
         self.used = 0
         self.header_size = 0
-        self.seen: dict[tuple, str] = {}
+        self.seen: dict[tuple, Any] = {}
         self.bytes = 0
         self.tensors = 0
 
     def add(self, name: str, tensor: Any) -> None:
         t = tensor.detach()
         if t.numel():
-            # A tied weight (the same view of the same storage as an earlier tensor) is sent
-            # once; the receiver's model ties it again.
+            # A tied weight (the same view of the same storage as an earlier tensor still
+            # alive: a freed one's address may be reused by the next) is sent once; the
+            # receiver's model ties it again.
             view = (t.device.type, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
-            if view in self.seen:
+            earlier = self.seen.get(view)
+            if earlier is not None and earlier() is not None:
                 return
-            self.seen[view] = name
+            self.seen[view] = weakref.ref(tensor)
         dtype = self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
         nbytes = t.numel() * dtype.itemsize
         entry_size = len(name) + 64 + 8 * t.dim()

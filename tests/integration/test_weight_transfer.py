@@ -208,3 +208,25 @@ def test_a_streamed_update_serves_what_the_object_store_update_serves(servers):
     assert ray.get(collective.version.remote()) == -1
     ray.get(collective.update_weights.remote(3, ray.put(perturbed)))
     assert ray.get(collective.version.remote()) == 3
+
+
+def test_a_freed_tensor_whose_address_is_reused_is_not_taken_for_a_tied_one():
+    """An iterator that gathers each weight into a tensor of its own and drops it (FSDP) may
+    hand out the next weight at the freed one's address with the same shape: it is still
+    sent. (Here the memory is reused on purpose, so that it is every time.)"""
+    sender = WeightSender("127.0.0.1")
+    proc, queue = _start(sender, "reuse", "keep")
+
+    def gathered():
+        memory = bytearray(4096)
+        for i in range(4):
+            t = torch.frombuffer(memory, dtype=torch.float32)
+            t.fill_(float(i))
+            yield f"layers.{i}.weight", t
+            del t
+    out = sender.send(gathered(), ["reuse"], chunk_bytes=2**20)
+    kind, stats, got = queue.get(timeout=60)
+    proc.join(30)
+    assert kind == "ok" and out["reuse"]["ok"]
+    assert {k: v[2] for k, v in got.items()} == {f"layers.{i}.weight": 1024.0 * i
+                                                 for i in range(4)}
