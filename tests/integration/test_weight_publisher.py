@@ -73,7 +73,6 @@ def _count(registry, name, **labels):
     return registry.get_sample_value(name, labels) or 0.0
 
 
-@pytest.mark.slow
 def test_collective_publish_falls_back_for_a_restarted_replica_and_forms_again(setup):
     model, workers, servers = setup
     registry = CollectorRegistry()
