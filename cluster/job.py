@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from prometheus_client import CollectorRegistry
 from tqdm import tqdm
 
 from cluster.builders import env_pool, rollout_spec, trainer_algo
@@ -59,7 +60,7 @@ from trainer.grpo import GRPOTrainer, NoExperienceError
 from trainer.placement import TrainerRanks
 from trainer.sft import train_sft
 from trainer.stream import dead_letter_stream, redact_url
-from trainer.weight_sync import ReplicaSync, generation_paused, publish_weights
+from trainer.weight_sync import ReplicaSync, WeightPublisher, generation_paused
 
 log = logging.getLogger("cluster.job")
 # The last memory sample of every process of the job, by pid: (kind, PSS bytes), for the
@@ -126,13 +127,15 @@ def _grpo(session: Session, run_dir: Path, summary: dict[str, Any], started: Sta
     started.workers = start_workers(model_path, config.trainer.engine, trainer_algo(config))
     servers = started.servers
     pad = HFChatTokenizer(model_path).tokenizer.pad_token_id
+    registry = CollectorRegistry()
+    publisher = WeightPublisher(servers, started.workers, config.trainer.weights,
+                                config.trainer.engine, registry)
     trainer = started.trainer = GRPOTrainer(
         config.trainer, config.stream, config.orchestrator.groups_per_step, started.workers,
-        lambda v, ref: publish_weights(servers, v, ref), pad if pad is not None else 0,
-        run_dir)
+        publisher, pad if pad is not None else 0, run_dir, registry)
     if config.trainer.pause_generation:
         trainer.around_step = lambda: generation_paused(servers, config.trainer.read_timeout_s)
-    sync = ReplicaSync(trainer, servers)
+    sync = ReplicaSync(trainer, servers, publisher=publisher)
     trainer.while_waiting = lambda: (sync(), _check_rollouts(started.run_ref))
     url = session.announcements.publish([trainer.registry], "trainer", "trainer")
     if url:

@@ -14,6 +14,9 @@ for the importance ratio.
 
 ``update_weights(version, state_dict)`` loads new weights in place between requests (a lock
 keeps it from interleaving with a generation); the version is returned with every generation.
+``open_weight_group(spec)`` and ``receive_weights(version, key)`` do the same with weights the
+trainer streams over a process group (:mod:`rollout_service.weight_transfer`); a receive that
+fails part-way leaves the replica refusing to generate until whole weights arrive again.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from infra.observability.discovery import PublishConfig, publish
 
 from .agent import Generation, SamplingParams
 from .models import resolve_model
+from .weight_transfer import GroupSpec, WeightGroup, join_group, receive
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,12 @@ class Engine(Protocol):
 
     def update_weights(self, version: int, state_dict: Mapping[str, Any]) -> float: ...
 
+    def weight_receivers(self) -> dict[str, Any]: ...
+
+    def open_weight_group(self, spec: GroupSpec) -> None: ...
+
+    def receive_weights(self, version: int, key: str) -> dict[str, Any]: ...
+
 
 class TransformersEngine:
     """One causal LM on one device; thread-safe (one generation or weight update at a time)."""
@@ -125,6 +135,7 @@ class TransformersEngine:
         self.seed = seed
         self.busy_s = 0.0                 # seconds spent generating (policy utilisation)
         self._lock = threading.Lock()
+        self._group: WeightGroup | None = None
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         torch = self._torch
@@ -177,6 +188,53 @@ class TransformersEngine:
                                  f"{unexpected[:5]}")
             self.version = int(version)
         return time.perf_counter() - t0
+
+    def weight_receivers(self) -> dict[str, Any]:
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        return {"ranks": 1, "dtype": dtype}
+
+    def open_weight_group(self, spec: GroupSpec) -> None:
+        """Join the weight group ``spec`` as rank 1 (a new group replaces the old)."""
+        old, self._group = self._group, None
+        if old is not None:
+            old.close()
+        self._group = join_group(spec, 1)
+
+    def receive_weights(self, version: int, key: str) -> dict[str, Any]:
+        """Receive ``version`` over the weight group ``key`` and copy it into the model's
+        tensors chunk by chunk (generation waits meanwhile)."""
+        torch = self._torch
+        group = self._group
+        if group is None or group.spec.key != key:
+            raise ValueError(f"receive_weights: weight group {key} is not open here "
+                             f"(open: {group.spec.key if group else None})")
+        t0 = time.perf_counter()
+        targets = dict(self.model.state_dict(keep_vars=True))
+        unknown: list[str] = []
+        seen: set[str] = set()
+
+        def load(pairs: list[tuple[str, Any]], partial: bool) -> None:
+            for name, tensor in pairs:
+                target = targets.get(name)
+                if target is None or tuple(target.shape) != tuple(tensor.shape):
+                    unknown.append(name)
+                    continue
+                target.data.copy_(tensor)
+                seen.add(name)
+
+        with self._lock, torch.no_grad():
+            try:
+                stats = receive(group, load)
+            except BaseException:
+                self._group = None
+                group.close()
+                raise
+            missing = [n for n in targets if n not in seen and not n.endswith("lm_head.weight")]
+            if unknown or (missing and not stats["partial"]) or not seen:
+                raise ValueError(f"receive_weights: unexpected or misshapen {unknown[:5]}, "
+                                 f"missing {missing[:5] if not stats['partial'] else []}")
+            self.version = int(version)
+        return {**stats, "seconds": time.perf_counter() - t0}
 
 
 def _eos_ids(model: Any) -> set[int]:
@@ -370,6 +428,31 @@ class PolicyServer:
         self.m_version.labels(self.name).set(version)
         self.awaiting_weights = False
         return seconds
+
+    async def weight_receivers(self) -> dict[str, Any]:
+        """What the trainer needs to form a weight group with this replica: ``ranks`` (its
+        engine's workers, each a group member) and ``dtype`` (what they hold: the sender casts
+        to it)."""
+        return self.engine.weight_receivers()
+
+    async def open_weight_group(self, spec: GroupSpec) -> None:
+        """Join the weight group ``spec`` (returns once the trainer has joined too)."""
+        await asyncio.to_thread(self.engine.open_weight_group, spec)
+
+    async def receive_weights(self, version: int, key: str) -> dict[str, Any]:
+        """Receive ``version`` over the weight group ``key`` while the trainer sends it;
+        returns ``{"seconds", "bytes", "tensors", "partial"}``. A failure part-way may have
+        replaced some weights: the replica then refuses to generate (as one restarted) until
+        the trainer's current weights arrive by :meth:`update_weights`."""
+        try:
+            out = await asyncio.to_thread(self.engine.receive_weights, version, key)
+        except BaseException:
+            self.awaiting_weights = True
+            raise
+        self.m_sync.labels(self.name).observe(out["seconds"])
+        self.m_version.labels(self.name).set(version)
+        self.awaiting_weights = False
+        return out
 
     async def version(self) -> int:
         """The weight version served; -1 while a restarted replica waits for weights."""

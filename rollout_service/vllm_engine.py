@@ -7,10 +7,17 @@ that has it: this one where ``vllm`` imports (GPU images), otherwise ``.venv-vll
 ``policy.vllm_python``. The two talk over an authenticated Unix socket; many requests are in
 flight at once, so vLLM batches them (continuous batching), and the engine is thread-safe.
 
-Weights: ``update_weights(version, state_dict)`` writes the tensors once as a safetensors file
-(``/dev/shm`` when it has room), and every vLLM worker loads it in place with the model's own
-``load_weights`` (Hugging Face names are mapped onto vLLM's fused parameters); no restart, no
-re-allocation of the KV cache. The prefix cache is reset with it.
+Weights, loaded in place by every vLLM worker with the model's own ``load_weights`` (Hugging
+Face names are mapped onto vLLM's fused parameters; no restart, no re-allocation of the KV
+cache; the prefix cache is reset with them), arrive two ways:
+
+- ``open_weight_group(spec)`` once, then ``receive_weights(version, key)`` per update: the
+  trainer streams them over a process group (:mod:`rollout_service.weight_transfer`), no file;
+- ``update_weights(version, state_dict)`` (the fallback): the tensors written once as a
+  safetensors file, in ``/dev/shm`` when it has room. Replicas on one node write one at a time
+  (a lock file in ``/dev/shm``), each checking the free space after the others' files; a full
+  disk falls back to the engine's own folder once, then is an :class:`EngineError` naming the
+  size and the free space.
 
 Log-probs are vLLM's ``processed_logprobs``: under the temperature-scaled distribution, after
 top-p truncation (identical to the transformers engine's when ``top_p`` is 1, the RL default).
@@ -18,6 +25,9 @@ top-p truncation (identical to the transformers engine's when ``top_p`` is 1, th
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import errno
+import fcntl
 import importlib.util
 import itertools
 import json
@@ -74,6 +84,7 @@ class VllmEngine:
         self.config = config
         self._python = python or vllm_python(getattr(config, "vllm_python", ""))
         self._dir = Path(tempfile.mkdtemp(prefix="consolerl-vllm-"))
+        self.shm_dir = Path("/dev/shm")            # where weights files go first
         self.log_path = self._dir / "vllm.log"
         self._ids = itertools.count()
         self._pending: dict[str, concurrent.futures.Future] = {}
@@ -228,14 +239,11 @@ class VllmEngine:
     def update_weights(self, version: int, state_dict: Mapping[str, Any]) -> float:
         """Load ``state_dict`` (Hugging Face names: the whole model, or
         :class:`~consolerl.tensors.PartialWeights`) in place; returns the seconds it took."""
-        from safetensors.torch import save_file
-
         t0 = time.perf_counter()
-        path = self._weights_dir(state_dict) / f"weights-{os.getpid()}-{version}.safetensors"
+        # Tied weights are stored once; vLLM ties them again itself.
+        tensors = unshared_tensors(state_dict, "update_weights: 'state_dict'")[0]
+        path = self._write_weights(tensors, f"weights-{os.getpid()}-{version}.safetensors")
         try:
-            # Tied weights are stored once; vLLM ties them again itself.
-            save_file(unshared_tensors(state_dict, "update_weights: 'state_dict'")[0],
-                      str(path))
             self._request("update", int(version), str(path),
                           isinstance(state_dict, PartialWeights))
         finally:
@@ -243,12 +251,63 @@ class VllmEngine:
         self.version = int(version)
         return time.perf_counter() - t0
 
-    def _weights_dir(self, state_dict: Mapping[str, Any]) -> Path:
-        size = sum(t.numel() * t.element_size() for t in state_dict.values())
-        shm = Path("/dev/shm")
-        if shm.is_dir() and shutil.disk_usage(shm).free > 2 * size:
-            return shm
-        return self._dir
+    def _write_weights(self, tensors: dict[str, Any], name: str) -> Path:
+        """``tensors`` as a safetensors file: in ``/dev/shm`` when it keeps twice their size
+        free, under a lock that the replicas on this node share (so none counts free space
+        that another is about to fill), else, or when ``/dev/shm`` fills up after all, in the
+        engine's own folder."""
+        from safetensors.torch import save_file
+
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        shm = self.shm_dir
+        tried: list[str] = []
+        if shm.is_dir():
+            with _locked(shm / "consolerl-weights.lock"):
+                free = shutil.disk_usage(shm).free
+                if free > 2 * size:
+                    path = shm / name
+                    try:
+                        save_file(tensors, str(path))
+                        return path
+                    except OSError as exc:
+                        path.unlink(missing_ok=True)
+                        if exc.errno != errno.ENOSPC:
+                            raise
+                        tried.append(f"{shm} ({_gib(free)} free before writing)")
+        path = self._dir / name
+        free = shutil.disk_usage(self._dir).free
+        try:
+            save_file(tensors, str(path))
+        except OSError as exc:
+            path.unlink(missing_ok=True)
+            if exc.errno != errno.ENOSPC:
+                raise
+            tried.append(f"{self._dir} ({_gib(free)} free before writing)")
+            raise EngineError(f"no room for the weights file of {_gib(size)}: "
+                              f"{', '.join(tried)} full") from exc
+        return path
+
+    # -- weights over a process group ---------------------------------------------------------
+
+    def weight_receivers(self) -> dict[str, Any]:
+        """What the sender needs to form a group with this engine: its workers (``ranks``:
+        each receives every tensor) and the dtype they hold."""
+        return {"ranks": int(getattr(self.config, "tensor_parallel_size", 1)),
+                "dtype": str(getattr(self.config, "dtype", "float32"))}
+
+    def open_weight_group(self, spec: Any) -> None:
+        """Join every vLLM worker to the weight group ``spec``
+        (:class:`~rollout_service.weight_transfer.GroupSpec`); blocks until the sender has
+        joined too."""
+        self._request("open_group", spec.as_dict(), timeout=spec.timeout_s + 60)
+
+    def receive_weights(self, version: int, key: str) -> dict[str, Any]:
+        """Receive ``version`` over the weight group ``key`` (the trainer sends it now) and
+        load it in place; returns ``{"seconds", "bytes", "tensors", "partial"}``."""
+        t0 = time.perf_counter()
+        out = self._request("receive", int(version), str(key))
+        self.version = int(version)
+        return {**out, "seconds": time.perf_counter() - t0}
 
     def close(self) -> None:
         """Stop the vLLM process (politely, then by force) and remove its files."""
@@ -272,6 +331,21 @@ class VllmEngine:
                 proc.wait(timeout=10)
         shutil.rmtree(self._dir, ignore_errors=True)
 
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Any:
+    """An exclusive lock on the file ``path`` (shared by processes on this node)."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
 
 
 def _kill(proc: subprocess.Popen, folder: Path) -> None:

@@ -7,15 +7,21 @@ the ``.venv-vllm`` environment, whose pins clash with the services'), it builds 
 vLLM environment needs only vLLM.
 
 Messages (tuples), owner -> here: ``("generate", rid, prompt_ids, sampling)``,
-``("update", rid, version, path)``, ``("shutdown", rid)``; here -> owner: ``("ready", info)``,
+``("update", rid, version, path, partial)``, ``("open_group", rid, spec)``,
+``("receive", rid, version, key)``, ``("shutdown", rid)``; here -> owner: ``("ready", info)``,
 ``("result", rid, payload)``, ``("error", rid, message)``, ``("fatal", message)``.
 
-Weights arrive as a safetensors file (written by the owner, usually in ``/dev/shm``) and are
-loaded in place by every vLLM worker through :class:`WeightLoader`, a worker extension that
-``collective_rpc`` calls by name; the model's own ``load_weights`` maps Hugging Face names onto
-vLLM's fused parameters. An update waits for the generations in flight, blocks new ones while
-it loads, and resets the prefix cache (its KV entries were computed under the old weights), so
-every generation is produced by exactly one version, the one it reports.
+Weights arrive two ways, both loaded in place by every vLLM worker through
+:class:`WeightLoader`, a worker extension that ``collective_rpc`` calls by name; the model's own
+``load_weights`` maps Hugging Face names onto vLLM's fused parameters:
+
+- ``update``: a safetensors file (written by the owner, usually in ``/dev/shm``);
+- ``receive``: streamed by the trainer over a process group (``open_group`` joins every worker
+  to it once; :mod:`rollout_service.weight_transfer`), chunk by chunk, no file.
+
+An update waits for the generations in flight, blocks new ones while it loads, and resets the
+prefix cache (its KV entries were computed under the old weights), so every generation is
+produced by exactly one version, the one it reports.
 """
 from __future__ import annotations
 
@@ -43,18 +49,84 @@ class WeightLoader:
         scope = _scope(weights) if partial else None
         _unpack_cpu_linears(model, scope)
         loaded = model.load_weights(weights=iter(weights.items()))
-        # On CPU, linear layers (and the embedding used as the LM head) run from a packed copy
-        # of their weight made after loading; pack the new weights again.
-        for name, module in model.named_modules():
-            method = getattr(module, "quant_method", None)
-            if hasattr(module, "cpu_linear") and method is not None and _within(name, scope):
-                method.process_weights_after_loading(module)
+        _repack_cpu_linears(model, scope)
         if loaded is not None and not partial:
             missing = sorted(set(name for name, _ in model.named_parameters()) - set(loaded))
             if missing:
                 raise ValueError(f"weights file {path} left {len(missing)} parameters "
                                  f"unloaded: {missing[:5]}")
         return len(weights)
+
+    def consolerl_open_weight_group(self, spec: dict[str, Any]) -> int:
+        """Join the weight group ``spec`` (a :class:`~rollout_service.weight_transfer.GroupSpec`
+        as a dict) as rank 1 + this worker's rank; a group of the same key is left first.
+        Blocks until the sender and every worker have joined."""
+        from rollout_service.weight_transfer import GroupSpec, join_group
+
+        s = GroupSpec(**spec)
+        groups = self.__dict__.setdefault("_consolerl_groups", {})
+        for old in groups.values():
+            old.close()                  # one group per worker: a new one replaces the old
+        groups.clear()
+        rank = 1 + int(getattr(self, "rank", 0))
+        groups[s.key] = join_group(s, rank)
+        return rank
+
+    def consolerl_receive_weights(self, key: str) -> dict[str, Any]:
+        """Receive one update on the weight group ``key`` and load it chunk by chunk: the
+        whole model, or (a partial update) whole decoder layers, the rest kept. A failed
+        receive leaves the group (the trainer forms a new one)."""
+        from rollout_service.weight_transfer import WeightTransferError, receive
+
+        groups = self.__dict__.get("_consolerl_groups", {})
+        if key not in groups:
+            raise WeightTransferError(f"weight group {key} is not open on this worker "
+                                      f"(open: {sorted(groups)})")
+        model = self.model_runner.model           # type: ignore[attr-defined]
+        loaded: set[str] = set()
+        scope: set[str] = set()
+        full: list[bool] = []
+        # A tied output head that arrives as a tensor of its own (a sender that cannot see the
+        # tie) is dropped: vLLM ties it again, and refuses it in a chunk without the embedding.
+        config = getattr(model, "config", None)
+        tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+
+        def load(pairs: list[tuple[str, Any]], partial: bool) -> None:
+            pairs = [(name, t) for name, t in pairs if name not in tied]
+            if not pairs:
+                return
+            if partial:
+                chunk_scope = _scope(dict(pairs))
+                _unpack_cpu_linears(model, chunk_scope)
+                scope.update(chunk_scope)
+            elif not full:
+                _unpack_cpu_linears(model, None)
+                full.append(True)
+            got = model.load_weights(weights=iter(pairs))
+            if got is not None:
+                loaded.update(got)
+
+        try:
+            stats = receive(groups[key], load)
+        except BaseException:
+            groups.pop(key).close()
+            raise
+        _repack_cpu_linears(model, tuple(sorted(scope)) if stats["partial"] else None)
+        if not stats["partial"] and loaded:
+            missing = sorted(set(name for name, _ in model.named_parameters()) - loaded)
+            if missing:
+                raise ValueError(f"weight update on group {key} left {len(missing)} "
+                                 f"parameters unloaded: {missing[:5]}")
+        return stats
+
+
+def _repack_cpu_linears(model: Any, scope: tuple[str, ...] | None) -> None:
+    """On CPU, linear layers (and the embedding used as the LM head) run from a packed copy of
+    their weight made after loading; pack the new weights again (within ``scope``)."""
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if hasattr(module, "cpu_linear") and method is not None and _within(name, scope):
+            method.process_weights_after_loading(module)
 
 
 def _scope(weights: dict[str, Any]) -> tuple[str, ...]:
@@ -178,20 +250,38 @@ class _Server:
                 "finish_reason": "stop" if c.finish_reason == "stop" else "length"}
 
     async def update(self, version: int, path: str, partial: bool = False) -> dict:
+        """Load the weights file ``path`` as ``version``."""
+        loaded = await self._exclusive(version, "consolerl_load_weights", (path, partial))
+        return {"version": self.version, "tensors": loaded[0] if loaded else 0}
+
+    async def receive(self, version: int, key: str) -> dict:
+        """Receive ``version`` over the weight group ``key`` (the trainer sends it now)."""
+        stats = await self._exclusive(version, "consolerl_receive_weights", (key,))
+        return {"version": self.version, **(stats[0] if stats else {})}
+
+    async def open_group(self, spec: dict[str, Any]) -> dict:
+        ranks = await self.engine.collective_rpc("consolerl_open_weight_group", args=(spec,))
+        return {"ranks": list(ranks)}
+
+    async def _exclusive(self, version: int, method: str, args: tuple) -> Any:
+        """Run the workers' ``method``: after the generations in flight, none started during
+        it, the prefix cache reset after it; the version moves only when it succeeded."""
         async with self.cond:
             await self.cond.wait_for(lambda: not self.updating)
             self.updating = True
             await self.cond.wait_for(lambda: self.active == 0)
         try:
-            loaded = await self.engine.collective_rpc("consolerl_load_weights",
-                                                      args=(path, partial))
-            await self.engine.reset_prefix_cache()
+            try:
+                out = await self.engine.collective_rpc(method, args=args)
+            finally:
+                # Even a failed update may have replaced some weights (a stream cut short).
+                await self.engine.reset_prefix_cache()
             self.version = int(version)
         finally:
             async with self.cond:
                 self.updating = False
                 self.cond.notify_all()
-        return {"version": self.version, "tensors": loaded[0] if loaded else 0}
+        return out
 
     async def handle(self, message: tuple) -> None:
         kind, rid = message[0], message[1]
@@ -201,6 +291,10 @@ class _Server:
             elif kind == "update":
                 payload = await self.update(int(message[2]), str(message[3]),
                                             bool(message[4]) if len(message) > 4 else False)
+            elif kind == "receive":
+                payload = await self.receive(int(message[2]), str(message[3]))
+            elif kind == "open_group":
+                payload = await self.open_group(dict(message[2]))
             elif kind == "shutdown":
                 self.send(("result", rid, {}))
                 self.closed.set()

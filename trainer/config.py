@@ -20,16 +20,21 @@ class WeightsConfig:
     """How the weights reach the policy replicas after a step. ``transport``: ``collective``
     (a process group between trainer rank 0 and each replica's engine: NCCL on GPU, gloo on
     CPU; tensors streamed in chunks of ``chunk_mib``) or ``object_store`` (Ray's object store
-    and a file per replica; also the fallback for a replica Ray restarted)."""
+    and a file per replica; also the fallback for a replica Ray restarted or one whose
+    collective transfer failed). ``timeout_s``: how long forming a group, or one chunk, may
+    take before the peer counts as dead."""
 
     transport: str = "collective"
     chunk_mib: int = 256
+    timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
             raise ConfigError(f"WeightsConfig.transport: must be one of "
                               f"{', '.join(TRANSPORTS)}, got {self.transport!r}")
         check_int("WeightsConfig.chunk_mib", self.chunk_mib, 1)
+        if not self.timeout_s > 0:
+            raise ConfigError(f"WeightsConfig.timeout_s: must be > 0, got {self.timeout_s!r}")
 
 
 @dataclass(frozen=True)

@@ -686,6 +686,27 @@ class TrainerWorker:
         if dist.is_initialized():
             dist.destroy_process_group()
 
+    def weight_transfer(self, op: str, *args: Any) -> Any:
+        """The trainer's end of the weight groups to the policy replicas
+        (:class:`rollout_service.weight_transfer.WeightSender`, on rank 0), called on every
+        rank: ``("open", key, world, backend, timeout_s)`` -> the group's spec,
+        ``("close", key)``, ``("send", keys, dtype, chunk_bytes)`` -> per key the outcome."""
+        from rollout_service.weight_transfer import WeightSender
+
+        if self.rank != 0:
+            if op == "send" and self.sharded:
+                for _ in self.iter_published():       # this rank's part of each gather
+                    pass
+            return None
+        sender = self.__dict__.setdefault("_weight_sender", WeightSender(_node_ip()))
+        if op != "send":
+            return getattr(sender, op)(*args)
+        keys, dtype, chunk_bytes = args
+        # One tensor at a time from the model (gathered under FSDP2) into the stream's chunks:
+        # the whole state dict is never assembled.
+        return sender.send(self.iter_published(), keys, dtype, chunk_bytes,
+                           self.published_partial())
+
 
 TrainerWorkerActor = ray.remote(TrainerWorker)
 

@@ -8,9 +8,10 @@ Per step ``v -> v+1``:
    acknowledged and skipped, so nothing is trained twice;
 2. build the batch (one row per turn, advantages from verl's estimator), shard it over the
    workers, one step each (DDP averages the gradients);
-3. every ``publish_every`` steps: the full weights from rank 0 go through the Ray object store
-   once to every PolicyServer (``update_weights(v+1, ref)``), then the trainer version in
-   Redis moves to ``v+1``: the orchestrator's staleness control reads it;
+3. every ``publish_every`` steps: the weights of rank 0 go to every PolicyServer
+   (:class:`trainer.weight_sync.WeightPublisher`: streamed over a process group, or through
+   the Ray object store), then the trainer version in Redis moves to ``v+1``: the
+   orchestrator's staleness control reads it;
 4. every ``checkpoint.every_steps`` steps (and at the end): model, optimizer, version, trained
    group ids and unacknowledged entry ids are written atomically; only then the entries
    trained since the previous checkpoint are acknowledged (``XACK``). A crash anywhere
@@ -121,11 +122,12 @@ def rows_to_train(batch: TrainBatch, config: TrainerConfig, ranks: int = 1
 
 
 class GRPOTrainer:
-    """``workers``: trainer worker actors (rank 0 first); ``publish``: called with
-    ``(version, state_ref)`` to load weights on every PolicyServer (None: no servers)."""
+    """``workers``: trainer worker actors (rank 0 first); ``publish``: called with the
+    version to load the workers' weights on every PolicyServer
+    (:class:`trainer.weight_sync.WeightPublisher`; None: no servers)."""
 
     def __init__(self, config: TrainerConfig, stream_config: StreamConfig, groups_per_step: int,
-                 workers: Sequence[Any], publish: Callable[[int, Any], Any] | None,
+                 workers: Sequence[Any], publish: Callable[[int], Any] | None,
                  pad_token_id: int, run_dir: str | Path,
                  registry: CollectorRegistry | None = None):
         if groups_per_step < 1:
@@ -274,10 +276,7 @@ class GRPOTrainer:
         the orchestrator reads."""
         t0 = time.perf_counter()
         if self.publish_fn is not None and version > 0:
-            state_ref, others = call_for_rank0(self.workers, self.config.engine,
-                                               "published_state")
-            self.publish_fn(version, state_ref)
-            ray.get(others)
+            self.publish_fn(version)
         self.stream.set_trainer_version(version)
         self.metrics.version.set(version)
         seconds = time.perf_counter() - t0

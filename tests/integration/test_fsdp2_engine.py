@@ -224,9 +224,15 @@ def test_fsdp2_bf16_compute_moves_every_fp32_master_weight(model_path, ray_sessi
 def test_grpo_trainer_under_fsdp2_publishes_checkpoints_and_resumes(model_path, ray_session,
                                                                     redis_server, tmp_path):
     """The GRPO loop's calls that read the weights or write a checkpoint reach every rank
-    under FSDP2 (rank 0's answer used): publish, the sharded checkpoint, restore, and the
-    final Hugging Face folder."""
+    under FSDP2 (rank 0's answer used): publish (streamed over a weight group to a real
+    policy server, each tensor gathered as it is sent; and by the object store), the sharded
+    checkpoint, restore, and the final Hugging Face folder."""
     from transformers import AutoModelForCausalLM
+
+    from rollout_service.agent import SamplingParams
+    from rollout_service.policy import PolicyConfig, PolicyServerActor, TransformersEngine
+    from trainer.config import WeightsConfig
+    from trainer.weight_sync import WeightPublisher
 
     from rollout_service.experience import ExperienceStream, StreamConfig
     from trainer.config import TrainerConfig
@@ -239,21 +245,31 @@ def test_grpo_trainer_under_fsdp2_publishes_checkpoints_and_resumes(model_path, 
     stream = ExperienceStream(stream_cfg)
     for seed in range(3):
         stream.push(_batch_group(seed))
-    published: list[tuple[int, dict]] = []
     config = TrainerConfig(steps=2, engine=cfg, consumer=ConsumerConfig(block_ms=200),
                            checkpoint=CheckpointConfig(dir=str(tmp_path / "ckpt")),
-                           read_timeout_s=20)
+                           read_timeout_s=20, weights=WeightsConfig(chunk_mib=1, timeout_s=60))
+    server = PolicyServerActor.options(num_cpus=0.1).remote(
+        PolicyConfig(model=model_path, backend="transformers"), None, None, "policy-0")
+    publisher = WeightPublisher([server], workers, config.weights, cfg)
 
     def trainer() -> GRPOTrainer:
-        return GRPOTrainer(config, stream_cfg, 1, workers,
-                           lambda v, ref: published.append((v, ray.get(ref))), 0,
-                           tmp_path / "run")
+        return GRPOTrainer(config, stream_cfg, 1, workers, publisher, 0, tmp_path / "run")
     first = trainer()
     first.start()
     first.run(2)
-    assert [v for v, _ in published] == [1, 2]
+    assert ray.get(server.version.remote()) == 2 and set(publisher.keys) == {0}
     state = _rank0(workers, cfg, "state_dict")
-    _close(published[-1][1], state, 0.0)
+    local = TransformersEngine(model_path)
+    local.update_weights(2, state)
+    sampling = SamplingParams(6, 1.0, seed=5)
+    want = local.generate([5, 17, 99, 3, 42], sampling)
+    served = ray.get(server.generate.remote([5, 17, 99, 3, 42], sampling))
+    assert served.token_ids == want.token_ids
+    assert served.logprobs == pytest.approx(want.logprobs, abs=1e-5)
+    # The object-store path reads the weights through every rank too.
+    WeightPublisher([server], workers, WeightsConfig(transport="object_store"), cfg)(3)
+    served = ray.get(server.generate.remote([5, 17, 99, 3, 42], sampling))
+    assert ray.get(server.version.remote()) == 3 and served.token_ids == want.token_ids
     latest = CheckpointManager(config.checkpoint).latest()
     assert latest.step == 2 and latest.sharded
 
@@ -266,6 +282,7 @@ def test_grpo_trainer_under_fsdp2_publishes_checkpoints_and_resumes(model_path, 
     saved = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
     _close({k: saved[k] for k in state}, state, 0.0)
     _stop(workers)
+    ray.kill(server)
 
 
 def _batch_group(seed: int) -> Group:

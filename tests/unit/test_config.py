@@ -100,3 +100,16 @@ def test_custom_resources_reach_each_actor_config(tmp_path):
                 "trainer.engine.resources={trainer: 2.5}"):
         with pytest.raises(ConfigError):
             load_config(JobConfig, path, [bad])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"transport": "nccl"}, r"WeightsConfig\.transport: must be one of collective, "
+                            r"object_store, got 'nccl'"),
+    ({"chunk_mib": 0}, r"WeightsConfig\.chunk_mib"),
+    ({"timeout_s": 0}, r"WeightsConfig\.timeout_s: must be > 0, got 0"),
+])
+def test_weights_config_names_the_bad_field(kwargs, message):
+    from trainer.config import WeightsConfig
+    with pytest.raises(ConfigError, match=message):
+        WeightsConfig(**kwargs)
+    assert WeightsConfig().transport == "collective"
