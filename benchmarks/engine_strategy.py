@@ -62,6 +62,7 @@ def run(strategy: str, args: argparse.Namespace, data: TrainBatch) -> dict[str, 
         ray.get([w.shutdown.remote() for w in workers])
         for w in workers:
             ray.kill(w)
+        workers.remove_placement()
     return {"step_s": round(statistics.median(times), 3),
             "steps_s": [round(t, 3) for t in times],
             "fwd_bwd_s": round(statistics.median(max(m["fwd_bwd_s"] for m in ms)

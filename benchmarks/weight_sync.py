@@ -41,6 +41,7 @@ from typing import Any
 import ray
 import torch
 
+from cluster.rollout import policy_options
 from consolerl.tensors import PartialWeights
 from rollout_service.agent import SamplingParams
 from rollout_service.models import default_model, resolve_model
@@ -147,7 +148,8 @@ def _run(args: argparse.Namespace, model: Path, state: dict[str, Any],
     config = PolicyConfig(model=str(model), backend=args.backend, dtype="float32",
                           max_model_len=512, kv_cache_gib=args.kv_cache_gib,
                           enforce_eager=True, seed=0)
-    server = PolicyServerActor.options(num_cpus=1).remote(config, None, None, "bench")
+    options = policy_options(config)
+    server = PolicyServerActor.options(**options).remote(config, None, None, "bench")
     t0 = time.perf_counter()
     ray.get(server.version.remote(), timeout=1800)
     _progress(f"policy up in {time.perf_counter() - t0:.0f} s")

@@ -3,8 +3,9 @@
 Run by the interpreter that has vLLM (``python -m rollout_service.vllm_server``; on CPU machines
 the ``.venv-vllm`` environment, whose pins clash with the services'), it builds vLLM's
 ``AsyncLLM`` and serves requests from the engine's owner over a local authenticated socket
-(``multiprocessing.connection``). It imports nothing from console-rl but this module, so the
-vLLM environment needs only vLLM.
+(``multiprocessing.connection``). It imports nothing from console-rl but this module,
+:mod:`rollout_service.weight_transfer` and :mod:`consolerl.errors` (standard library only), so
+the vLLM environment needs only vLLM.
 
 Messages (tuples), owner -> here: ``("generate", rid, prompt_ids, sampling)``,
 ``("update", rid, version, path, partial)``, ``("open_group", rid, spec)``,

@@ -25,8 +25,8 @@ assembled on either side. Every operation has the group's timeout: a dead peer i
 (``Connection closed by peer`` at once when its process is gone; a timeout when it hangs),
 never a hang.
 
-Imports only torch and the standard library: :mod:`rollout_service.vllm_server` runs it in
-vLLM's interpreter.
+Imports only torch, the standard library and :mod:`consolerl.errors` (itself standard library
+only): :mod:`rollout_service.vllm_server` runs it in vLLM's interpreter.
 """
 from __future__ import annotations
 
@@ -40,13 +40,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from consolerl.errors import ConsoleRLError
+
 HEADER_BYTES = 256 * 1024
 ALIGN = 64
 BACKENDS = ("gloo", "nccl")
 _PREFIX = "consolerl-weights"
 
 
-class WeightTransferError(RuntimeError):
+class WeightTransferError(ConsoleRLError, RuntimeError):
     """A weight transfer failed: a peer died or did not answer within the group's timeout,
     the sender gave up, or the stream did not fit the receiver."""
 

@@ -105,10 +105,14 @@ def _optim_close(a: dict, b: dict) -> None:
             assert torch.allclose(sa[key], sb[key], atol=1e-9, rtol=1e-5), (name, key)
 
 
-def _stop(workers) -> None:
-    ray.get([w.shutdown.remote() for w in workers])
-    for w in workers:
-        ray.kill(w)
+def _stop(*ranks) -> None:
+    """Stop each start_workers' ranks and give back their placement group (the module's Ray
+    has room for a few groups only)."""
+    for workers in ranks:
+        ray.get([w.shutdown.remote() for w in workers])
+        for w in workers:
+            ray.kill(w)
+        workers.remove_placement()
 
 
 def test_fsdp2_step_equals_ddp_and_resumes_at_another_world_size(model_path, ray_session,
@@ -159,7 +163,7 @@ def test_fsdp2_step_equals_ddp_and_resumes_at_another_world_size(model_path, ray
     # The two-rank run goes on one step.
     assert [m["micro_batches"] for m in _step(fsdp, after)] == [4.0, 1.0]
     two_ranks = _rank0(fsdp, fsdp_cfg, "state_dict")
-    _stop(ddp + fsdp)
+    _stop(ddp, fsdp)
 
     # One FSDP2 rank resumes from the two ranks' shards (DCP reshards), and steps the same.
     one_cfg = _engine("fsdp2", 1)
@@ -178,7 +182,7 @@ def test_fsdp2_step_equals_ddp_and_resumes_at_another_world_size(model_path, ray
     ray.get(one[0].load_checkpoint.remote(ddp_ckpt, ddp_path))
     _close(_rank0(one, one_cfg, "state_dict"), stepped, 2e-6)
     _optim_close(_rank0(one, one_cfg, "full_optimizer_state"), saved_optim)
-    _stop(one + plain)
+    _stop(one, plain)
 
 
 def test_fsdp2_train_layers_publishes_only_the_top_layers(model_path, ray_session):
