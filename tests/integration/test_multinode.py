@@ -132,7 +132,11 @@ def placement(cluster: RayCluster, seen: dict[str, dict]) -> dict[str, list[str]
             assert resource in cluster.nodes[node].resources, (
                 f"{kind} placed on node {node} ({cluster.nodes[node].resources}), which "
                 f"does not offer {resource!r}")
-            assert (actor["required_resources"] or {}).get(resource), (
+            # In a placement group (the trainer ranks) Ray names a bundle's share of a
+            # resource "<resource>_group_<bundle>_<group id>".
+            asked = actor["required_resources"] or {}
+            assert any(k == resource or k.startswith(f"{resource}_group_")
+                       for k, v in asked.items() if v), (
                 f"{kind} started without the resource {resource!r} of its config: {actor}")
         if kind in (*NEEDS, "TrainingRollouts"):
             nodes.setdefault(kind, []).append(node)
