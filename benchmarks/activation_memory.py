@@ -21,7 +21,9 @@ SHAPES = ((256, 704, 4, 2), (256, 1024, 4, 4), (384, 704, 6, 1), (512, 1376, 8, 
           (320, 1600, 5, 5), (640, 1792, 10, 2))
 
 
-def _saved(model, tokens: int, autocast: bool) -> int:
+def saved_bytes(model, tokens: int, autocast: bool) -> int:
+    """Bytes autograd saves for the backward of one forward over ``tokens`` tokens (storages
+    counted once, the parameters themselves left out)."""
     import torch
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
@@ -51,7 +53,7 @@ def measure(h: int, inter: int, heads: int, kv_heads: int, mode: str) -> tuple[f
         model = LlamaForCausalLM(config).to(
             torch.bfloat16 if mode == "bf16" else torch.float32).train()
         for tokens in (256, 512):
-            s[layers, tokens] = _saved(model, tokens, mode == "autocast")
+            s[layers, tokens] = saved_bytes(model, tokens, mode == "autocast")
     per_layer = ((s[4, 512] - s[2, 512]) - (s[4, 256] - s[2, 256])) / 2 / 256
     outside = (s[2, 512] - s[2, 256]) / 256 - 2 * per_layer
     return per_layer, outside

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks.activation_memory import saved_bytes
 from cluster.config import JobConfig
 from cluster.fit import (ACTIVATION_FIT, ModelShape, activation_bytes, card_gib,
                          check, cluster_from_manifests, dry_run, trainer_memory)
@@ -183,25 +184,6 @@ def test_the_parameter_count_matches_transformers(cfg, tmp_path):
     assert ModelShape.from_config(path).params == sum(p.numel() for p in model.parameters())
 
 
-def _saved_bytes(model, tokens: int, autocast: bool) -> int:
-    """Bytes autograd saves for the backward of one forward over ``tokens`` tokens (storages
-    counted once, the parameters themselves left out)."""
-    import torch
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-    ids = torch.randint(0, model.config.vocab_size, (1, tokens))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            model(input_ids=ids, position_ids=torch.arange(tokens)[None], use_cache=False,
-                  logits_to_keep=1)
-    return sum(saved.values())
-
-
 @pytest.mark.parametrize("mode", ["autocast", "bf16", "fp32"])
 def test_activation_bytes_per_layer_match_what_autograd_saves(mode):
     """The fitted bytes per token and layer of the dry run, measured again on a Llama shape it
@@ -220,7 +202,7 @@ def test_activation_bytes_per_layer_match_what_autograd_saves(mode):
         dtype = torch.bfloat16 if mode == "bf16" else torch.float32
         model = LlamaForCausalLM(config).to(dtype).train()
         for tokens in (128, 256):
-            saved[layers, tokens] = _saved_bytes(model, tokens, autocast=mode == "autocast")
+            saved[layers, tokens] = saved_bytes(model, tokens, autocast=mode == "autocast")
     per_token_layer = ((saved[4, 256] - saved[2, 256]) - (saved[4, 128] - saved[2, 128])) \
         / 2 / 128
     (a, b, c), _ = ACTIVATION_FIT[mode]
