@@ -21,6 +21,7 @@ from rollout_service.agent import SamplingParams  # noqa: E402
 from rollout_service.models import HFChatTokenizer, default_model  # noqa: E402
 from rollout_service.policy import PolicyConfig, PolicyServerActor  # noqa: E402
 from rollout_service.vllm_engine import vllm_python  # noqa: E402
+from tests.integration.weight_kit import stream_update  # noqa: E402
 
 
 def _require_vllm() -> None:
@@ -156,14 +157,8 @@ def test_vllm_server_loads_partial_weights_and_keeps_the_rest(server, model_path
 
 def _stream(sender, server, key, version, state, partial=False):
     """One collective update of ``server`` from this process (the trainer's side)."""
-    info = ray.get(server.weight_receivers.remote())
-    if key not in sender.groups:
-        spec = sender.open(key, 1 + info["ranks"], "gloo", 60.0)
-        ray.get(server.open_weight_group.remote(spec), timeout=120)
-    ref = server.receive_weights.remote(version, key)
-    out = sender.send(iter(state.items()), [key], info["dtype"], 16 * 2**20, partial)
-    assert out[key]["ok"], out
-    return ray.get(ref, timeout=300)
+    return stream_update(sender, server, key, version, state, partial, timeout_s=60.0,
+                         receive_timeout_s=300, chunk_bytes=16 * 2**20)
 
 
 def test_vllm_server_streamed_weights_serve_what_the_object_store_serves(server, model_path,

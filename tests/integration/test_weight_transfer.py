@@ -21,7 +21,8 @@ from rollout_service.agent import SamplingParams  # noqa: E402
 from rollout_service.models import cached_tiny_model  # noqa: E402
 from rollout_service.policy import PolicyConfig, PolicyServerActor  # noqa: E402
 from rollout_service.weight_transfer import (GroupSpec, WeightSender,  # noqa: E402
-                                             WeightTransferError, join_group, receive)
+                                             join_group, receive)
+from tests.integration.weight_kit import stream_update  # noqa: E402
 
 _CTX = multiprocessing.get_context("spawn")
 
@@ -151,14 +152,9 @@ def servers():
 
 
 def _collective_update(sender, server, key, version, state, partial=False):
-    info = ray.get(server.weight_receivers.remote())
-    if key not in sender.groups:
-        spec = sender.open(key, 1 + info["ranks"], "gloo", 30.0)
-        ray.get(server.open_weight_group.remote(spec), timeout=60)
-    ref = server.receive_weights.remote(version, key)
-    out = sender.send(iter(state.items()), [key], info["dtype"], 2**20, partial)
-    assert out[key]["ok"], out
-    return ray.get(ref, timeout=60)
+    """One collective update of ``server`` from this process (the trainer's side)."""
+    return stream_update(sender, server, key, version, state, partial, timeout_s=30.0,
+                         receive_timeout_s=60, chunk_bytes=2**20)
 
 
 def test_a_streamed_update_serves_what_the_object_store_update_serves(servers):
