@@ -135,7 +135,7 @@ def _grpo(session: Session, run_dir: Path, summary: dict[str, Any], started: Sta
         publisher, pad if pad is not None else 0, run_dir, registry)
     if config.trainer.pause_generation:
         trainer.around_step = lambda: generation_paused(servers, config.trainer.read_timeout_s)
-    sync = ReplicaSync(trainer, servers, publisher=publisher)
+    sync = ReplicaSync(trainer, publisher)
     trainer.while_waiting = lambda: (sync(), _check_rollouts(started.run_ref))
     url = session.announcements.publish([trainer.registry], "trainer", "trainer")
     if url:

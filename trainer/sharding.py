@@ -95,10 +95,8 @@ def named_optimizer_state(optimizer_state: dict[str, Any], names: list[str]
                           ) -> dict[str, Any]:
     """A plain optimizer state dict (parameters by index, in the order the optimizer got
     them) keyed by parameter name instead: ``names[i]`` is parameter ``i``."""
-    def name(i: int) -> str:
-        return names[i]
-    return {"state": {name(int(i)): s for i, s in optimizer_state["state"].items()},
-            "param_groups": [{**g, "params": [name(int(i)) for i in g["params"]]}
+    return {"state": {names[int(i)]: s for i, s in optimizer_state["state"].items()},
+            "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
                              for g in optimizer_state["param_groups"]]}
 
 

@@ -55,13 +55,15 @@ def generation_paused(servers: list[Any], max_s: float) -> Iterator[None]:
                 pass
 
 
-def publish_weights(servers: list[Any], version: int, state_ref: Any) -> list[float]:
-    """``version``'s weights to every policy replica. A replica that is down (crashed,
-    being restarted by Ray) is skipped: :class:`ReplicaSync` brings it up to date when it
-    is back. Fails only when no replica took the weights."""
+def publish_weights(servers: list[Any], version: int, state_ref: Any,
+                    indexes: list[int] | None = None) -> list[float]:
+    """``version``'s weights to every policy replica in ``servers`` (``indexes``: their
+    numbers among all replicas, for the log; default their positions). A replica that is down
+    (crashed, being restarted by Ray) is skipped: :class:`ReplicaSync` brings it up to date
+    when it is back. Fails only when no replica took the weights."""
     refs = [s.update_weights.remote(version, state_ref) for s in servers]
     times, failed = [], []
-    for i, ref in enumerate(refs):
+    for i, ref in zip(indexes if indexes is not None else range(len(refs)), refs):
         try:
             times.append(ray.get(ref, timeout=600))
         except _REPLICA_DOWN as exc:
@@ -129,10 +131,11 @@ class WeightPublisher:
     def _object_store(self, version: int, replicas: Iterable[int],
                       required: bool) -> list[float]:
         t0 = time.perf_counter()
-        chosen = [self.servers[i] for i in replicas]
+        indexes = list(replicas)
         try:
             state_ref, others = call_for_rank0(self.workers, self.engine, "published_state")
-            times = publish_weights(chosen, version, state_ref)
+            times = publish_weights([self.servers[i] for i in indexes], version, state_ref,
+                                    indexes)
             ray.get(others)
         except RuntimeError:
             if required:
@@ -209,6 +212,13 @@ class WeightPublisher:
                 self.m_failures.labels("open").inc()
                 ray.get(self.workers[0].weight_transfer.remote("close", key))
 
+    def resend(self, i: int, version: int) -> bool:
+        """Replica ``i`` lost its weights (Ray restarted it: its weight group is gone too):
+        ``version``'s weights by the object store now, a new group at the next publish.
+        Whether it took them."""
+        self.forget(i)
+        return bool(self._object_store(version, [i], required=False))
+
     def forget(self, i: int) -> None:
         """Replica ``i``'s group is broken (it was restarted, a transfer failed): close the
         sender's end; the next publish forms a new one."""
@@ -225,12 +235,11 @@ def _short(exc: BaseException) -> str:
 class ReplicaSync:
     """Every ``interval_s`` while the trainer waits for experience: a policy replica whose
     version differs from the trainer's (restarted by Ray after a crash: it reports -1 and
-    refuses to generate until then) gets the current weights from rank 0."""
+    refuses to generate until then) gets the current weights by ``publisher``
+    (:meth:`WeightPublisher.resend`)."""
 
-    def __init__(self, trainer: Any, servers: list[Any], interval_s: float = 2.0,
-                 publisher: WeightPublisher | None = None):
-        self.trainer, self.servers, self.interval_s = trainer, servers, interval_s
-        self.publisher = publisher
+    def __init__(self, trainer: Any, publisher: WeightPublisher, interval_s: float = 2.0):
+        self.trainer, self.publisher, self.interval_s = trainer, publisher, interval_s
         self.last = 0.0
 
     def __call__(self) -> None:
@@ -238,21 +247,11 @@ class ReplicaSync:
             return
         self.last = time.monotonic()
         version = self.trainer.version
-        for i, server in enumerate(self.servers):
+        for i, server in enumerate(self.publisher.servers):
             try:
                 served = ray.get(server.version.remote(), timeout=10)
             except _REPLICA_DOWN:
                 continue                              # still restarting: next time
-            if served == version:
-                continue
-            if self.publisher is not None:
-                self.publisher.forget(i)     # a restarted replica's weight group is gone
-            try:
-                state_ref, others = call_for_rank0(self.trainer.workers,
-                                                   self.trainer.config.engine, "published_state")
-                ray.get(server.update_weights.remote(version, state_ref), timeout=600)
-                ray.get(others, timeout=600)
+            if served != version and self.publisher.resend(i, version):
                 log.warning("policy-%d was restarted: sent it the weights of version %d", i,
                             version)
-            except _REPLICA_DOWN as exc:
-                log.warning("policy-%d: weights not delivered: %s", i, type(exc).__name__)

@@ -20,7 +20,7 @@ from rollout_service.models import cached_tiny_model  # noqa: E402
 from rollout_service.policy import (PolicyConfig, PolicyServerActor,  # noqa: E402
                                     TransformersEngine)
 from trainer.algo import AlgoConfig  # noqa: E402
-from trainer.config import TrainerConfig, WeightsConfig  # noqa: E402
+from trainer.config import WeightsConfig  # noqa: E402
 from trainer.engine import EngineConfig, start_workers  # noqa: E402
 from trainer.weight_sync import ReplicaSync, WeightPublisher  # noqa: E402
 
@@ -118,11 +118,9 @@ def test_replica_sync_forgets_the_group_of_a_restarted_replica(setup):
 
     class Trainer:
         version = 4
-        config = TrainerConfig()
-    Trainer.workers = workers
     _restart(servers[0])
     deadline = time.monotonic() + 120
-    sync = ReplicaSync(Trainer(), servers, interval_s=0, publisher=publisher)
+    sync = ReplicaSync(Trainer(), publisher, interval_s=0)
     while ray.get(servers[0].version.remote(), timeout=60) != 4:
         sync()
         assert time.monotonic() < deadline
