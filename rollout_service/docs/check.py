@@ -1,0 +1,414 @@
+"""The static check: each step of a procedure resolved against the console's UI inventory, in
+order, with no agent and no browser (milliseconds a page).
+
+The check walks the procedure as a reader would. It keeps where the reader is (the page
+patterns the previous steps lead to, the form that is open) and resolves each thing a step names
+(:class:`~.model.Mention`) there:
+
+- a product ("Log on to the **RAM console**") must be one of the console's products;
+- a menu path ("choose **Identities** > **Users**") must end at a page whose left navigation
+  path holds every part (the navigation is on every page of the product, so it is reachable
+  from anywhere);
+- a page ("On the **Users** page") must be where the reader is, or one menu click away;
+- a control ("click **Create User**") must be on the current page (its toolbar, rows, sections
+  or an open dialog); following it moves the reader to its target;
+- a field must be in the open form, an option among the field's options, and a value within
+  what the field takes (its range, length and pattern).
+
+Each step gets the worst label of its mentions, from best to worst: ``ok``, ``label_differs``
+(the control is there under another name: a close spelling, or a rename that an older crawl
+of the same console records, see ``previous``), ``ambiguous`` (several controls of that name
+lead to different places and the step does not say which), ``unreachable`` (it exists, but not
+where the previous steps lead: a missing step or steps out of order), ``missing`` (nothing of
+that name, nor close to it, in the console), ``not_applicable`` (the console has no such
+product, or the field does not take that value).
+
+A step that names nothing (a note, a result, prose the extractor could not structure) is ``ok``
+with a detail saying so: the check has nothing to contradict, and the agent's runs decide.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from rapidfuzz import fuzz
+
+from .model import Control, Form, FormField, Inventory, Mention, PageEntry, Procedure, StepCheck
+
+CLOSE = 0.85            # a label this similar (0..1) to the console's is the same control, reworded
+NEAR_MISS = 0.5         # below this the closest label is not worth naming
+_RANK = {"ok": 0, "label_differs": 1, "ambiguous": 2, "unreachable": 3, "missing": 4,
+         "not_applicable": 5}
+_PRODUCT_WORDS = re.compile(r"\b(console|service|management)\b")
+
+
+def norm(text: str) -> str:
+    """Case, punctuation and spacing do not make a label differ."""
+    text = re.sub(r"[^\w\s/&()-]", " ", text.lower().replace("\u00a0", " "))
+    return " ".join(text.split())
+
+
+def similarity(a: str, b: str) -> float:
+    a, b = norm(a), norm(b)
+    if a == b:
+        return 1.0
+    if a.rstrip("s") == b.rstrip("s"):          # User / Users
+        return 0.97
+    return fuzz.ratio(a, b) / 100.0
+
+
+@dataclass
+class _Match:
+    label: str                   # ok | label_differs | ...
+    found: str = ""              # the console's label
+    score: float = 0.0
+    detail: str = ""
+    control: Control | None = None
+    page: PageEntry | None = None
+    field: FormField | None = None
+
+
+@dataclass
+class _Where:
+    """Where the reader is: candidate pages, the product, the open form and dialog."""
+
+    pages: list[PageEntry] = field(default_factory=list)
+    product: str = ""
+    form: Form | None = None
+    dialog: str = ""
+
+
+class Checker:
+    """The check of procedures against one inventory (and the renames older crawls record)."""
+
+    def __init__(self, inventory: Inventory, previous: Sequence[Inventory] = ()):
+        self.inv = inventory
+        self.by_pattern = {p.pattern: p for p in inventory.pages}
+        self.renames = known_renames(previous, inventory)
+
+    # ---- labels -------------------------------------------------------------------------------
+    def _compare(self, wanted: str, have: Iterable[str]) -> tuple[str, str, float]:
+        """(label, the console's label, score) of the best of ``have`` for ``wanted``."""
+        best, score = "", 0.0
+        for h in have:
+            s = similarity(wanted, h)
+            if s > score:
+                best, score = h, s
+        if score >= 0.97:               # the same words (or singular for plural)
+            return "ok", best, score
+        renamed = self.renames.get(norm(wanted))
+        if renamed is not None:
+            for h in have:
+                if norm(h) == renamed:
+                    return "label_differs", h, similarity(wanted, h)
+        if score >= CLOSE:
+            return "label_differs", best, score
+        return "missing", best if score >= NEAR_MISS else "", score
+
+    # ---- resolution ---------------------------------------------------------------------------
+    def _product(self, m: Mention, where: _Where) -> _Match:
+        text = _PRODUCT_WORDS.sub(" ", norm(m.text)).strip()
+        names = {}
+        for key, title in self.inv.products:
+            names[norm(key)] = key
+            names[norm(title)] = key
+        for p in self.inv.pages:
+            if p.product and p.menu_path:
+                names.setdefault(norm(p.menu_path[0]), p.product)
+        key = names.get(text)
+        if key is None:
+            label, found, score = self._compare(text, names)
+            if label != "missing":
+                key = names[norm(found)]
+        if key is None:
+            return _Match("not_applicable", detail=f"the console has no product {m.text!r}")
+        where.product = key
+        where.pages = [p for p in self.inv.pages if p.product == key and p.menu_path][:1]
+        where.form, where.dialog = None, ""
+        return _Match("ok", key, 1.0, page=where.pages[0] if where.pages else None)
+
+    def _menu(self, m: Mention, where: _Where) -> _Match:
+        parts = [p.strip() for p in m.text.split(">") if p.strip()]
+        if not parts:
+            return _Match("ok")
+        menus = [p for p in self.inv.pages if p.menu_path
+                 and (not where.product or p.product == where.product)]
+        if not menus:
+            menus = [p for p in self.inv.pages if p.menu_path]
+        best: _Match | None = None
+        for page in menus:
+            label, found, score = self._compare(parts[-1], [page.menu_path[-1]])
+            if label == "missing":
+                continue
+            worst = label
+            for part in parts[:-1]:          # the groups and the product name
+                l2, _, _ = self._compare(part, page.menu_path[:-1] or [page.menu_path[-1]])
+                worst = max(worst, l2 if l2 != "missing" else "label_differs", key=_RANK.get)
+            cand = _Match(worst, " > ".join(page.menu_path), score, page=page)
+            if best is None or _RANK[cand.label] < _RANK[best.label] or (
+                    cand.label == best.label and cand.score > best.score):
+                best = cand
+        if best is None:
+            everywhere = [p for p in self.inv.pages if p.menu_path]
+            label, found, score = self._compare(parts[-1], [p.menu_path[-1] for p in everywhere])
+            if label != "missing" and where.product:
+                other = next(p for p in everywhere if p.menu_path[-1] == found)
+                return _Match("unreachable", " > ".join(other.menu_path), score,
+                              detail=f"{m.text!r} is in the {other.product} console, not "
+                                     f"{where.product}")
+            return _Match("missing", found, score,
+                          detail=f"no navigation entry {m.text!r}"
+                                 + (f"; closest: {found!r}" if found else ""))
+        where.pages = [best.page] if best.page else where.pages
+        where.form, where.dialog = None, ""
+        if best.label == "label_differs":
+            best.detail = f"the navigation reads {best.found!r}"
+        return best
+
+    def _page(self, m: Mention, where: _Where) -> _Match:
+        here = where.pages
+        label, found, score = self._compare(m.text, [p.title for p in here])
+        if label != "missing":
+            return _Match(label, found, score, detail="" if label == "ok" else
+                          f"the page is titled {found!r}")
+        # One menu click away: "On the Users page" right after opening the console.
+        scope = [p for p in self.inv.pages if p.menu_path
+                 and (not where.product or p.product == where.product)]
+        label, found, score = self._compare(m.text, [p.title for p in scope])
+        if label != "missing":
+            page = next(p for p in scope if p.title == found)
+            where.pages, where.form, where.dialog = [page], None, ""
+            return _Match(label, found, score, page=page, detail="" if label == "ok" else
+                          f"the page is titled {found!r}")
+        everywhere = [p for p in self.inv.pages if p.title]
+        label, found, score = self._compare(m.text, [p.title for p in everywhere])
+        if label != "missing":
+            page = next(p for p in everywhere if p.title == found)
+            return _Match("unreachable", found, score, page=page,
+                          detail=f"the {found!r} page is not reachable from where the previous "
+                                 "steps lead")
+        return _Match("missing", found, score, detail=f"no page titled {m.text!r}")
+
+    def _visible(self, page: PageEntry, dialog: str) -> list[Control]:
+        """The controls a reader sees on ``page``: all but those inside a closed dialog."""
+        return [c for c in page.controls
+                if not c.where.startswith("dialog:") or c.where == f"dialog:{dialog}"
+                or not dialog]
+
+    def _control(self, m: Mention, where: _Where) -> _Match:
+        if m.value == "row-link" or not m.text:
+            return self._row_link(where)
+        here = [(p, c) for p in where.pages for c in self._visible(p, where.dialog)]
+        if where.form is not None:       # a form's own buttons
+            extra = [where.form.submit, where.form.next_label, where.form.cancel]
+            label, found, score = self._compare(m.text, [x for x in extra if x])
+            if label != "missing" and (label == "ok" or not here):
+                if norm(found) == norm(where.form.submit):
+                    where.form = None       # submitted
+                return _Match(label, found, score, detail="" if label == "ok" else
+                              f"the form's button reads {found!r}")
+        label, found, score = self._compare(m.text, [c.label for _, c in here])
+        if where.form is not None:
+            submit_label, submit, s2 = self._compare(m.text, [where.form.submit])
+            if _RANK[submit_label] < _RANK[label]:
+                where.form = None
+                return _Match(submit_label, submit, s2, detail=f"the form's button reads "
+                              f"{submit!r}")
+        if label != "missing":
+            hits = [(p, c) for p, c in here if c.label == found]
+            targets = {c.target for _, c in hits if c.target}
+            match = _Match(label, found, score, control=hits[0][1], page=hits[0][0],
+                           detail="" if label == "ok" else f"the console's control reads "
+                                                            f"{found!r}")
+            if len(targets) > 1 and len({t.split(":", 1)[0] for t in targets}) > 1:
+                match.label = "ambiguous" if label == "ok" else label
+                match.detail = (f"{len(targets)} controls named {found!r} lead to different "
+                                "places; the step does not say which")
+            self._follow(hits[0][1], where)
+            return match
+        if where.form is not None:
+            # On an open form a button the form lacks is missing here, whatever other page
+            # has a button of that name (OK, Create and Cancel are everywhere).
+            return _Match("missing", where.form.submit, similarity(m.text, where.form.submit),
+                          detail=f"the {where.form.title!r} form has no {m.text!r} button; "
+                                 f"it is submitted with {where.form.submit!r}")
+        # Elsewhere in the console: a missing step, steps out of order, another product.
+        everywhere = [(p, c) for p in self.inv.pages for c in p.controls]
+        elabel, efound, escore = self._compare(m.text, [c.label for _, c in everywhere])
+        if elabel == "ok" or (elabel == "label_differs" and escore > score):
+            page, control = next((p, c) for p, c in everywhere if c.label == efound)
+            where.pages = [page]
+            self._follow(control, where)
+            return _Match("unreachable", efound, escore, control=control, page=page,
+                          detail=f"{efound!r} is on the {page.title!r} page "
+                                 f"({page.pattern}), which the previous steps do not reach")
+        return _Match("missing", found or (efound if escore >= NEAR_MISS else ""),
+                      max(score, escore if escore >= NEAR_MISS else 0.0),
+                      detail=f"no control named {m.text!r} where the step is"
+                             + (f"; closest: {found!r}" if found else ""))
+
+    def _row_link(self, where: _Where) -> _Match:
+        for page in where.pages:
+            for c in page.controls:
+                if c.where == "row" and c.role == "link" and c.target.startswith("page:"):
+                    self._follow(c, where)
+                    return _Match("ok", c.label, 1.0, control=c, page=page)
+        return _Match("unreachable", detail="the step opens a resource from a list, but the "
+                      "previous steps do not lead to a list with links")
+
+    def _follow(self, control: Control, where: _Where) -> None:
+        kind, _, target = control.target.partition(":")
+        if kind == "page" and target in self.by_pattern:
+            where.pages = [self.by_pattern[target]]
+            forms = where.pages[0].forms
+            where.form = forms[0] if len(forms) == 1 else None
+            where.dialog = ""
+        elif kind == "dialog":
+            where.dialog = target
+        elif kind == "post":
+            where.dialog = ""
+
+    def _forms(self, where: _Where) -> list[Form]:
+        if where.form is not None:
+            return [where.form]
+        return [f for p in where.pages for f in p.forms]
+
+    def _field(self, m: Mention, where: _Where) -> _Match:
+        forms = self._forms(where)
+        fields = [f for form in forms for f in form.fields]
+        label, found, score = self._compare(m.text, [f.label for f in fields])
+        if label == "missing":
+            elsewhere = [(p, form, f) for p in self.inv.pages for form in p.forms
+                         for f in form.fields
+                         if not where.product or p.product == where.product]
+            elabel, efound, escore = self._compare(m.text, [f.label for _, _, f in elsewhere])
+            if elabel == "ok" and not forms:
+                page, form, _ = next(x for x in elsewhere if x[2].label == efound)
+                where.pages, where.form = [page], form
+                return _Match("unreachable", efound, escore, page=page,
+                              detail=f"the field {efound!r} is in the {form.title!r} form, "
+                                     "which the previous steps do not open")
+            return _Match("missing", found, score,
+                          detail=f"the form has no field {m.text!r}"
+                                 + (f"; closest: {found!r}" if found else ""))
+        f = next(x for x in fields if x.label == found)
+        if where.form is None and len(forms) >= 1:
+            where.form = next(form for form in forms if f in form.fields)
+        match = _Match(label, found, score, field=f, detail="" if label == "ok" else
+                       f"the field is labelled {found!r}")
+        if m.value:
+            bad = _value_problem(f, m.value)
+            if bad:
+                return _Match("not_applicable", found, score, field=f, detail=bad)
+        return match
+
+    def _option(self, m: Mention, where: _Where) -> _Match:
+        forms = self._forms(where)
+        fields = [f for form in forms for f in form.fields if f.options]
+        if m.field:
+            named = self._compare(m.field, [f.label for f in fields])
+            if named[0] != "missing":
+                fields = [f for f in fields if f.label == named[1]]
+        options = [o for f in fields for o in f.options]
+        if not options:
+            return _Match("unreachable" if not forms else "missing",
+                          detail=f"no choice list with option {m.text!r} where the step is")
+        label, found, score = self._compare(m.text, options)
+        if label == "missing":
+            return _Match("missing", found, score,
+                          detail=f"no option {m.text!r}; the field offers "
+                                 + ", ".join(repr(o) for o in options[:8]))
+        return _Match(label, found, score, detail="" if label == "ok" else
+                      f"the option reads {found!r}")
+
+    # ---- a procedure --------------------------------------------------------------------------
+    def check(self, proc: Procedure) -> tuple[StepCheck, ...]:
+        where = _Where(product=proc.product)
+        out = []
+        for step in proc.steps:
+            results: list[tuple[Mention, _Match]] = []
+            for m in step.mentions:
+                resolve = {"product": self._product, "menu": self._menu, "page": self._page,
+                           "control": self._control, "field": self._field,
+                           "option": self._option}.get(m.kind)
+                if resolve is not None:
+                    results.append((m, resolve(m, where)))
+            here = where.pages[0].pattern if where.pages else ""
+            if not results:
+                why = ("a note" if step.note else "names no control, field or page"
+                       if step.structured else "could not be read into actions")
+                out.append(StepCheck(step.number, "ok", page=here,
+                                     detail=f"nothing to check: the step {why}"))
+                continue
+            mention, worst = max(results, key=lambda r: _RANK[r[1].label])
+            if worst.label == "ok":
+                detail = ""
+            else:
+                detail = worst.detail
+            out.append(StepCheck(step.number, worst.label, mention.text or mention.value,
+                                 worst.found if worst.label != "ok" else "",
+                                 round(worst.score, 3), here, detail))
+        return tuple(out)
+
+
+def _value_problem(f: FormField, value: str) -> str:
+    """Why ``f`` does not take ``value`` ("" when it does)."""
+    if f.options:
+        if any(norm(value) == norm(o) for o in f.options):
+            return ""
+        if max((similarity(value, o) for o in f.options), default=0.0) >= CLOSE:
+            return ""
+        return (f"{f.label!r} offers {', '.join(repr(o) for o in f.options[:8])}, "
+                f"not {value!r}")
+    if f.kind == "number" or f.minimum is not None or f.maximum is not None:
+        number = re.match(r"^\s*(-?\d+(?:\.\d+)?)", value)
+        if number:
+            x = float(number.group(1))
+            if f.minimum is not None and x < f.minimum or f.maximum is not None and x > f.maximum:
+                lo = "" if f.minimum is None else f"{f.minimum:g}"
+                hi = "" if f.maximum is None else f"{f.maximum:g}"
+                return f"{f.label!r} takes {lo}..{hi}, not {value!r}"
+    if f.max_length is not None and len(value) > f.max_length and "{" not in value:
+        return f"{f.label!r} takes at most {f.max_length} characters"
+    return ""
+
+
+def known_renames(previous: Sequence[Inventory], current: Inventory) -> dict[str, str]:
+    """Old label -> current label (normalised), for controls, navigation entries, fields and
+    page titles that older crawls show under another name at the same place: the same page,
+    where and target for a control, the same page for a navigation entry or title, the same
+    name for a field."""
+    out: dict[str, str] = {}
+    now = {p.pattern: p for p in current.pages}
+    for old in previous:
+        for page in old.pages:
+            cur = now.get(page.pattern)
+            if cur is None:
+                continue
+            pairs = [(page.title, cur.title)]
+            if page.menu_path and cur.menu_path:
+                pairs.append((page.menu_path[-1], cur.menu_path[-1]))
+            by_place = {(c.role, c.where, c.target): c.label for c in cur.controls if c.target}
+            pairs += [(c.label, by_place[(c.role, c.where, c.target)]) for c in page.controls
+                      if (c.role, c.where, c.target) in by_place]
+            for form, cur_form in zip(page.forms, cur.forms):
+                names = {f.name: f for f in cur_form.fields}
+                pairs += [(f.label, names[f.name].label) for f in form.fields if f.name in names]
+                pairs.append((form.submit, cur_form.submit))
+                if form.next_label and cur_form.next_label:
+                    pairs.append((form.next_label, cur_form.next_label))
+                for f in form.fields:
+                    g = names.get(f.name)
+                    if g is not None and len(f.options) == len(g.options):
+                        pairs += list(zip(f.options, g.options))
+            for a, b in pairs:
+                if a and b and norm(a) != norm(b):
+                    out.setdefault(norm(a), norm(b))
+    return out
+
+
+def check_procedure(proc: Procedure, inventory: Inventory,
+                    previous: Sequence[Inventory] = ()) -> tuple[StepCheck, ...]:
+    """One :class:`StepCheck` per step of ``proc``, in order (see the module docstring)."""
+    return Checker(inventory, previous).check(proc)

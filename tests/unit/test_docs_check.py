@@ -1,0 +1,131 @@
+"""The static check on a small hand-built inventory shaped like the local console's RAM and
+VPC pages (the crawled inventory is exercised in tests/integration/test_docs_corpus_check.py)."""
+from __future__ import annotations
+
+from rollout_service.docs.check import check_procedure, known_renames, similarity
+from rollout_service.docs.model import (Control, DocStep, Form, FormField, Inventory, Mention,
+                                        PageEntry, Procedure)
+
+USERS = "/console/ram/users"
+
+
+def inventory(rename: bool = False) -> Inventory:
+    t = (lambda a, b: b if rename else a)
+    form = Form("Create User", (
+        FormField("UserName", t("Logon Name", "Username"), required=True, max_length=64),
+        FormField("DisplayName", "Display Name"),
+    ), submit=t("Create", "Confirm and Create"), action="Ram:CreateUser", post=USERS + "/create",
+        cancel="Cancel")
+    grant = Form("Add Permissions", (FormField("PolicyName", "System Policy", "radio", True,
+                                               ("AliyunECSFullAccess", "ReadOnlyAccess")),),
+                 submit="OK", action="Ram:AttachPolicyToUser")
+    vpc_form = Form("Create VPC", (FormField("VpcName", "Name"),
+                                  FormField("CidrBlock", "IPv4 CIDR Block", "select", True,
+                                            ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")),
+                                  FormField("Bandwidth", "Bandwidth", "number", minimum=1,
+                                            maximum=100)),
+                    submit="OK", action="Vpc:CreateVpc")
+    pages = (
+        PageEntry(USERS, t("Users", "Identities"), "ram", ("RAM", t("Users", "Identities")),
+                  (Control("button", t("Create User", "Add User"), f"page:{USERS}/create",
+                           where="toolbar"),
+                   Control("link", "{}", f"page:{USERS}/{{}}", where="row"),
+                   Control("button", "Delete", f"dialog:Delete user", where="row",
+                           danger=True),
+                   Control("button", "OK", f"post:{USERS}/{{}}/delete", "Ram:DeleteUser",
+                           where="dialog:Delete user"))),
+        PageEntry(USERS + "/create", "Create User", "ram", (), (), (form,)),
+        PageEntry(USERS + "/{}", "{}", "ram", (),
+                  (Control("button", "Add Permissions", f"page:{USERS}/{{}}/grant",
+                           where="page"),)),
+        PageEntry(USERS + "/{}/grant", "Add Permissions", "ram", (), (), (grant,)),
+        PageEntry("/console/vpc/vpcs", "VPCs", "vpc", ("VPC", "VPCs"),
+                  (Control("button", "Create VPC", "page:/console/vpc/vpcs/create",
+                           where="toolbar"),)),
+        PageEntry("/console/vpc/vpcs/create", "Create VPC", "vpc", (), (), (vpc_form,)),
+    )
+    return Inventory("local", "rename" if rename else "", "2026-11-26T00:00:00Z", "v",
+                     pages, (("ram", "Resource Access Management"), ("vpc",
+                                                                     "Virtual Private Cloud")))
+
+
+def step(n, *mentions, note=False):
+    return DocStep(str(n), "", tuple(mentions), note=note)
+
+
+def create_user(submit="OK", first_menu="Users", skip_open=False):
+    steps = [step(1, Mention("product", "RAM console")),
+             step(2, Mention("menu", first_menu)),
+             step(3, Mention("page", "Users"), Mention("control", "Create User")),
+             step(4, Mention("field", "Logon Name", "deploy-bot"),
+                  Mention("field", "Display Name", "Deploy Bot")),
+             step(5, Mention("control", submit))]
+    if skip_open:
+        del steps[2]
+    return Procedure("Create a RAM user", "ram.md", tuple(steps))
+
+
+def labels(checks):
+    return [c.label for c in checks]
+
+
+def test_a_correct_procedure_is_ok_and_a_wrong_submit_label_is_missing():
+    assert labels(check_procedure(create_user("Create"), inventory())) == ["ok"] * 5
+    checks = check_procedure(create_user("OK"), inventory())
+    assert labels(checks)[:4] == ["ok"] * 4
+    # the console's form button reads Create, not OK: no control named OK where the step is
+    assert checks[4].label == "missing" and checks[4].mention == "OK"
+
+
+def test_a_missing_step_makes_the_field_unreachable():
+    checks = check_procedure(create_user("Create", skip_open=True), inventory())
+    assert checks[2].label == "unreachable"
+    assert "Create User" in checks[2].detail
+
+
+def test_renames_an_older_crawl_records_are_label_differs_not_missing():
+    old, new = inventory(), inventory(rename=True)
+    assert known_renames([old], new)["create user"] == "add user"
+    checks = check_procedure(create_user("Create"), new, previous=[old])
+    assert labels(checks) == ["ok", "label_differs", "label_differs", "label_differs",
+                              "label_differs"]
+    assert checks[2].closest in ("Identities", "Add User")
+    # without the history the renamed button is simply not there
+    assert check_procedure(create_user("Create"), new)[2].label == "missing"
+
+
+def test_invented_names_options_and_values_outside_the_field():
+    proc = Procedure("Create a VPC", "vpc.md", (
+        step(1, Mention("product", "VPC console")),
+        step(2, Mention("menu", "VPCs")),
+        step(3, Mention("control", "Create VPC")),
+        step(4, Mention("option", "10.0.0.0/8", field="IPv4 CIDR Block")),
+        step(5, Mention("option", "100.64.0.0/10", field="IPv4 CIDR Block")),
+        step(6, Mention("field", "Bandwidth", "500")),
+        step(7, Mention("field", "Billing Method", "Pay-as-you-go")),
+        step(8, Mention("control", "Provision Network")),
+    ))
+    assert labels(check_procedure(proc, inventory())) == [
+        "ok", "ok", "ok", "ok", "missing", "not_applicable", "missing", "missing"]
+
+
+def test_products_the_console_lacks_and_controls_of_another_product():
+    proc = Procedure("Create a database", "rds.md", (
+        step(1, Mention("product", "ApsaraDB RDS console")),))
+    assert labels(check_procedure(proc, inventory())) == ["not_applicable"]
+    proc = Procedure("x", "x.md", (step(1, Mention("product", "RAM console")),
+                                   step(2, Mention("menu", "VPCs"))))
+    assert labels(check_procedure(proc, inventory())) == ["ok", "unreachable"]
+
+
+def test_steps_with_nothing_named_are_ok_and_say_why():
+    proc = Procedure("x", "x.md", (step(1, note=True), DocStep("2", "Wait.", (), False)))
+    checks = check_procedure(proc, inventory())
+    assert labels(checks) == ["ok", "ok"]
+    assert "note" in checks[0].detail and "could not be read" in checks[1].detail
+
+
+def test_similarity_ignores_case_punctuation_and_plurals():
+    assert similarity("Create user", "Create User") == 1.0
+    assert similarity("Security Group", "Security Groups") >= 0.97
+    assert similarity("Add New User", "Create User") < 0.85
