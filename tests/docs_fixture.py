@@ -1,13 +1,19 @@
 """A hand-made inventory of the local console (the pages, controls and forms of
 infra/console_sim/console/*.py with their real labels, field names and API actions) and
-procedures built by hand as the extractor would read them: fixtures for the drafting tests
+procedures built by hand as the extractor would read them, and a fake OpenAI-compatible
+chat endpoint with canned replies: fixtures for the drafting tests
 until a crawled inventory is committed."""
 from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from infra.llm import OpenAIChatClient
 
 from rollout_service.docs.model import (Control, DocStep, Form, FormField, Inventory, Mention,
                                         PageEntry, Procedure, StepCheck)
 
-NAME_HELP_MAX = 128
 ACL_LABELS = ("Private", "Public Read", "Public Read/Write")
 ACL_VALUES = ("private", "public-read", "public-read-write")
 
@@ -219,3 +225,63 @@ def ok_checks(proc: Procedure, pages: dict[str, str]) -> tuple[StepCheck, ...]:
         here = pages.get(s.number, here)
         out.append(StepCheck(s.number, "ok", page=here))
     return tuple(out)
+
+
+class FakeChat:
+    """A loopback HTTP server answering /v1/chat/completions with the next canned reply."""
+
+    def __init__(self, replies: list[str]):
+        self.replies, self.requests = list(replies), []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):   # noqa: N802 - the stdlib's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append((self.path, body))
+                if not outer.replies:
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                data = json.dumps({"choices": [{"message": {"role": "assistant",
+                                                            "content": outer.replies.pop(0)}}]})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data.encode())
+
+            def log_message(self, *args):
+                pass
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.client = OpenAIChatClient(f"http://127.0.0.1:{self.server.server_port}", "fake",
+                                       api_key_env=None, timeout_s=5)
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# ---- a procedure in prose only a model can structure, and a canned draft of it
+PROSE = Procedure("Give a teammate console access", "ram.md", (
+    DocStep("1", "Teammates who need the console get their own identity: in RAM, under the "
+                 "users list, add one whose logon name is up to you.", structured=False),
+    DocStep("2", "Confirm, and share the logon name with them.", structured=False),
+), product="ram")
+
+GOOD = {
+    "product": "ram", "start_page": "/console/ram/users",
+    "parameters": {"user_name": "mate-{episode}"},
+    "success": {"required_events": [{"id": "op", "event": "CreateUser", "service": "Ram",
+                                     "where": {"requestParameters.UserName": "{user_name}"}}],
+                "forbidden_events": [{"event": "DeleteUser", "service": "Ram", "where": {
+                    "requestParameters.UserName": "{user_name}"}}]},
+    "hints": {"1": "(Use `{user_name}` as the logon name.)"},
+    "oracle": None,
+}
+
+
+def fenced(data: dict) -> str:
+    return f"Here is the draft.\n```json\n{json.dumps(data)}\n```\n"

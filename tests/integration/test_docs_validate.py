@@ -94,3 +94,16 @@ def test_a_task_that_does_not_parse_is_reported_before_the_cloud(twin_cloud, acc
 def test_stop_an_instance_the_twin_stops(twin_cloud, accounts):
     v = check(draft(fx.ecs_stop_instance()), twin_cloud, accounts[3])
     assert v.valid, v
+
+
+def test_an_llm_draft_passes_the_same_validation(twin_cloud, accounts):
+    from rollout_service.docs.llm_draft import llm_draft
+    from tests.docs_fixture import GOOD, PROSE, FakeChat, fenced
+    fake = FakeChat([fenced({k: v for k, v in GOOD.items() if k != "oracle"})])
+    try:
+        d = llm_draft(PROSE, fx.inventory(), fake.client, task_id="llm-twin")
+    finally:
+        fake.close()
+    assert d.task is not None, d.reason
+    v = check(d.task, twin_cloud, accounts[4])
+    assert v.valid, v

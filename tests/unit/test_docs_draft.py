@@ -6,14 +6,13 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import pytest
 
 from consolerl.resources import fill
 from consolerl.tasks import parse_task
 from infra.console_sim.products import all_products
 from rollout_service.docs import operations
 from rollout_service.docs.draft import Draft, draft_task, norm, snake
-from rollout_service.docs.model import Form, FormField, Inventory, PageEntry, StepCheck
+from rollout_service.docs.model import Form, FormField, PageEntry, StepCheck
 from tests import docs_fixture as fx
 
 
