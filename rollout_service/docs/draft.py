@@ -449,10 +449,18 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
 
     # The form's fields the doc fills.
     if op.form is not None:
+        # Values of the parameter table go with the first step taken on the form's page.
+        on_form = next((i for i, (before, _) in enumerate(walk) if before == op.page), op.step)
         for f, value, step in _filled(proc, op.form):
-            step = step if step >= 0 else op.step
+            step = step if step >= 0 else on_form
             if f.kind == "readonly":
                 continue
+            # A value only the page's parameter table gives (the extractor keeps tables out
+            # of the step text) must still reach the agent, which reads only the steps.
+            unseen = value is not None and not any(value in s.text for s in proc.steps)
+            if unseen and not (_is_name(f) and (f.required or value is None)) \
+                    and f.name not in RESOURCE_FIELDS:
+                b.hint(step, f"(Set {f.label} to `{value}`.)")
             if f.name in RESOURCE_FIELDS:
                 rtype = RESOURCE_FIELDS[f.name]
                 if f.name == "VpcId" and any(x.name == "VSwitchId" for x in op.form.fields):

@@ -241,3 +241,17 @@ def test_the_api_tables_name_actions_the_cloud_has():
         assert exists(service, action) and exists(service, rb.action), op
     for rtype, decl in operations.DECLARATIONS.items():
         assert all(t in operations.DECLARATIONS for _, t in decl.refs)
+
+
+def test_values_only_the_parameter_table_gives_reach_the_steps():
+    proc = fx.ram_create_user()
+    steps = list(proc.steps)
+    steps[3] = fx.step("4", "Configure the following parameters.")
+    proc = dataclasses.replace(proc, steps=tuple(steps), parameters=(
+        ("Logon Name", "deploy-bot"), ("Display Name", "Deploy Bot")))
+    task = drafted(proc)
+    line = task["procedure"].splitlines()[3]
+    assert line == ("4. Configure the following parameters. (Use `{user_name}` as the Logon "
+                    "Name.) (Set Display Name to `Deploy Bot`.)")
+    assert task["success"]["required_events"][0]["where"] == {
+        "requestParameters.UserName": "{user_name}", "requestParameters.DisplayName": "Deploy Bot"}
