@@ -10,8 +10,9 @@ tables) or HTML:
   is not generic ("Procedure", "Steps") and not a tab name; its anchor is that heading's ``id``
   (HTML) or GitHub-style slug (Markdown). Sections named like "Background", "What to do next",
   "References", "Limits" hold no procedure.
-- nested steps: an ordered list inside a step is numbered ``3.a``, ``3.b`` (and ``3.a.1`` one
-  level further); a bulleted list inside a step adds its items' mentions to the step
+- nested steps are numbered as written: an ordered list inside step 3 gives ``3.1``, ``3.2``
+  (``<ol type="a">`` gives ``3.a``, ``3.b``), and lines ``a. ...``, ``b. ...`` written under a
+  Markdown step (CommonMark has no lettered lists) are sub-steps ``3.a``, ``3.b``; a bulleted list inside a step adds its items' mentions to the step
   ("- **Logon Name**: enter ``x``"); a numbered list interrupted by a note or table continues
   (the next list starting at 6 after step 5 belongs to the same procedure).
 - tabs: Markdown headings named ``Console`` / ``API`` / ``CLI`` / ``SDK`` / ``Terraform``... or
@@ -252,11 +253,14 @@ class _Builder:
         if self.steps > MAX_STEPS:
             raise DocError(f"the page has more than {MAX_STEPS} steps (MAX_STEPS); a page of "
                            "documentation has far fewer")
-        mentions, kind = step_mentions(item.segs)
-        step = {"number": number, "text": mk.plain(item.segs), "mentions": list(mentions),
+        own, lettered = _lettered(item.segs)
+        mentions, kind = step_mentions(own)
+        step = {"number": number, "text": mk.plain(own), "mentions": list(mentions),
                 "kind": kind}
         proc["steps"].append(step)
-        children = 0
+        children = len(lettered)
+        for letter, segs in lettered:
+            self._item(Item(segs), f"{number}.{letter}", proc, depth + 1)
         for block in item.blocks:
             if isinstance(block, Table):
                 step["mentions"].extend(self._table(block, proc))
@@ -266,8 +270,8 @@ class _Builder:
             elif isinstance(block, List):
                 for j, sub in enumerate(block.items):
                     children += 1
-                    self._item(sub, f"{number}.{_sub_number(block.start + j, depth)}", proc,
-                               depth + 1)
+                    self._item(sub, f"{number}.{_sub_number(block.start + j, block.style)}",
+                               proc, depth + 1)
         if children and kind == "prose":
             step["kind"] = "container"
 
@@ -324,15 +328,42 @@ class _Builder:
         return out
 
 
-def _sub_number(n: int, depth: int) -> str:
-    """Nested steps: letters at the second level (3.a), numbers at the third (3.a.1)..."""
-    if depth % 2 == 1:
-        letters = ""
-        while n > 0:
-            n, r = divmod(n - 1, 26)
-            letters = chr(ord("a") + r) + letters
-        return letters
-    return str(n)
+def _sub_number(n: int, style: str) -> str:
+    """A nested step's number as written: digits (3.2), or letters for ``<ol type="a">`` (3.b)."""
+    if style != "a":
+        return str(n)
+    letters = ""
+    while n > 0:
+        n, r = divmod(n - 1, 26)
+        letters = chr(ord("a") + r) + letters
+    return letters
+
+
+def _lettered(segs: list[Seg]) -> tuple[list[Seg], list[tuple[str, list[Seg]]]]:
+    """A Markdown step's own text and the lettered sub-steps written as its lines
+    ("   a. **Zone**: select `x`", lazy continuation lines CommonMark keeps in the paragraph).
+    Letters must run a, b, c...; any other line continues the text before it."""
+    lines: list[list[Seg]] = [[]]
+    for seg in segs:
+        if seg.kind == "t" and "\n" in seg.text:
+            for k, part in enumerate(seg.text.split("\n")):
+                if k:
+                    lines.append([])
+                if part:
+                    lines[-1].append(Seg("t", part))
+        else:
+            lines[-1].append(seg)
+    own, subs = lines[0], []
+    for line in lines[1:]:
+        first = line[0].text if line and line[0].kind == "t" else ""
+        m = re.match(r"\s*([a-z])[.)]\s+", first)
+        if m and ord(m.group(1)) == ord("a") + len(subs):
+            subs.append((m.group(1), [Seg("t", first[m.end():])] + line[1:]))
+        else:
+            target = subs[-1][1] if subs else own
+            target.append(Seg("t", " "))
+            target.extend(line)
+    return own, subs
 
 
 def _doc_step(step: dict) -> DocStep:

@@ -66,6 +66,7 @@ class List:
     ordered: bool
     items: list[Item]
     start: int = 1
+    style: str = "1"    # how its items are numbered: "1" digits, "a" letters (<ol type="a">)
 
 
 @dataclass
@@ -162,7 +163,9 @@ def _md_inline(content: str) -> list[Seg]:
             out.append(Seg("l", " ".join(link[1].split()), str(link[0])))
             link = None
         elif kind in ("text", "code_inline", "softbreak", "hardbreak"):
-            text = " " if kind.endswith("break") else tok.content
+            # a soft break stays a line break: "a. ..." lines written under a step are
+            # lettered sub-steps in help-center Markdown (CommonMark has no lettered lists)
+            text = "\n" if kind.endswith("break") else tok.content
             if link is not None:
                 link[1] += text
             elif kind == "code_inline":
@@ -347,7 +350,8 @@ def _html_blocks(node: LexborNode, out: list, depth: int, count: list[int]) -> N
                 start = int(child.attributes.get("start") or 1)
             except ValueError:
                 start = 1
-            out.append(List(tag == "ol", items, start))
+            style = "a" if (child.attributes.get("type") or "1") in ("a", "A") else "1"
+            out.append(List(tag == "ol", items, start, style))
         elif tag == "table":
             out.append(_html_table(child))
         elif _is_note(child):

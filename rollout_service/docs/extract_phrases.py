@@ -32,14 +32,16 @@ def _c(pattern: str) -> re.Pattern:
     return re.compile(pattern)
 
 
+TOP_BAR = _c(_I(r"^in the top navigation bar"))
 NAV = _c(_I(r"in the (?:left-side |left |side )?navigation (?:pane|bar|menu|tree)"
             r"|in the left-side menu"))
 DIALOG = _c(_I(r"^in the (?:message|dialog box|dialog|confirmation message|pop-up window|"
                r"panel|window|message box)\b") + rf"|^{_I('in the')} {NAME} "
             + _I(r"(?:dialog box|dialog|panel|message|window)\b"))
-SECTION = _c(rf"^{_I('in the')} ({NAME}) {_I('(?:section|area|column|list|table)')}\b")
+SECTION = _c(rf"^{_I('in the')} ({NAME}) {_I('(?:section|area|column|list|table|step)')}\b")
 FIELD_CTX = _c(rf"^{_I('(?:in|from|for) the')} ({NAME}) "
-               + _I(r"(?:field|text box|box|drop-down list|drop-down menu|list|parameter)\b"))
+               + _I(r"(?:field|text box|box|drop-down list|drop-down menu|list|parameter)\b")
+               + rf"|^{_I('under')} (?:{_I('the')} )?({NAME})$")
 DETAIL_PAGE = _c(_I(r"(?:on|go to|open|in) the (?:[\w-]+ )?details? page"
                     r"|(?:on|go to|open) the [\w-]+'s details page"))
 PAGE = _c(rf"{_I('(?:on|go to|navigate to|open|in) the')} ({NAME}) {_I('page')}"
@@ -50,16 +52,23 @@ CHECKBOX = _c(rf"({_I('select|clear|deselect|turn on|turn off|enable|disable')})
 PATH = rf"{NAME}(?:\s*>\s*{NAME})+"
 MENU = _c(rf"{_I('(?:choose|select|click|go to|navigate to|open)')}\s+(?:{_I('the')}\s+)?({PATH})")
 BARE_PATH = _c(rf"^({PATH})$")
-ROW_LINK = _c(_I(r"click (?:the )?(?:(?:ID|name|hostname) of (?:the |a |an )?[\w-]+(?: [\w-]+)?"
-                 r"|[\w-]+(?: [\w-]+)? (?:ID|name))\b"))
+ROW_LINK = _c(_I(r"click (?:the )?(?:(?:ID|name|hostname) of (?:the |a |an )?(?:[\w-]+(?: [\w-]+)?|"
+                 r"⟨c\d+⟩)|[\w-]+(?: [\w-]+)? (?:ID|name)\b(?: (⟨c\d+⟩))?)"))
 ENTER_IN = _c(rf"{_I('(?:enter|type|input|specify|provide|fill in)')}\s+(.+?)\s+"
               rf"{_I('(?:in|into)')}\s+{_I('the')}\s+({NAME})"
               rf"(?:\s+{_I('(?:field|text box|box)')})?\s*$")
 SET = _c(rf"{_I('(?:set|change|modify|configure)')}\s+(?:{_I('the value of')}\s+)?"
          rf"(?:{_I('the')}\s+)?({NAME})(?:\s+{_I('(?:field|parameter|option)')})?\s+"
          rf"{_I('to')}\s+(.+)$")
-SELECT_FROM = _c(rf"{_I('(?:select|choose)')}\s+(.+?)\s+{_I('(?:from|in|for)')}\s+"
+SELECT_FROM = _c(rf"{_I('(?:select|choose)')}\s+(.+?)\s+{_I('(?:from|in|for|under)')}\s+"
                  rf"(?:{_I('the')}\s+)?({NAME})(?:\s+{_I('(?:drop-down list|drop-down menu|list|field|section|menu|parameter)')})?\s*$")
+ENTER_AS = _c(rf"^(?:{_I('(?:enter|type|input|specify|use)')}\s+)?(⟨c\d+⟩|{_Q})\s+"
+                 rf"{_I('as')}\s+(?:{_I('the')}\s+)?({NAME})$")
+KEEP = _c(rf"^{_I('(?:keep|retain|leave|use) the default')}\s+(?:{_I('(?:value|setting) (?:of|for)')}\s+)?"
+          rf"(?:{_I('the')}\s+)?(.+?)(?:\s+{_I('unchanged')})?(?:,\s*(⟨[bc]\d+⟩|{_Q}))?$")
+CLICK_VALUE = _c(rf"^{_I('click')}\s+(?:{_I('the')}\s+)?(⟨c\d+⟩)")
+VERBS = ("enter", "type", "set", "select", "choose", "click", "change")
+LABELLED = _c(r"^(⟨b\d+⟩)\s*[:：]\s*(.+)$")
 ENTER = _c(rf"{_I('(?:enter|type|input|specify|provide|fill in)')}\s+(.+)$")
 SELECT = _c(rf"{_I('(?:select|choose)')}\s+(.+)$")
 CLICK = _c(rf"{_I('(?:click|double-click|tap|press)')}\s+(?:{_I('the')}\s+)?({NAME})"
@@ -87,7 +96,9 @@ _VAGUE = re.compile(_I(r"^(?:a|an|the|your|any|one|some)\s+(.+?)(?:\s+(?:for|of)
 @dataclass
 class _Ctx:
     nav: bool = False
+    top: bool = False
     field: str = ""
+    verb: str = ""          # the last clause's verb, for a clause that goes on without one
 
 
 class Template:
@@ -175,13 +186,36 @@ def _field(name: str, raw: str | None, tpl: Template) -> list[Mention]:
     return out
 
 
-def _clause(tpl: Template, clause: str, ctx: _Ctx) -> tuple[list[Mention], bool]:
+def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
+            ) -> tuple[list[Mention], bool]:
     """Mentions of one clause, and whether the clause was understood at all."""
     clause = _LEAD.sub("", clause).strip().rstrip(".:")
     if not clause:
         return [], True
+    first = clause.split(" ", 1)[0].lower()
+    if first in VERBS:
+        ctx.verb = first
     if clause.lower().startswith(("optional", "(optional)")):
         clause = clause.split(" ", 1)[-1]
+    if TOP_BAR.search(clause):
+        ctx.top = True
+        rest = TOP_BAR.sub("", clause).strip(" ,")
+        return _clause(tpl, rest, ctx) if rest else ([], True)
+    if ctx.top and (m := SELECT.search(clause)):
+        # "In the top navigation bar, select **China (Hangzhou)**": the region selector
+        return [Mention("control", tpl.value(m.group(1))[0], value="region")], True
+    if m := LABELLED.match(clause):
+        # "**Zone**: select `cn-hangzhou-i`" (a parameter written as a list item)
+        name = tpl.name(m.group(1))
+        ctx.field = name
+        found, ok = _clause(tpl, m.group(2), ctx)
+        ctx.field = ""
+        if not any(f.kind in ("field", "option") for f in found):
+            value, choice = cell_value([tpl.values[p] if p in tpl.values else Seg("t", p)
+                                        for p in re.split(r"(⟨[a-z]\d+⟩)", m.group(2)) if p])
+            found = ([Mention("option", value, field=name)] if choice else []) + [
+                Mention("field", name, value=value)]
+        return found, True
     if NAV.search(clause):
         ctx.nav = True
         rest = NAV.sub("", clause).strip(" ,")
@@ -200,21 +234,29 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx) -> tuple[list[Mention], bool]
     if m := PAGE.search(clause):
         return [Mention("page", tpl.name(m.group(1) or m.group(2)))], True
     if m := ROW_LINK.search(clause):
-        return [Mention("control", "", value="row-link")], True
+        named = re.search(r"⟨c\d+⟩", m.group(0))
+        return [Mention("control", "", value="row-link",
+                        field=tpl.values[named.group(0)].text if named else "")], True
     if m := ENTER_IN.search(clause):
         return _field(tpl.name(m.group(2)), m.group(1), tpl), True
     if m := SET.search(clause):
         return _field(tpl.name(m.group(1)), m.group(2), tpl), True
+    if m := ENTER_AS.search(clause):
+        return _field(tpl.name(m.group(2)), m.group(1), tpl), True
+    if m := KEEP.search(clause):
+        return _field(tpl.expand(m.group(1)), m.group(2), tpl), True
     if m := CHECKBOX.search(clause):
         on = m.group(1).lower() in ("select", "turn on", "enable")
         return [Mention("field", tpl.name(m.group(2)), value="on" if on else "off")], True
     if m := SELECT_FROM.search(clause):
-        return _field(tpl.name(m.group(2)), m.group(1), tpl), True
+        name = tpl.name(m.group(2))
+        value = tpl.value(m.group(1))[0]
+        return [Mention("option", value, field=name), Mention("field", name, value=value)], True
     if m := DIALOG.search(clause):
         rest = clause[m.end():].strip(" ,")
         return _clause(tpl, rest, ctx) if rest else ([], True)
     if m := FIELD_CTX.search(clause):
-        ctx.field = tpl.name(m.group(1))
+        ctx.field = tpl.name(m.group(1) or m.group(2))
         rest = clause[m.end():].strip(" ,")
         if rest:
             return _clause(tpl, rest, ctx)
@@ -226,6 +268,10 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx) -> tuple[list[Mention], bool]
         value, _choice, noun = tpl.value(m.group(1))
         name, ctx.field = ctx.field or (noun[:1].upper() + noun[1:] if noun else ""), ""
         return [Mention("field", name, value=value)], True
+    if m := CLICK_VALUE.search(clause):
+        # "Click `contracts-01`": the resource's link in its row
+        return [Mention("control", "", value="row-link",
+                        field=tpl.values[m.group(1)].text)], True
     if ROW_SELECT.search(clause):
         return [Mention("control", "", value="row-select")], True
     if m := SELECT.search(clause):
@@ -245,6 +291,9 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx) -> tuple[list[Mention], bool]
         return [], True
     if product:
         return [Mention("product", product)], True
+    if ctx.verb and not retry:
+        # "... and `b` in the **B** field": the clause goes on with the previous clause's verb
+        return _clause(tpl, f"{ctx.verb} {clause}", ctx, retry=True)
     return [], False
 
 
@@ -269,7 +318,11 @@ def step_mentions(segs: list[Seg]) -> tuple[list[Mention], str]:
             if m and m.group(2):
                 mentions.append(Mention("page", tpl.name(m.group(2))))
             continue
-        ctx.field = ""
+        ctx.field, ctx.verb = "", ""
+        keep = KEEP.search(_LEAD.sub("", sentence))
+        if keep:        # "Keep the default **ACL**, **Private**" (its comma is not a clause)
+            mentions.extend(_field(tpl.expand(keep.group(1)), keep.group(2), tpl))
+            continue
         for clause in _CLAUSE.split(sentence):
             found, _understood = _clause(tpl, clause, ctx)
             mentions.extend(found)
@@ -290,6 +343,9 @@ def cell_value(tpl_segs: list[Seg]) -> tuple[str, bool]:
     for seg in tpl_segs:
         if seg.kind == "c":
             return " ".join(seg.text.split()), False
+    named = [s for s in tpl_segs if s.text.strip()]
+    if len(named) == 1 and named[0].kind in "bm":      # a Value column: **Allow**
+        return " ".join(named[0].text.split()), True
     tpl = Template(tpl_segs)
     q = re.search(_Q, tpl.text)
     if q:
