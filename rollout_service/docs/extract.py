@@ -12,7 +12,8 @@ tables) or HTML:
   "References", "Limits" hold no procedure.
 - nested steps are numbered as written: an ordered list inside step 3 gives ``3.1``, ``3.2``
   (``<ol type="a">`` gives ``3.a``, ``3.b``), and lines ``a. ...``, ``b. ...`` written under a
-  Markdown step (CommonMark has no lettered lists) are sub-steps ``3.a``, ``3.b``; a bulleted list inside a step adds its items' mentions to the step
+  Markdown step (CommonMark has no lettered lists) are sub-steps ``3.a``, ``3.b``; a bulleted
+  list inside a step adds its items' mentions to the step
   ("- **Logon Name**: enter ``x``"); a numbered list interrupted by a note or table continues
   (the next list starting at 6 after step 5 belongs to the same procedure).
 - tabs: Markdown headings named ``Console`` / ``API`` / ``CLI`` / ``SDK`` / ``Terraform``... or
@@ -116,7 +117,8 @@ def _decode(data: str | bytes) -> str:
                            f"{exc.start}") from None
     elif isinstance(data, str):
         text = data
-        if len(text) > MAX_PAGE_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_PAGE_BYTES:
+        if len(text) > MAX_PAGE_BYTES or \
+                len(text.encode("utf-8", "surrogatepass")) > MAX_PAGE_BYTES:
             raise DocError(f"the page is more than the limit of {MAX_PAGE_BYTES} bytes "
                            f"(MAX_PAGE_BYTES, 2 MiB)")
         if "\x00" in text:

@@ -317,6 +317,7 @@ def _html_table(node: LexborNode) -> Table:
 
 
 def _html_blocks(node: LexborNode, out: list, depth: int, count: list[int]) -> None:
+    """Appends ``node``'s blocks to ``out``; ``count``: [elements seen, list items seen]."""
     if depth >= MAX_WALK_DEPTH:
         return
     for child in node.iter(include_text=False):
@@ -341,6 +342,10 @@ def _html_blocks(node: LexborNode, out: list, depth: int, count: list[int]) -> N
             for li in child.iter(include_text=False):
                 if li.tag != "li":
                     continue
+                count[1] += 1
+                if count[1] > MAX_BLOCKS:
+                    raise DocError(f"the page has more than {MAX_BLOCKS} list items; a page of"
+                                   " documentation has far fewer")
                 segs = []
                 _html_segs(li, segs)
                 blocks: list = []
@@ -378,5 +383,5 @@ def read_html(text: str) -> list:
     root = tree.body or tree.root
     out: list = []
     if root is not None:
-        _html_blocks(root, out, 0, [0])
+        _html_blocks(root, out, 0, [0, 0])
     return out

@@ -60,11 +60,13 @@ ENTER_IN = _c(rf"{_I('(?:enter|type|input|specify|provide|fill in)')}\s+(.+?)\s+
 SET = _c(rf"{_I('(?:set|change|modify|configure)')}\s+(?:{_I('the value of')}\s+)?"
          rf"(?:{_I('the')}\s+)?({NAME})(?:\s+{_I('(?:field|parameter|option)')})?\s+"
          rf"{_I('to')}\s+(.+)$")
+_WHERE = r"(?:drop-down list|drop-down menu|list|field|section|menu|parameter)"
 SELECT_FROM = _c(rf"{_I('(?:select|choose)')}\s+(.+?)\s+{_I('(?:from|in|for|under)')}\s+"
-                 rf"(?:{_I('the')}\s+)?({NAME})(?:\s+{_I('(?:drop-down list|drop-down menu|list|field|section|menu|parameter)')})?\s*$")
+                 rf"(?:{_I('the')}\s+)?({NAME})(?:\s+{_I(_WHERE)})?\s*$")
 ENTER_AS = _c(rf"^(?:{_I('(?:enter|type|input|specify|use)')}\s+)?(⟨c\d+⟩|{_Q})\s+"
                  rf"{_I('as')}\s+(?:{_I('the')}\s+)?({NAME})$")
-KEEP = _c(rf"^{_I('(?:keep|retain|leave|use) the default')}\s+(?:{_I('(?:value|setting) (?:of|for)')}\s+)?"
+KEEP = _c(rf"^{_I('(?:keep|retain|leave|use) the default')}\s+"
+          rf"(?:{_I('(?:value|setting) (?:of|for)')}\s+)?"
           rf"(?:{_I('the')}\s+)?(.+?)(?:\s+{_I('unchanged')})?(?:,\s*(⟨[bc]\d+⟩|{_Q}))?$")
 CLICK_VALUE = _c(rf"^{_I('click')}\s+(?:{_I('the')}\s+)?(⟨c\d+⟩)")
 VERBS = ("enter", "type", "set", "select", "choose", "click", "change")
@@ -350,8 +352,8 @@ def cell_value(tpl_segs: list[Seg]) -> tuple[str, bool]:
     q = re.search(_Q, tpl.text)
     if q:
         return q.group(0)[1:-1].strip(), False
-    m = re.search(rf"{_I('(?:select|choose|set it to|set to)')}\s+(?:{_I('the')}\s+)?(⟨[bm]\d+⟩)",
-                  tpl.text)
+    m = re.search(rf"{_I('(?:select|choose|set it to|set to)')}\s+"
+                  rf"(?:{_I('the')}\s+)?(⟨[bm]\d+⟩)", tpl.text)
     if m:
         return tpl.values[m.group(1)].text, True
     return "", False
