@@ -44,21 +44,33 @@ page"
 "click **More** > **Stop**"                            ``control "More"``, ``control "Stop"``
 "Click the **Permissions** tab" / "On the X tab"       ``control "Permissions" value="tab"``
 "Click the ID of the VPC" / "click the name of the     ``control "" value="row-link"`` (the link
-user" / "click the instance ID"                         in the resource's row of a list)
+user" / "click the instance ID" / "Click the ID of      in the resource's row of a list;
+`vpc-prod`" / "Click `bucket-01`"                       ``field`` holds the resource's name when
+                                                        the step gives it: ``"vpc-prod"``)
+"In the top navigation bar, select **China             ``control "China (Hangzhou)"
+(Hangzhou)**"                                           value="region"`` (the region selector)
 "Select the instance" (a row, not a named choice)      ``control "" value="row-select"``
 "Enter `x` in the **Logon Name** field" / "In the      ``field "Logon Name" value="x"``
 **Name** field, enter `x`" / "Set **Bandwidth** to
 `5` Mbit/s"                                             (``field "Bandwidth" value="5"``)
 "Enter a name for the bucket."                         ``field "Name" value=""`` (left to reader)
 "Select **Public Read** from the **ACL** drop-down     ``option "Public Read" field="ACL"`` then
-list" / "select **Public Read** for **ACL**" / "Set    ``field "ACL" value="Public Read"``
-**ACL** to **Public Read**" / "From the **ACL**
-drop-down list, select **Public Read**"
+list" / "select **Public Read** for/under **ACL**" /   ``field "ACL" value="Public Read"``
+"Set **ACL** to **Public Read**" / "From the **ACL**   (select/choose always gives the option,
+drop-down list, select **Public Read**" / "Under       code value or UI name; set/enter gives
+**ACL**, select `x`" / "Keep the default ACL,          it only for a UI name (bold), a code
+**Private**"                                            span is data: ``field`` alone)
+"In the **X** step, select **Y** and click **Next**"   ``option "Y"`` (no field named),
+                                                        ``control "Next"``
+"Enter `a` in the **A** field and `b` in the **B**     the verb carries over: ``field A=a``,
+field" / "enter `env` as **Tag Key**"                   ``field B=b`` / ``field "Tag Key"="env"``
 "Select the **Enable** check box" / "Clear the ..."    ``field "Enable" value="on"`` / ``"off"``
+"**Zone**: select `x`" (a lettered line or a bullet)   ``option "x" field="Zone"``, ``field Zone=x``
 a parameter table (Parameter | Description [| Value])  ``field <parameter> value=<first code span
-inside or right after a step                            or quotation of the description, or the
-                                                        Value column>`` (plus ``option`` when the
-                                                        description says "Select **X**"), also in
+inside a step, or right after a step that announces   or quotation of the description, or the
+it ("...the following parameters:")                     Value column>`` (plus ``option`` when the
+                                                        description says "Select **X**" or the
+                                                        Value column is a UI name), also in
                                                         ``Procedure.parameters``
 =====================================================  =========================================
 
@@ -66,7 +78,8 @@ inside or right after a step                            or quotation of the desc
 understood and name nothing themselves.
 
 Limits (each refusal is a :class:`DocError` naming the limit): ``MAX_PAGE_BYTES`` (2 MiB) of
-UTF-8 text without NUL bytes; at most ``MAX_BLOCKS`` Markdown blocks or ``MAX_STEPS`` steps; HTML
+UTF-8 text without NUL bytes; at most ``MAX_BLOCKS`` Markdown blocks or HTML list items and
+``MAX_STEPS`` steps; HTML
 block elements nested at most ``MAX_HTML_DEPTH`` deep; Markdown nested deeper than 20 levels is
 dropped. Nothing in a page is executed or fetched: selectolax parses HTML without running
 scripts or loading resources, scripts/styles/iframes are removed with their content, event
