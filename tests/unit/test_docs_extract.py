@@ -1,0 +1,279 @@
+"""rollout_service.docs.extract: help-center pages (Markdown and HTML) read into procedures, and
+the pages it refuses."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from consolerl.errors import ConsoleRLError
+from rollout_service.docs.extract import MAX_PAGE_BYTES, DocError, extract
+from rollout_service.docs.model import Mention, Procedure
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "docs"
+
+
+def M(kind: str, text: str, value: str = "", field: str = "") -> Mention:
+    return Mention(kind, text, value, field)
+
+
+def steps(proc: Procedure) -> list[tuple]:
+    return [(s.number, s.text, list(s.mentions), s.structured, s.note) for s in proc.steps]
+
+
+# ---- Markdown -------------------------------------------------------------------------------
+def test_markdown_page_with_two_procedures():
+    procs = extract((DATA / "ram-users.md").read_bytes(), "text/markdown", "ram-users.md")
+    assert [p.title for p in procs] == ["Create a RAM user", "Grant permissions to the RAM user"]
+    create, grant = procs
+    assert create.source == "ram-users.md" and create.anchor == "create-a-ram-user"
+    assert create.product == "ram" and grant.product == "ram" and create.tab == ""
+    assert create.prerequisites == grant.prerequisites == (
+        "You are signed in with an Alibaba Cloud account or a RAM user that has the "
+        "AliyunRAMFullAccess policy.", "The logon name you plan to use is not taken.")
+    assert create.parameters == (("Logon Name", "deploy-bot"), ("Display Name", "Deploy Bot"))
+    assert steps(create) == [
+        ("1", "Log on to the RAM console.", [M("product", "ram")], True, False),
+        ("2", "In the left-side navigation pane, choose Identities > Users.",
+         [M("menu", "Identities > Users")], True, False),
+        ("3", "On the Users page, click Create User.",
+         [M("page", "Users"), M("control", "Create User")], True, False),
+        ("4", "In the User Account Information section, configure the following parameters.",
+         [M("field", "Logon Name", "deploy-bot"), M("field", "Display Name", "Deploy Bot")],
+         True, False),
+        ("5", "Select the Console Access check box.", [M("field", "Console Access", "on")],
+         True, False),
+        ("6", "Click OK.", [M("control", "OK")], True, False),     # its note is not its text
+        ("7", "The user is created.", [], True, True),
+    ]
+    assert steps(grant) == [
+        ("1", "In the left-side navigation pane, choose Identities > Users.",
+         [M("menu", "Identities > Users")], True, False),
+        ("2", "Find the user and click Add Permissions in the Actions column.",
+         [M("control", "Add Permissions")], True, False),
+        ("3", "In the panel that appears, configure the permissions:", [], True, False),
+        ("3.1", "Select System Policy from the Type drop-down list.",
+         [M("option", "System Policy", field="Type"), M("field", "Type", "System Policy")],
+         True, False),
+        ("3.2", "In the Policy Name field, enter AliyunOSSReadOnlyAccess.",
+         [M("field", "Policy Name", "AliyunOSSReadOnlyAccess")], True, False),
+        ("3.3", "Select the policy.", [M("control", "", "row-select")], True, False),
+        ("4", "Click OK.", [M("control", "OK")], True, False),
+        ("5", "In the message that appears, click Close.", [M("control", "Close")], True, False),
+    ]
+    assert all(p.extracted for p in procs)
+
+
+def test_markdown_console_tab_kept_api_tab_skipped():
+    procs = extract((DATA / "oss-bucket.md").read_text(), "markdown", "oss-bucket.md")
+    assert [(p.title, p.tab) for p in procs] == [("Create a bucket", "Console"),
+                                                 ("Change the ACL of a bucket", "")]
+    bucket, acl = procs
+    assert "PutBucket" not in str(procs)
+    assert bucket.parameters == (("Bucket Name", ""), ("Region", "China (Hangzhou)"),
+                                 ("ACL", "Private"))
+    assert bucket.steps[1].mentions == (M("menu", "Buckets"),)
+    assert bucket.steps[3].mentions == (
+        M("field", "Bucket Name", ""), M("option", "China (Hangzhou)", field="Region"),
+        M("field", "Region", "China (Hangzhou)"), M("option", "Private", field="ACL"),
+        M("field", "ACL", "Private"))
+    assert acl.product == "oss"              # from the page: this procedure opens no console
+    assert [list(s.mentions) for s in acl.steps] == [
+        [M("page", "Buckets"), M("control", "", "row-link")],
+        [M("menu", "Permission Control > ACL")],
+        [M("control", "Settings")],
+        [M("option", "Public Read", field="Bucket ACL"), M("field", "Bucket ACL", "Public Read")],
+        [M("control", "Save")],
+    ]
+
+
+@pytest.mark.parametrize("text, mentions", [
+    ("Set **Bandwidth** to `5` Mbit/s.", [M("field", "Bandwidth", "5")]),
+    ("Enter `x` in the **Logon Name** field.", [M("field", "Logon Name", "x")]),
+    ("In the **Name** field, enter `web`.", [M("field", "Name", "web")]),
+    ("Enter a name for the bucket.", [M("field", "Name", "")]),
+    ("select **Public Read** for **ACL**.",
+     [M("option", "Public Read", field="ACL"), M("field", "ACL", "Public Read")]),
+    ("From the **ACL** drop-down list, select **Public Read**.",
+     [M("option", "Public Read", field="ACL"), M("field", "ACL", "Public Read")]),
+    ("Set **ACL** to **Private** and click **Save**.",
+     [M("option", "Private", field="ACL"), M("field", "ACL", "Private"), M("control", "Save")]),
+    ("Find the instance and click **Stop** in the **Actions** column.", [M("control", "Stop")]),
+    ("Click the ID of the VPC.", [M("control", "", "row-link")]),
+    ("Click the ID of `vpc-prod`.", [M("control", "", "row-link", "vpc-prod")]),
+    ("Click `bucket-01` in the **Bucket Name** column.",
+     [M("control", "", "row-link", "bucket-01")]),
+    ("Click the **Permissions** tab.", [M("control", "Permissions", "tab")]),
+    ("On the details page of the user, click **Delete**.",
+     [M("page", "", "detail"), M("control", "Delete")]),
+    ("Find `web-01` and choose **More** > **Stop** in the **Actions** column.",
+     [M("control", "More"), M("control", "Stop")]),
+    ("In the left-side navigation pane, choose Identities > Users.",
+     [M("menu", "Identities > Users")]),
+    ("Click Create User.", [M("control", "Create User")]),
+    ("Click OK to create the user.", [M("control", "OK")]),
+    ("Go to the [ECS console](https://ecs.console.aliyun.com/).", [M("product", "ecs")]),
+    ("In the top navigation bar, select **China (Hangzhou)**.",
+     [M("control", "China (Hangzhou)", "region")]),
+    ("Enter `env` as **Tag Key** and `prod` as **Tag Value**.",
+     [M("field", "Tag Key", "env"), M("field", "Tag Value", "prod")]),
+    ("Enter `a` in the **A** field and `b` in the **B** field.",
+     [M("field", "A", "a"), M("field", "B", "b")]),
+    ("Keep the default **ACL**, **Private**.",
+     [M("option", "Private", field="ACL"), M("field", "ACL", "Private")]),
+    ("Click **Create User**. The **Create User** page appears.",
+     [M("control", "Create User"), M("page", "Create User")]),
+    ("Cliquez sur **Créer un utilisateur** ou click **Créer**.", [M("control", "Créer")]),
+])
+def test_step_phrasings(text, mentions):
+    page = f"# T\n\n## Do it\n\n1. {text}\n"
+    (proc,) = extract(page, "text/markdown")
+    assert list(proc.steps[0].mentions) == mentions
+    assert proc.steps[0].structured
+
+
+def test_lettered_lines_and_bulleted_parameters_under_a_step():
+    page = ("# T\n\n## Create a vSwitch\n\n1. Configure the following parameters:\n"
+            "   a. **vSwitch Name**: enter a name for the vSwitch.\n"
+            "   b. **Zone**: select `cn-hangzhou-i`.\n"
+            "2. Configure the rest:\n   - **Description**: enter `db tier`.\n"
+            "3. Click **Create**.\n")
+    (proc,) = extract(page, "md")
+    assert [(s.number, list(s.mentions)) for s in proc.steps] == [
+        ("1", []),
+        ("1.a", [M("field", "vSwitch Name", "")]),
+        ("1.b", [M("option", "cn-hangzhou-i", field="Zone"), M("field", "Zone", "cn-hangzhou-i")]),
+        ("2", [M("field", "Description", "db tier")]),
+        ("3", [M("control", "Create")]),
+    ]
+    assert proc.extracted
+
+
+def test_unstructured_step_and_note_step():
+    page = ("# T\n\n## Procedure\n\n1. Click **OK**.\n2. Think about the weekend.\n"
+            "3. **Note** This cannot be undone.\n4. Wait until the status changes.\n")
+    (proc,) = extract(page, "text/markdown; charset=utf-8")
+    assert proc.title == "T"                 # "Procedure" is generic: the page title is used
+    assert [(s.number, s.structured, s.note) for s in proc.steps] == [
+        ("1", True, False), ("2", False, False), ("3", True, True), ("4", True, True)]
+    assert not proc.extracted
+
+
+def test_numbering_continues_after_an_interruption():
+    page = ("# T\n\n## Procedure\n\n1. Click **A**.\n2. Click **B**:\n\n"
+            "| Parameter | Description |\n| --- | --- |\n| **Name** | Enter `n`. |\n\n"
+            "3. Click **C**.\n")
+    (proc,) = extract(page, "text/markdown")
+    assert [s.number for s in proc.steps] == ["1", "2", "3"]
+    assert proc.steps[1].mentions == (M("control", "B"), M("field", "Name", "n"))
+    assert proc.parameters == (("Name", "n"),)
+
+
+# ---- HTML -----------------------------------------------------------------------------------
+def test_html_page_tabs_menucascade_notes_and_scripts():
+    raw = (DATA / "ecs-instance.html").read_bytes()
+    procs = extract(raw, "text/html", "ecs-instance.html")
+    assert [(p.title, p.anchor, p.tab) for p in procs] == [
+        ("Stop an instance", "stop-an-instance", "Console"),
+        ("Change the name of an instance", "rename", "")]
+    stop, rename = procs
+    assert stop.prerequisites == ("The instance is in the Running state.",)
+    assert steps(stop) == [
+        ("1", "Log on to the ECS console.", [M("product", "ecs")], True, False),
+        ("2", "In the left-side navigation pane, choose Instances & Images > Instances.",
+         [M("menu", "Instances & Images > Instances")], True, False),
+        ("3", "Find the instance and click Stop in the Actions column.",
+         [M("control", "Stop")], True, False),
+        ("4", "In the Stop Instance dialog box, set Stop Mode to Standard Mode.",
+         [M("option", "Standard Mode", field="Stop Mode"),
+          M("field", "Stop Mode", "Standard Mode")],
+         True, False),
+        ("5", "In the message that appears, click OK.", [M("control", "OK")], True, False),
+        ("6", "The instance is stopped. Its status changes to Stopped.", [], True, True),
+    ]
+    assert steps(rename) == [
+        ("1", "On the Instances page, click the ID of the instance.",
+         [M("page", "Instances"), M("control", "", "row-link")], True, False),
+        ("2", "On the instance details page, click Modify next to the name.",
+         [M("page", "", "detail"), M("control", "Modify")], True, False),
+        ("2.a", "Enter web-01 in the Instance Name field.",
+         [M("field", "Instance Name", "web-01")], True, False),
+        ("2.b", "Click Confirm.", [M("control", "Confirm")], True, False),
+        ("3", "Pick something nice for the weekend.", [], False, False),
+    ]
+    dump = repr(procs)
+    for planted in ("SCRIPT-TEXT", "INLINE-SCRIPT", "STYLE-TEXT", "ONLOAD-TEXT", "IFRAME-TEXT",
+                    "evil.example", "StopInstance", "Delete", "steal"):
+        assert planted not in dump
+
+
+def test_html_entities_and_unicode():
+    page = ("<h1>Créer un utilisateur</h1><h2>Créer</h2><ol><li>Click "
+            "<b>Create&nbsp;User &amp; Group</b>.</li><li>Enter <code>用户-01</code> in the "
+            "<b>Logon Name</b> field.</li></ol>")
+    (proc,) = extract(page.encode("utf-8"), "html")
+    assert proc.title == "Créer"
+    assert [list(s.mentions) for s in proc.steps] == [
+        [M("control", "Create User & Group")], [M("field", "Logon Name", "用户-01")]]
+
+
+# ---- refusals and hostile input -------------------------------------------------------------
+def test_binary_bytes_refused():
+    for blob in (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", b"# T\n\n1. Click \xff\xfe **OK**"):
+        with pytest.raises(DocError, match=r"not text \(binary content\)"):
+            extract(blob, "text/markdown")
+    with pytest.raises(DocError, match="binary"):
+        extract("a\x00b", "text/html")
+
+
+def test_page_over_the_limit_refused_fast():
+    page = b"# T\n\n" + b"x" * (3 * 1024 * 1024)
+    start = time.perf_counter()
+    with pytest.raises(DocError, match=str(MAX_PAGE_BYTES)) as err:
+        extract(page, "text/markdown")
+    assert time.perf_counter() - start < 0.5
+    assert isinstance(err.value, ValueError) and isinstance(err.value, ConsoleRLError)
+
+
+def test_unknown_content_type_names_the_allowed_ones():
+    with pytest.raises(DocError, match="text/markdown.*text/html"):
+        extract("# T", "application/pdf")
+    assert extract("# T", "text/x-markdown") == [] and extract("<p>x</p>", "HTML") == []
+
+
+def test_page_without_procedure_is_empty():
+    assert extract("# Overview\n\nOSS stores objects.\n\n- fast\n- cheap\n", "md") == []
+    assert extract("<h1>Overview</h1><ul><li>fast</li></ul>", "text/html") == []
+    assert extract("# T\n\n## What to do next\n\n1. Click **A**.\n", "md") == []
+
+
+@pytest.mark.parametrize("page, kind", [
+    ("".join("  " * i + "1. Click **A**.\n" for i in range(1200)), "text/markdown"),
+    ("<ol><li>Click <b>A</b>" * 20000, "text/html"),
+    ("<div>" * 60000 + "x", "text/html"),
+    ("1. Click **A** and enter `x` in the **B** field.\n" * 40000, "text/markdown"),
+    ("<ol>" + "<li>Click <b>A</b></li>" * 80000 + "</ol>", "text/html"),
+    ("> " * 50000 + "x", "text/markdown"),
+    ("<b>" * 100000 + "x", "text/html"),
+])
+def test_pathological_pages_answer_quickly(page, kind):
+    assert len(page.encode()) <= MAX_PAGE_BYTES
+    start = time.perf_counter()
+    try:
+        extract(page, kind)
+    except DocError as exc:
+        assert "more than" in str(exc)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_typical_page_is_fast():
+    # the best of several runs, so that a loaded machine does not fail the test
+    for name, kind in (("ram-users.md", "text/markdown"), ("ecs-instance.html", "text/html")):
+        raw = (DATA / name).read_bytes()
+        times = []
+        for _ in range(10):
+            start = time.perf_counter()
+            extract(raw, kind)
+            times.append(time.perf_counter() - start)
+        assert min(times) < 0.02, (name, min(times))
