@@ -77,6 +77,7 @@ class _Where:
     product: str = ""
     form: Form | None = None
     dialog: str = ""
+    lost: bool = False           # a control of an earlier step was not found
 
 
 class Checker:
@@ -88,8 +89,11 @@ class Checker:
         self.renames = known_renames(previous, inventory)
 
     # ---- labels -------------------------------------------------------------------------------
-    def _compare(self, wanted: str, have: Iterable[str]) -> tuple[str, str, float]:
-        """(label, the console's label, score) of the best of ``have`` for ``wanted``."""
+    def _compare(self, wanted: str, have: Iterable[str], fuzzy: bool = True
+                 ) -> tuple[str, str, float]:
+        """(label, the console's label, score) of the best of ``have`` for ``wanted``.
+        ``fuzzy=False`` for names that are codes (policy names, option values): a close
+        spelling of one is another thing, not the same one reworded."""
         best, score = "", 0.0
         for h in have:
             s = similarity(wanted, h)
@@ -102,7 +106,7 @@ class Checker:
             for h in have:
                 if norm(h) == renamed:
                     return "label_differs", h, similarity(wanted, h)
-        if score >= CLOSE:
+        if score >= CLOSE and fuzzy:
             return "label_differs", best, score
         return "missing", best if score >= NEAR_MISS else "", score
 
@@ -221,7 +225,8 @@ class Checker:
             match = _Match(label, found, score, control=hits[0][1], page=hits[0][0],
                            detail="" if label == "ok" else f"the console's control reads "
                                                             f"{found!r}")
-            if len(targets) > 1 and len({t.split(":", 1)[0] for t in targets}) > 1:
+            if len(targets) > 1 and not where.lost \
+                    and len({t.split(":", 1)[0] for t in targets}) > 1:
                 match.label = "ambiguous" if label == "ok" else label
                 match.detail = (f"{len(targets)} controls named {found!r} lead to different "
                                 "places; the step does not say which")
@@ -275,6 +280,8 @@ class Checker:
         return [f for p in where.pages for f in p.forms]
 
     def _field(self, m: Mention, where: _Where) -> _Match:
+        if not m.text.strip():          # "enter x in the search box": no field is named
+            return _Match("ok")
         forms = self._forms(where)
         fields = [f for form in forms for f in form.fields]
         label, found, score = self._compare(m.text, [f.label for f in fields])
@@ -314,7 +321,9 @@ class Checker:
         if not options:
             return _Match("unreachable" if not forms else "missing",
                           detail=f"no choice list with option {m.text!r} where the step is")
-        label, found, score = self._compare(m.text, options)
+        if any("{}" in o for o in options):     # a resource picker: any resource's name
+            return _Match("ok")
+        label, found, score = self._compare(m.text, options, fuzzy=False)
         if label == "missing":
             return _Match("missing", found, score,
                           detail=f"no option {m.text!r}; the field offers "
@@ -328,7 +337,13 @@ class Checker:
         out = []
         for step in proc.steps:
             results: list[tuple[Mention, _Match]] = []
+            previous: Mention | None = None
             for m in step.mentions:
+                row_link = m.kind == "control" and (m.value == "row-link" or not m.text)
+                if row_link and previous is not None and previous.kind == "control" and (
+                        previous.value == "row-link" or not previous.text):
+                    continue        # "Click the name of the bucket, b1": one click, said twice
+                previous = m
                 resolve = {"product": self._product, "menu": self._menu, "page": self._page,
                            "control": self._control, "field": self._field,
                            "option": self._option}.get(m.kind)
@@ -342,6 +357,16 @@ class Checker:
                                      detail=f"nothing to check: the step {why}"))
                 continue
             mention, worst = max(results, key=lambda r: _RANK[r[1].label])
+            lost = any(r.label == "unreachable" or r.label == "missing" and m.kind in
+                       ("control", "menu", "page") for m, r in results)
+            if lost:
+                # Where the reader is now is unknown: the next steps are resolved anywhere in
+                # the product rather than flagged for what this step already flagged.
+                where.pages = [p for p in self.inv.pages
+                               if not where.product or p.product == where.product]
+                where.form, where.dialog, where.lost = None, "", True
+            else:
+                where.lost = False
             if worst.label == "ok":
                 detail = ""
             else:
@@ -355,9 +380,9 @@ class Checker:
 def _value_problem(f: FormField, value: str) -> str:
     """Why ``f`` does not take ``value`` ("" when it does)."""
     if f.options:
-        if any(norm(value) == norm(o) for o in f.options):
+        if any("{}" in o for o in f.options) or "{" in value:
             return ""
-        if max((similarity(value, o) for o in f.options), default=0.0) >= CLOSE:
+        if any(norm(value) == norm(o) or norm(value) in norm(o).split() for o in f.options):
             return ""
         return (f"{f.label!r} offers {', '.join(repr(o) for o in f.options[:8])}, "
                 f"not {value!r}")
@@ -372,6 +397,30 @@ def _value_problem(f: FormField, value: str) -> str:
     if f.max_length is not None and len(value) > f.max_length and "{" not in value:
         return f"{f.label!r} takes at most {f.max_length} characters"
     return ""
+
+
+def _aligned_controls(old: Sequence[Control], new: Sequence[Control]) -> list[tuple[str, str]]:
+    """Label pairs of the controls at the same place of a page in two crawls: the same role and
+    region (a dialog's title may be renamed with its button), the same action when both record
+    one, in the same order."""
+    def place(c: Control) -> tuple[str, str]:
+        return c.role, "dialog" if c.where.startswith("dialog:") else c.where
+    groups_old: dict[tuple[str, str], list[Control]] = {}
+    groups_new: dict[tuple[str, str], list[Control]] = {}
+    for c in old:
+        groups_old.setdefault(place(c), []).append(c)
+    for c in new:
+        groups_new.setdefault(place(c), []).append(c)
+    pairs = []
+    for key, olds in groups_old.items():
+        news = groups_new.get(key, [])
+        if len(olds) != len(news):
+            continue
+        for a, b in zip(olds, news):
+            if a.action and b.action and a.action != b.action:
+                continue
+            pairs.append((a.label, b.label))
+    return pairs
 
 
 def known_renames(previous: Sequence[Inventory], current: Inventory) -> dict[str, str]:
@@ -389,9 +438,7 @@ def known_renames(previous: Sequence[Inventory], current: Inventory) -> dict[str
             pairs = [(page.title, cur.title)]
             if page.menu_path and cur.menu_path:
                 pairs.append((page.menu_path[-1], cur.menu_path[-1]))
-            by_place = {(c.role, c.where, c.target): c.label for c in cur.controls if c.target}
-            pairs += [(c.label, by_place[(c.role, c.where, c.target)]) for c in page.controls
-                      if (c.role, c.where, c.target) in by_place]
+            pairs += _aligned_controls(page.controls, cur.controls)
             for form, cur_form in zip(page.forms, cur.forms):
                 names = {f.name: f for f in cur_form.fields}
                 pairs += [(f.label, names[f.name].label) for f in form.fields if f.name in names]
