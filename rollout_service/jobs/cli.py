@@ -193,22 +193,25 @@ def cmd_results(api: JobsClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_text(rep: dict[str, Any]) -> str:
+    rows = []
+    for p in rep["procedures"]:
+        rate = "-" if p["pass_rate"] is None else \
+            f"{p['pass_rate'] * 100:.0f}% ({p['passes']}/{p['completed']})"
+        evidence = p.get("evidence") or [{"detail": ""}]
+        rows.append((p["task_id"], p["verdict"], rate, evidence[0]["detail"][:100]))
+    totals = ", ".join(f"{n} {v}" for v, n in rep["totals"].items())
+    return (f"report of {rep['job_id']} ({rep['state']}): {totals}\n"
+            + _table(rows, ("TASK", "VERDICT", "PASS RATE", "EVIDENCE")))
+
+
 def cmd_report(api: JobsClient, args: argparse.Namespace) -> int:
     if args.html:
         Path(args.html).write_text(api.report_html(args.job))
         print(f"saved the report of {args.job} to {args.html}")
         return 0
     rep = api.report(args.job)
-    rows = []
-    for p in rep["procedures"]:
-        rate = "-" if p["pass_rate"] is None else \
-            f"{p['pass_rate'] * 100:.0f}% ({p['passes']}/{p['completed']})"
-        step = (p.get("failure") or {}).get("step")
-        rows.append((p["task_id"], p["verdict"], rate,
-                     f"{step['index']}. {step['text']}" if step else ""))
-    totals = ", ".join(f"{n} {v}" for v, n in rep["totals"].items())
-    _out(args, rep, f"report of {rep['job_id']} ({rep['state']}): {totals}\n"
-                    + _table(rows, ("TASK", "VERDICT", "PASS RATE", "FAILING STEP")))
+    _out(args, rep, _report_text(rep))
     return 0
 
 
