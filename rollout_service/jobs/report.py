@@ -10,8 +10,8 @@ catalogue task is ``broken`` only on the audit log's or the catalogue's evidence
 
 For a procedure that did not work: where the agent stopped (the first step whose named controls
 it never acted on; the last step when it acted on every one), its infeasibility reason, the
-deciding audit events and the screenshot of its last page. For one that worked: the last
-screenshot of a passing sample. The HTML embeds the screenshots (``data:`` URIs), so the page
+deciding audit events and the screenshot of its last page. Otherwise (it worked, or it is
+broken on static evidence though every sample passed): the last screenshot of a passing sample. The HTML embeds the screenshots (``data:`` URIs), so the page
 shows them wherever it is opened, with no credential.
 """
 from __future__ import annotations
@@ -118,9 +118,10 @@ def build_report(job: Job, tasks: Mapping[str, Task], rollouts: list[Rollout],
         }
         winning = [r for r in done if r.verdict == "success" and _last_shot(r)]
         failing = [r for r in done if r.verdict in ("failure", "infeasible", "undetermined")]
-        if verdict.verdict.startswith("works") and winning:
+        works = verdict.verdict.startswith("works")
+        if (works or not failing) and winning:
             entry["screenshot"] = _last_shot(winning[0])
-        elif not verdict.verdict.startswith("works") and failing:
+        elif not works and failing:
             worst = next((r for r in failing if r.verdict == "infeasible"), failing[0])
             entry["screenshot"] = _last_shot(worst)
             entry["failure"] = {
@@ -205,8 +206,8 @@ def _procedure_html(p: dict[str, Any], images: Mapping[str, tuple[str, bytes]]) 
                        f": {_e(ev['detail'])}</li>" for ev in p["evidence"])
     steps = "".join(_step_html(s) for s in p["steps"])
     verdict = p["verdict"]
-    alt = "the last page of a passing sample" if verdict.startswith("works") else \
-        "the last page of a failing sample"
+    alt = "the last page of a failing sample" if p.get("failure") else \
+        "the last page of a passing sample"
     return (f"<section class=proc data-verdict='{_e(verdict)}'><h3>{_e(p['title'])} "
             f"<small>{_e(p['task_id'])}</small></h3>"
             f"<p>{_badge(verdict, COLOURS.get(verdict, '#57606a'))} passed {p['passes']} of "
