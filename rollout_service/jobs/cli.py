@@ -235,7 +235,7 @@ def cmd_quota(api: JobsClient, args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- documentation: console-rl docs check ---------------------------------------------------------
+# ---- documentation: console-rl docs check ----------------------------------------------------
 _PAGE_TYPES = {".md": "text/markdown", ".markdown": "text/markdown", ".html": "text/html",
                ".htm": "text/html"}
 

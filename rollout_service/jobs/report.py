@@ -11,8 +11,9 @@ catalogue task is ``broken`` only on the audit log's or the catalogue's evidence
 For a procedure that did not work: where the agent stopped (the first step whose named controls
 it never acted on; the last step when it acted on every one), its infeasibility reason, the
 deciding audit events and the screenshot of its last page. Otherwise (it worked, or it is
-broken on static evidence though every sample passed): the last screenshot of a passing sample. The HTML embeds the screenshots (``data:`` URIs), so the page
-shows them wherever it is opened, with no credential.
+broken on static evidence though every sample passed): the last screenshot of a passing
+sample. The HTML embeds the screenshots (``data:`` URIs), so the page shows them wherever it
+is opened, with no credential.
 """
 from __future__ import annotations
 
@@ -202,8 +203,9 @@ def _failure_html(f: dict[str, Any]) -> str:
 
 def _procedure_html(p: dict[str, Any], images: Mapping[str, tuple[str, bytes]]) -> str:
     rate = "–" if p["pass_rate"] is None else f"{p['pass_rate'] * 100:.0f}%"
-    evidence = "".join(f"<li><b>{_e(ev['kind'])}</b>{' (' + _e(ev['ref']) + ')' if ev['ref'] else ''}"
-                       f": {_e(ev['detail'])}</li>" for ev in p["evidence"])
+    evidence = "".join(
+        f"<li><b>{_e(ev['kind'])}</b>{' (' + _e(ev['ref']) + ')' if ev['ref'] else ''}"
+        f": {_e(ev['detail'])}</li>" for ev in p["evidence"])
     steps = "".join(_step_html(s) for s in p["steps"])
     verdict = p["verdict"]
     alt = "the last page of a failing sample" if p.get("failure") else \
@@ -234,12 +236,14 @@ def render_html(report: dict[str, Any],
     totals = ", ".join(f"{n} {v}" for v, n in report["totals"].items())
     return f"""<!doctype html>
 <html lang=en><head><meta charset=utf-8><title>Documentation check {_e(report['job_id'])}</title>
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
+<meta http-equiv="Content-Security-Policy"
+ content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
 <style>
 body{{font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#1f2328}}
 .proc{{border:1px solid #d0d7de;border-radius:6px;padding:.5rem 1rem;margin:1rem 0}}
 .badge,.label{{color:#fff;border-radius:1rem;padding:.1rem .6rem;font-weight:600}}
-.label{{font-size:.8em;padding:0 .5rem}} .closest{{color:#9a6700}} .stepdetail{{color:#57606a;font-size:.9em}}
+.label{{font-size:.8em;padding:0 .5rem}} .closest{{color:#9a6700}}
+.stepdetail{{color:#57606a;font-size:.9em}}
 small{{color:#57606a;font-weight:normal}} img{{max-width:100%;border:1px solid #d0d7de}}
 </style></head><body>
 <h1>Documentation check</h1>

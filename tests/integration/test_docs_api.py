@@ -25,8 +25,6 @@ from schemathesis.checks import (content_type_conformance, not_a_server_error,
 
 from consolerl.tasks import TASKS_DIR, load_suite
 from infra.local_cloud import free_port
-from rollout_service.docs.check import check_procedure
-from rollout_service.docs.service import DocsService
 from rollout_service.jobs.app import build_app
 from rollout_service.jobs.auth import TeamQuota, TokenBook
 from rollout_service.jobs.cli import main
@@ -37,18 +35,13 @@ from rollout_service.jobs.store import JobStore
 from tests.conftest import run_async
 from tests.integration.api_kit import serving
 from tests.unit.docs_fakes import (NO_PROCEDURE_MD, OTHER_PRODUCT_MD, PAGE_MD, SCRIPT_HTML,
-                                   STALE_MD, fake_draft, fake_extract, inventory)
+                                   STALE_MD, docs_service)
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "docs"
 SUITE = {t.id: t for t in load_suite(TASKS_DIR)}
 ALL = ["jobs:write", "jobs:read", "jobs:cancel", "artifacts:read"]
 PREFIX = "t:docs"
-
-
-def docs_service() -> DocsService:
-    return DocsService({"": inventory()}, extractor=fake_extract, checker=check_procedure,
-                       drafter=fake_draft)
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +233,8 @@ def test_run_makes_a_job_whose_report_merges_the_static_check(url, tokens, redis
         view = ctx.new_page()
         view.goto(saved.as_uri())
         view.wait_for_load_state("load")
-        widths = view.eval_on_selector_all("img.screenshot", "els => els.map(e => e.naturalWidth)")
+        widths = view.eval_on_selector_all("img.screenshot",
+                                           "els => els.map(e => e.naturalWidth)")
         assert len(widths) == 2 and all(w > 0 for w in widths)
         assert view.locator("li[data-label=label_differs]").count() == 1
         view.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
@@ -300,7 +294,8 @@ def test_cli_docs_check(url, tokens, redis_server, capsys, tmp_path):
 # ---- schemathesis over the endpoint ----------------------------------------------------------------
 def test_schemathesis_on_docs(url, tokens):
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
-    (operation,) = [o.ok() for o in schema.get_all_operations() if o.ok().path == "/v1/docs"]
+    (operation,) = [o.ok() for o in schema.get_all_operations()
+                    if o.ok().path == "/v1/docs"]
 
     @hypothesis.given(case=operation.as_strategy())
     @hypothesis.settings(max_examples=60, deadline=None, derandomize=True, database=None,

@@ -120,3 +120,11 @@ def fake_draft(proc, checks, inventory, *, task_id: str, drift: str = "") -> Dra
         return Draft(None, "no form submit found in the procedure")
     data = yaml.safe_load((ROOT / "tasks" / "ram" / "ram-create-user-0.yaml").read_text())
     return Draft(dict(data, id=task_id, drift=drift, split="heldout"))
+
+
+def docs_service():
+    """A DocsService over :func:`inventory` with the real checker and these stand-ins."""
+    from rollout_service.docs.check import check_procedure
+    from rollout_service.docs.service import DocsService
+    return DocsService({"": inventory()}, extractor=fake_extract, checker=check_procedure,
+                       drafter=fake_draft)
