@@ -50,7 +50,9 @@ class Control:
 @dataclass(frozen=True)
 class FormField:
     """A form field: ``kind`` text | textarea | select | radio | checkbox | number | readonly.
-    ``options`` are the visible labels of a select's or radio group's choices."""
+    ``options`` are the visible labels of a select's or radio group's choices; ``values`` the
+    values the form sends for them (same order; empty when the crawl did not record them): the
+    API parameter values a drafted rule names (``Public Read`` is sent as ``public-read``)."""
 
     name: str
     label: str
@@ -62,6 +64,7 @@ class FormField:
     max_length: int | None = None
     pattern: str = ""
     step: str = ""              # the wizard step (its title) the field is on, "" when one page
+    values: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,227 @@
+"""The documentation checker on the labelled corpus: ``python -m benchmarks.docs --json``.
+
+Reads every page of ``docs/corpus`` (labels in ``docs/corpus/labels.yaml``), extracts its
+procedures, checks each step against the committed UI inventory of the console profile the
+label names (``local.json``; the ``rename`` profile with the default one as its history), drafts
+a task from each procedure and validates the drafts against a local cloud (parse, provision and
+destroy the prerequisites, an SDK twin of the operation must satisfy the rule). Prints one JSON
+object:
+
+- ``procedures``: labelled procedures found in the pages; ``extracted``: the fraction with every
+  step read into actions;
+- ``static_precision`` / ``static_recall``: over steps, a defect label (missing, unreachable,
+  ambiguous, not_applicable) against the steps the labels call defective;
+- ``stale_detected``: stale procedures whose stale steps are all ``label_differs`` and that have
+  no defect label;
+- ``check_ms_per_page_p50``: extraction plus the static check of a page, no agent;
+- ``drafted_valid``: non-defective procedures whose drafted task is valid;
+  ``rule_satisfiable``: drafted tasks whose rule the SDK twin satisfied;
+- ``crawl_s``: one crawl of the local console (default profile) through an env worker;
+- ``misses``: what the figures count against, per procedure.
+
+``--no-cloud`` skips what needs a running cloud (the drafts' validation and the crawl).
+Progress goes to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from consolerl.stats import percentile
+from rollout_service.docs.check import check_procedure
+from rollout_service.docs.extract import extract
+from rollout_service.docs.inventory import default_inventories, load
+from rollout_service.docs.model import DEFECT_LABELS, Inventory, Procedure, StepCheck
+
+CORPUS = Path(__file__).resolve().parent.parent / "docs" / "corpus"
+
+
+def _progress(msg: str) -> None:
+    print(f"[docs] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Item:
+    """One labelled procedure and what the checker made of it."""
+
+    label: dict[str, Any]
+    proc: Procedure | None = None
+    checks: tuple[StepCheck, ...] = ()
+    draft: Any = None
+    validation: Any = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.label['page']}#{self.label['title']}"
+
+
+def content_type(path: Path) -> str:
+    return "text/html" if path.suffix.lower() in (".html", ".htm") else "text/markdown"
+
+
+def inventories() -> tuple[dict[str, Inventory], dict[str, list[Inventory]]]:
+    """The committed inventories by drift profile, and each one's history (older crawls):
+    the default console is the history of every drifted one."""
+    invs = {drift: load(path) for drift, path in default_inventories().items()}
+    history = {drift: ([invs[""]] if drift and "" in invs else []) for drift in invs}
+    return invs, history
+
+
+def read_corpus(corpus: Path) -> tuple[list[Item], list[float], int]:
+    """Extract and statically check every page; returns the labelled items, the per-page time
+    (ms, extraction + check) and how many extracted procedures no label names."""
+    labels = yaml.safe_load((corpus / "labels.yaml").read_text())
+    labels = labels["procedures"] if isinstance(labels, dict) else labels
+    invs, history = inventories()
+    by_page: dict[str, list[dict[str, Any]]] = {}
+    for entry in labels:
+        by_page.setdefault(entry["page"], []).append(entry)
+    items: list[Item] = []
+    times: list[float] = []
+    unlabelled = 0
+    for page, entries in sorted(by_page.items()):
+        path = corpus / page
+        drift = entries[0].get("drift", "") or ""
+        started = time.perf_counter()
+        procs = extract(path.read_bytes(), content_type(path), source=page)
+        checked = {p.title: (p, check_procedure(p, invs[drift], history[drift]))
+                   for p in procs}
+        times.append((time.perf_counter() - started) * 1000)
+        unlabelled += len(set(checked) - {e["title"] for e in entries})
+        for entry in entries:
+            item = Item(entry)
+            found = checked.get(entry["title"])
+            if found is None:
+                item.notes.append("procedure not found by the extractor")
+            else:
+                item.proc, item.checks = found
+            items.append(item)
+    return items, times, unlabelled
+
+
+def static_figures(items: list[Item]) -> dict[str, Any]:
+    flagged: set[tuple[str, str]] = set()
+    defective: set[tuple[str, str]] = set()
+    stale_ok, stale_total = 0, 0
+    for item in items:
+        lab = item.label
+        defective |= {(item.key, str(s)) for s in lab.get("defective_steps") or ()}
+        flagged |= {(item.key, c.number) for c in item.checks if c.label in DEFECT_LABELS}
+        if lab["status"] == "stale":
+            stale_total += 1
+            by_number = {c.number: c.label for c in item.checks}
+            stale = [str(s) for s in lab.get("stale_steps") or ()]
+            if item.checks and all(by_number.get(s) == "label_differs" for s in stale) \
+                    and not any(c.label in DEFECT_LABELS for c in item.checks):
+                stale_ok += 1
+            else:
+                item.notes.append("stale steps not all label_differs: " + ", ".join(
+                    f"{c.number}={c.label}" for c in item.checks if c.label != "ok"))
+    for item in items:
+        for c in item.checks:
+            pair = (item.key, c.number)
+            if pair in flagged and pair not in defective:
+                item.notes.append(f"false alarm: step {c.number} {c.label}: {c.detail}")
+        for s in item.label.get("defective_steps") or ():
+            if (item.key, str(s)) not in flagged:
+                got = next((c for c in item.checks if c.number == str(s)), None)
+                item.notes.append(f"defect missed: step {s} is "
+                                  f"{got.label + ': ' + got.detail if got else 'absent'}")
+    hit = len(flagged & defective)
+    return {
+        "static_precision": round(hit / len(flagged), 4) if flagged else None,
+        "static_recall": round(hit / len(defective), 4) if defective else None,
+        "stale_detected": round(stale_ok / stale_total, 4) if stale_total else None,
+        "defective_steps": len(defective), "flagged_steps": len(flagged),
+    }
+
+
+def draft_all(items: list[Item]) -> None:
+    from rollout_service.docs.draft import draft_task
+    invs, _ = inventories()
+    for i, item in enumerate(items):
+        if item.proc is None:
+            continue
+        drift = item.label.get("drift", "") or ""
+        item.draft = draft_task(item.proc, item.checks, invs[drift],
+                                task_id=f"doc-{i:03d}", drift=drift)
+        if item.draft.task is None:
+            item.notes.append(f"no draft: {item.draft.reason}")
+
+
+def validate_all(items: list[Item]) -> None:
+    """Each drafted task validated against a local cloud of its own."""
+    from benchmarks.services import cloud_and_redis
+    from rollout_service.docs.validate import validate_on_cloud
+    drafted = [i for i in items if i.draft is not None and i.draft.task is not None]
+    with cloud_and_redis("docs-bench-", ("--lookup-qps", "0")) as (cloud, _redis):
+        for n, item in enumerate(drafted, 1):
+            item.validation = validate_on_cloud(item.draft.task, cloud.endpoint)
+            if not item.validation.valid:
+                item.notes.append("invalid draft: " + "; ".join(item.validation.problems)[:300])
+            _progress(f"validated {n}/{len(drafted)} {item.key}: "
+                      f"{'valid' if item.validation.valid else 'INVALID'}")
+
+
+def draft_figures(items: list[Item]) -> dict[str, Any]:
+    sound = [i for i in items if i.label["status"] != "defective"]
+    drafted = [i for i in items if i.draft is not None and i.draft.task is not None]
+    checked = [i for i in drafted if i.validation is not None]
+    valid = [i for i in sound if i.validation is not None and i.validation.valid]
+    satisfied = [i for i in checked if i.validation.twin_satisfied]
+    return {
+        "drafted": len(drafted),
+        "drafted_valid": round(len(valid) / len(sound), 4) if sound and checked else None,
+        "rule_satisfiable": round(len(satisfied) / len(checked), 4) if checked else None,
+    }
+
+
+def crawl_seconds() -> float:
+    from rollout_service.docs.crawl import timed_local_crawl
+    return round(timed_local_crawl(), 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.docs",
+                                     description="The documentation checker on the corpus.")
+    parser.add_argument("--json", action="store_true", help="print only the JSON object")
+    parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--no-cloud", action="store_true",
+                        help="skip the drafts' validation and the crawl (no local cloud)")
+    args = parser.parse_args(argv)
+    items, times, unlabelled = read_corpus(args.corpus)
+    _progress(f"{len(items)} procedures checked, p50 {percentile(times, 0.5):.1f} ms a page")
+    found = [i for i in items if i.proc is not None]
+    out: dict[str, Any] = {
+        "procedures": len(found),
+        "labelled": len(items),
+        "unlabelled_extracted": unlabelled,
+        "extracted": round(sum(i.proc.extracted for i in found) / len(found), 4)
+        if found else None,
+        **static_figures(items),
+        "check_ms_per_page_p50": round(percentile(times, 0.5), 2),
+        "check_ms_per_page_max": round(max(times), 2) if times else None,
+        "pages": len(times),
+    }
+    draft_all(items)
+    if not args.no_cloud:
+        validate_all(items)
+        out.update(draft_figures(items))
+        out["crawl_s"] = crawl_seconds()
+    else:
+        out["drafted"] = sum(i.draft is not None and i.draft.task is not None for i in items)
+    out["misses"] = {i.key: i.notes for i in items if i.notes}
+    print(json.dumps(out, indent=None if args.json else 1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

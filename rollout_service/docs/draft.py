@@ -1,0 +1,615 @@
+"""From a procedure to a task: :func:`draft_task` turns one documented procedure, its static
+check and the console's inventory into task data that :func:`consolerl.tasks.parse_task`
+accepts, or says why it cannot (:class:`Draft`).
+
+- **Where it starts.** The product and start page: the first console page the procedure
+  reaches that the left navigation lists (the static check's ``StepCheck.page`` of each step,
+  or, without a check, the menu paths, page titles and links the steps name resolved in the
+  inventory).
+- **What it does.** The operation is the API action (``Service:Action``) of the form the
+  procedure submits, or of the control whose click causes one (a row's **Stop**, a dialog's
+  **OK**): the inventory recorded it from the audit log when the crawl made that request.
+- **The success rule.** The required event is that action; its ``where`` names the request
+  parameters the doc gives values for (a form field's ``name`` is its API parameter: the doc's
+  field label -> ``FormField.name`` -> ``requestParameters.<name>``; an option's label -> the
+  value the form sends). Events that undo the operation are forbidden; the effect is read back
+  through the SDK where a read action exists (:mod:`.operations`).
+- **Values.** A required name the doc gives (the user or bucket the operation makes) becomes
+  unique per episode (``deploy-bot-{episode}``: bucket names are global, and runs must not
+  collide), in the rule and in the step text; a name the doc leaves to the reader is generated
+  within the field's limits, and the step says which to use.
+- **Prerequisites.** What the procedure acts on without creating it (the security group whose
+  rules it edits, the instance it stops, the VPC it picks) is declared as Resource META
+  (:mod:`consolerl.resources`) with what that needs in turn, and named by a placeholder in the
+  rule and in the step text. Prerequisites the doc lists in prose that no declaration covers
+  go to the ResourceCoder when one is given (an LLM endpoint is configured); otherwise the
+  draft says they were left out.
+
+A procedure whose static check found a defect is still drafted when its operation is known:
+the agent runs it and the verdict weighs the evidence. The draft always expects success (it is
+what the doc claims), is ``heldout`` and has no oracle.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .model import Control, DocStep, Form, FormField, Inventory, PageEntry, Procedure, StepCheck
+from .operations import (CONTRARY, CREATED_ID, DECLARATIONS, NEEDS, READBACK, RESOURCE_FIELDS,
+                         RESOURCE_NOUN, RESOURCE_PAGES, RESOURCE_WORDS)
+
+DEFAULT_REGION = "cn-hangzhou"
+SERVICES = {"Ecs": "ecs", "Vpc": "vpc", "Ram": "ram", "Oss": "oss"}
+_PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]{0,31})\}")
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A drafted task (``task``: data :func:`consolerl.tasks.parse_task` accepts) or ``None``
+    with ``reason`` saying why there is none. With a task, ``reason`` notes what the draft
+    could not cover (static defects it was drafted despite, prose prerequisites left out).
+    ``source``: ``rules`` (this module) or ``llm`` (:mod:`.llm_draft`)."""
+
+    task: dict | None
+    reason: str = ""
+    source: str = "rules"
+
+
+# ---- labels ---------------------------------------------------------------------------------
+def norm(text: str) -> str:
+    """A label as compared: case, emphasis, "(required)", colons and spacing do not count."""
+    text = re.sub(r"\((required|optional)\)", "", text, flags=re.I)
+    text = re.sub(r"[*_`:\u00a0]", " ", text)
+    return " ".join(text.casefold().split())
+
+
+def _same(a: str, b: str) -> bool:
+    return bool(a) and norm(a) == norm(b)
+
+
+def _near(a: str, b: str) -> bool:
+    """Equal, or one label inside the other as whole words ("ACL" / "Bucket ACL")."""
+    x, y = norm(a), norm(b)
+    if not x or not y:
+        return False
+    return x == y or re.search(rf"\b{re.escape(x)}\b", y) is not None or \
+        re.search(rf"\b{re.escape(y)}\b", x) is not None
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.casefold()).strip("-")
+
+
+def snake(name: str) -> str:
+    """``UserName`` -> ``user_name`` (a parameter's name in the task)."""
+    s = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name)
+    return re.sub(r"[^a-z0-9_]+", "_", s.lower()).strip("_")[:32] or "value"
+
+
+def pattern_of(path: str) -> str:
+    """A page pattern as the checker writes it: query dropped."""
+    return path.split("?", 1)[0].rstrip("/") or "/"
+
+
+def _labels(step: DocStep, check: StepCheck | None, kind: str) -> list[str]:
+    """The labels a step names of ``kind``, with the console's own label where the static
+    check found the doc's differs (the drifted console's name is what the agent will see)."""
+    out = [m.text for m in step.mentions if m.kind == kind]
+    if check is not None and check.label == "label_differs" and check.closest:
+        if any(_same(check.mention, t) for t in out) or not check.mention:
+            out.append(check.closest)
+    return out
+
+
+# ---- where the steps are --------------------------------------------------------------------
+def _page_by_menu(inventory: Inventory, text: str) -> PageEntry | None:
+    parts = [norm(p) for p in re.split(r"\s*>\s*", text) if p.strip()]
+    if not parts:
+        return None
+    best = None
+    for page in inventory.pages:
+        path = [norm(p) for p in page.menu_path]
+        if path and len(parts) <= len(path) and path[-len(parts):] == parts:
+            return page
+        if path and path[-1] == parts[-1]:
+            best = best or page
+    return best
+
+
+def _page_by_title(inventory: Inventory, text: str) -> PageEntry | None:
+    nav = [p for p in inventory.pages if _same(p.title, text)]
+    return next((p for p in nav if p.menu_path), nav[0] if nav else None)
+
+
+def _target_page(control: Control) -> str:
+    return pattern_of(control.target[5:]) if control.target.startswith("page:") else ""
+
+
+def _walk(proc: Procedure, checks: Mapping[str, StepCheck], inventory: Inventory
+          ) -> list[tuple[str, str]]:
+    """(page before, page after) of each step: the static check's page where it has one,
+    else the menu path, page title or link the step names, else where the previous one was."""
+    here = ""
+    out = []
+    for step in proc.steps:
+        before = here
+        check = checks.get(step.number)
+        after = check.page if check is not None and check.page else ""
+        # "On the Users page, click ..." says where the step starts.
+        on = next((m for m in step.mentions if m.kind == "page"), None)
+        if on is not None and (page := _page_by_title(inventory, on.text)) is not None:
+            before = here = page.pattern
+        if not after:
+            for m in step.mentions:
+                if m.kind == "menu" and (page := _page_by_menu(inventory, m.text)) is not None:
+                    after = page.pattern
+            if not after:
+                entry = inventory.page(here)
+                for label in _labels(step, check, "control"):
+                    hit = next((c for c in (entry.controls if entry else ())
+                                if _same(c.label, label) and _target_page(c)), None)
+                    if hit is not None:
+                        after = _target_page(hit)
+        here = after or here
+        out.append((before, here))
+    return out
+
+
+# ---- the operation --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Operation:
+    action: str                 # Service:Action
+    step: int                   # index of the step that causes it
+    page: str                   # the page it is caused from
+    post: str                   # the pattern it posts to
+    form: Form | None = None
+    label: str = ""
+
+
+def _forms(entry: PageEntry | None) -> tuple[Form, ...]:
+    return entry.forms if entry is not None else ()
+
+
+def _find_operations(proc: Procedure, checks: Mapping[str, StepCheck], inventory: Inventory,
+                     walk: list[tuple[str, str]]) -> list[_Operation]:
+    ops: list[_Operation] = []
+    for i, step in enumerate(proc.steps):
+        check = checks.get(step.number)
+        pages = dict.fromkeys(p for p in (walk[i][0], walk[i][1]) if p)
+        for label in _labels(step, check, "control"):
+            found = None
+            for pattern in pages:
+                entry = inventory.page(pattern)
+                form = next((f for f in _forms(entry) if _same(f.submit, label)), None)
+                if form is not None:
+                    found = _Operation(form.action, i, pattern, form.post or pattern, form, label)
+                    break
+                control = next((c for c in (entry.controls if entry else ())
+                                if _same(c.label, label) and c.action), None)
+                if control is not None:
+                    post = control.target[5:] if control.target.startswith("post:") else pattern
+                    found = _Operation(control.action, i, pattern, pattern_of(post), None, label)
+                    break
+                # A control that opens a dialog whose confirming control causes the action.
+                opener = next((c for c in (entry.controls if entry else ())
+                               if _same(c.label, label) and c.target.startswith("dialog:")),
+                              None)
+                if opener is not None:
+                    confirm = next((c for c in entry.controls
+                                    if c.where == opener.target and c.action), None)
+                    if confirm is not None:
+                        post = confirm.target[5:] if confirm.target.startswith("post:") \
+                            else pattern
+                        found = _Operation(confirm.action, i, pattern, pattern_of(post), None,
+                                           label)
+                        break
+            # A dialog's OK after the click that opened it is the same operation.
+            if found is not None and (not ops or ops[-1].action != found.action):
+                ops.append(found)
+    if ops:
+        return ops
+    # No step says "click <submit>" (a missing step): the form whose fields the doc fills.
+    named = [m.text for s in proc.steps for m in s.mentions if m.kind == "field"]
+    named += [label for label, _ in proc.parameters]
+    best: tuple[int, _Operation] | None = None
+    for i, (before, after) in enumerate(walk):
+        for pattern in dict.fromkeys(p for p in (before, after) if p):
+            for form in _forms(inventory.page(pattern)):
+                score = sum(any(_near(n, f.label) for f in form.fields) for n in named)
+                if score and (best is None or score > best[0]):
+                    best = (score, _Operation(form.action, i, pattern, form.post or pattern,
+                                              form, form.submit))
+    return [best[1]] if best else []
+
+
+# ---- values ---------------------------------------------------------------------------------
+def _option_value(f: FormField, text: str) -> tuple[str, ...]:
+    """The value(s) the form may send for the option labelled ``text``: the recorded value,
+    else the label itself and its slug (the twin tries them in order)."""
+    for i, label in enumerate(f.options):
+        if _same(label, text):
+            if i < len(f.values) and f.values[i]:
+                return (f.values[i],)
+            return tuple(dict.fromkeys((label, slug(label))))
+    if any(_same(v, text) for v in f.values):
+        return (next(v for v in f.values if _same(v, text)),)
+    return (text,)
+
+
+def _is_name(f: FormField) -> bool:
+    return f.kind == "text" and f.name.endswith("Name") and f.name not in RESOURCE_FIELDS
+
+
+def _generated(f: FormField) -> str:
+    """A value for a name the doc leaves to the reader: unique per episode, starting with a
+    letter, lowercase (bucket rules are the strictest), within the field's length."""
+    room = (f.max_length or 64) - len("-{episode}") - 6   # an episode id is up to 16 chars
+    prefix = slug(f.label).split("-")[0] or "doc"
+    prefix = re.sub(r"^[^a-z]+", "", prefix) or "doc"
+    return f"{prefix[:max(3, room)]}-{{episode}}"
+
+
+def _unique(value: str, f: FormField) -> str:
+    room = (f.max_length or 64) - 17
+    return f"{value[:max(1, room)]}-{{episode}}"
+
+
+def _field_for(form: Form, label: str, option: str = "") -> FormField | None:
+    exact = [f for f in form.fields if _same(f.label, label)]
+    if exact:
+        return exact[0]
+    near = [f for f in form.fields if _near(f.label, label)]
+    if len(near) == 1:
+        return near[0]
+    if option:
+        owners = [f for f in form.fields if any(_same(o, option) for o in f.options)]
+        if len(owners) == 1:
+            return owners[0]
+    return None
+
+
+def _filled(proc: Procedure, form: Form) -> list[tuple[FormField, str | None, int]]:
+    """The form's fields the doc names: (field, its value or None when the doc leaves it,
+    index of the step that names it; -1 for the parameter table)."""
+    out: dict[str, tuple[FormField, str | None, int]] = {}
+    for label, value in proc.parameters:
+        f = _field_for(form, label, value)
+        if f is not None:
+            out[f.name] = (f, value or None, -1)
+    for i, step in enumerate(proc.steps):
+        for m in step.mentions:
+            if m.kind == "field":
+                f = _field_for(form, m.text, m.value)
+                if f is not None and (m.value or f.name not in out):
+                    out[f.name] = (f, m.value or None, i)
+            elif m.kind == "option":
+                f = _field_for(form, m.field, m.text) if m.field else None
+                if f is None:
+                    owners = [x for x in form.fields if any(_same(o, m.text) for o in x.options)]
+                    f = owners[0] if len(owners) == 1 else None
+                if f is not None:
+                    out[f.name] = (f, m.text, i)
+    return list(out.values())
+
+
+# ---- the task -------------------------------------------------------------------------------
+class _Builder:
+    """Accumulates a task's parameters, prerequisites and step hints."""
+
+    def __init__(self) -> None:
+        self.parameters: dict[str, str] = {}
+        self.prereqs: dict[str, dict[str, Any]] = {}     # type -> declaration
+        self.hints: dict[int, list[str]] = {}
+        self.notes: list[str] = []
+
+    def parameter(self, name: str, value: str) -> str:
+        key, n = name, 2
+        while key in self.parameters and self.parameters[key] != value:
+            key, n = f"{name}_{n}", n + 1
+        self.parameters[key] = value
+        return key
+
+    def require(self, rtype: str, **properties: object) -> str:
+        """Declare a resource of ``rtype`` (and what it refers to); returns its id."""
+        if rtype in self.prereqs:
+            self.prereqs[rtype]["properties"].update(properties)
+            return self.prereqs[rtype]["id"]
+        decl = DECLARATIONS[rtype]
+        props: dict[str, Any] = dict(decl.properties)
+        for prop, target in decl.refs:
+            props[prop] = "${" + self.require(target) + "}"
+        props.update(properties)
+        self.prereqs[rtype] = {"id": decl.id, "type": rtype, "properties": props}
+        return decl.id
+
+    def hint(self, step: int, text: str) -> None:
+        self.hints.setdefault(max(step, 0), []).append(text)
+
+    def ordered_prereqs(self) -> list[dict[str, Any]]:
+        # Declarations after what they refer to (require() adds referents first).
+        return list(self.prereqs.values())
+
+
+def _resource_of(post: str) -> tuple[str, str] | None:
+    for prefix, found in RESOURCE_PAGES.items():
+        if post == prefix or post.startswith(prefix + "/"):
+            return found
+    return None
+
+
+def _procedure_text(proc: Procedure, hints: Mapping[int, list[str]],
+                    rename: Mapping[str, str]) -> str:
+    lines = []
+    for i, step in enumerate(proc.steps):
+        text = " ".join(step.text.split())
+        for literal, placeholder in rename.items():
+            text = text.replace(literal, placeholder)
+        # A brace pair in the doc that looks like a placeholder would be filled (and fail).
+        text = _PLACEHOLDER.sub(lambda m: m[0] if m[0] in rename.values()
+                                or any(m[0] in h for h in hints.get(i, ())) else
+                                f"{{ {m[1]} }}", text)
+        extra = " ".join(hints.get(i, ()))
+        text = f"{text} {extra}".strip()
+        parts = step.number.split(".")
+        indent = "   " * (len(parts) - 1)
+        lines.append(f"{indent}{parts[-1]}. {text}")
+    return "\n".join(lines) + "\n"
+
+
+def _start(proc: Procedure, walk: list[tuple[str, str]], inventory: Inventory,
+           before: int) -> PageEntry | None:
+    """The first page the steps reach that the navigation lists (before the operation)."""
+    seen = [p for _, p in walk[:before + 1] if p]
+    for pattern in seen:
+        entry = inventory.page(pattern)
+        if entry is not None and entry.menu_path:
+            return entry
+    for pattern in seen:
+        if (entry := inventory.page(pattern)) is not None:
+            return entry
+    return None
+
+
+def _product_of(proc: Procedure, inventory: Inventory, action: str) -> str:
+    service = action.split(":", 1)[0]
+    return SERVICES.get(service, proc.product if proc.product in SERVICES.values() else "")
+
+
+def _uncovered(proc: Procedure, declared: set[str]) -> list[str]:
+    """Prerequisite lines that speak of a resource type the draft does not declare."""
+    out = []
+    for line in proc.prerequisites:
+        low = line.casefold()
+        kinds = {t for t, words in RESOURCE_WORDS.items()
+                 if any(re.search(rf"\b{re.escape(w)}s?\b", low) for w in words)}
+        # "RAM user" also matches "user"; an account-level line ("You have an account") none.
+        if kinds and not kinds & declared and "account" not in low:
+            out.append(line)
+    return out
+
+
+def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventory, *,
+               task_id: str, drift: str = "", coder: Any = None,
+               region: str = DEFAULT_REGION) -> Draft:
+    """Draft a task from ``proc`` (see the module docstring). ``checks``: the static check of
+    its steps (one per step, matched by number; may be empty). ``task_id``: the drafted
+    task's id (3-64 of [a-z0-9-]). ``drift``: the console profile the procedure was checked
+    against (the task's ``drift``). ``coder``: a ResourceCoder
+    (:mod:`infra.provisioning.resource_coder`) for prerequisites no declaration covers
+    (``None``: none is configured). Never raises for a procedure it cannot draft: the
+    :class:`Draft` says why."""
+    if not proc.steps:
+        return Draft(None, "the procedure has no steps")
+    by_number = {c.number: c for c in checks}
+    walk = _walk(proc, by_number, inventory)
+    ops = _find_operations(proc, by_number, inventory, walk)
+    if not ops:
+        visited = ", ".join(dict.fromkeys(p for pair in walk for p in pair if p)) or "none"
+        return Draft(None, "no operation: no step submits a form or clicks a control whose "
+                           f"API action the inventory knows (pages reached: {visited})")
+    op = ops[-1]
+    if not re.fullmatch(r"[A-Z][A-Za-z]+:[A-Z][A-Za-z]+", op.action or ""):
+        what = f"form {op.form.title!r}" if op.form else f"control {op.label!r}"
+        return Draft(None, f"no operation: the {what} on {op.page} has no recorded API action "
+                           "(the crawl did not submit it)")
+    service, action = op.action.split(":", 1)
+    product = _product_of(proc, inventory, op.action)
+    if not product:
+        return Draft(None, f"no operation: {op.action} is not an action of ECS, VPC, RAM or OSS")
+    start = _start(proc, walk, inventory, op.step)
+    if start is None:
+        return Draft(None, "no start page: no step reaches a console page the inventory knows")
+    b = _Builder()
+    notes = []
+    if len({o.action for o in ops}) > 1:
+        notes.append(f"the procedure causes {', '.join(o.action for o in ops)}; the rule "
+                     f"requires the last one ({op.action})")
+    where: dict[str, Any] = {}
+    rename: dict[str, str] = {}
+    known: dict[str, str] = {}           # API parameter -> its value (placeholders allowed)
+
+    # What the operation acts on: the resource in the page's path.
+    bound = _resource_of(op.post) or _resource_of(op.page)
+    if bound is not None:
+        rtype, id_param = bound
+        rid = b.require(rtype, **NEEDS.get(op.action, {}))
+        where[f"requestParameters.{id_param}"] = "{" + rid + "}"
+        known[id_param] = "{" + rid + "}"
+        first = next((i for i, (_, after) in enumerate(walk)
+                      if _resource_of(after) == bound), op.step)
+        b.hint(min(first, op.step), f"(The {RESOURCE_NOUN[rtype]} is `{{{rid}}}`.)")
+    elif "{}" in op.post:
+        why = f"the operation acts on {op.post}, a kind of resource no declaration covers"
+        if coder is None:
+            return Draft(None, f"{why}, and no LLM endpoint is configured for the ResourceCoder")
+        notes.append(why + "; the ResourceCoder was asked")
+
+    # The form's fields the doc fills.
+    if op.form is not None:
+        # Values of the parameter table go with the first step taken on the form's page.
+        on_form = next((i for i, (before, _) in enumerate(walk) if before == op.page), op.step)
+        for f, value, step in _filled(proc, op.form):
+            step = step if step >= 0 else on_form
+            if f.kind == "readonly":
+                continue
+            # A value only the page's parameter table gives (the extractor keeps tables out
+            # of the step text) must still reach the agent, which reads only the steps.
+            unseen = value is not None and not any(value in s.text for s in proc.steps)
+            if unseen and not (_is_name(f) and (f.required or value is None)) \
+                    and f.name not in RESOURCE_FIELDS:
+                b.hint(step, f"(Set {f.label} to `{value}`.)")
+            if f.name in RESOURCE_FIELDS:
+                rtype = RESOURCE_FIELDS[f.name]
+                if f.name == "VpcId" and any(x.name == "VSwitchId" for x in op.form.fields):
+                    continue            # a filter of the vSwitch select, not sent
+                rid = b.require(rtype)
+                where[f"requestParameters.{f.name}"] = "{" + rid + "}"
+                known[f.name] = "{" + rid + "}"
+                b.hint(step, f"(The {RESOURCE_NOUN[rtype]} is `{{{rid}}}`.)")
+                continue
+            if f.kind in ("select", "radio") and value is not None:
+                values = _option_value(f, value)
+                if len(values) == 1:
+                    where[f"requestParameters.{f.name}"] = values[0]
+                    known[f.name] = values[0]
+                else:           # the form's value is not recorded: the label or its slug
+                    where[f"requestParameters.{f.name}"] = {"in": list(values)}
+                continue
+            # A required name identifies what the operation makes (a user, a bucket): it must
+            # be unique per episode. An optional one the doc gives (a display name) stays.
+            if _is_name(f) and (f.required or value is None):
+                param = b.parameter(snake(f.name), _unique(value, f) if value else _generated(f))
+                placeholder = "{" + param + "}"
+                where[f"requestParameters.{f.name}"] = placeholder
+                known[f.name] = placeholder
+                if value and len(value) >= 3 and any(value in s.text for s in proc.steps):
+                    rename[value] = placeholder
+                elif value:
+                    b.hint(step, f"(Use `{placeholder}` as the {f.label}.)")
+                else:
+                    b.hint(step, f"(Use `{placeholder}` as the {f.label}.)")
+                continue
+            if value is not None:
+                where[f"requestParameters.{f.name}"] = value
+                known[f.name] = value
+        if not any(k.startswith("requestParameters.") for k in where) and op.form.fields:
+            notes.append("the doc names none of the form's fields: the rule only requires "
+                         "the action")
+
+    uncovered = _uncovered(proc, set(b.prereqs))
+    if uncovered:
+        if coder is not None:
+            plan = coder.plan(proc.title, "\n".join(proc.prerequisites))
+            specs = getattr(plan, "specs", None)
+            if specs is None:
+                return Draft(None, f"the ResourceCoder could not plan the prerequisites "
+                                   f"{uncovered!r}: {plan}")
+            for spec in specs:
+                if spec.type not in b.prereqs and spec.id not in {
+                        d["id"] for d in b.prereqs.values()}:
+                    b.prereqs[spec.type] = {"id": spec.id, "type": spec.type, "properties": {
+                        k: list(v) if isinstance(v, tuple) else v
+                        for k, v in spec.properties.items()}}
+        else:
+            notes.append("prerequisites no declaration covers were left out (no LLM endpoint "
+                         f"is configured for the ResourceCoder): {'; '.join(uncovered)}")
+    if action == "DetachPolicyFromUser" and "PolicyName" in known and "ram_user" in b.prereqs:
+        b.prereqs["ram_user"]["properties"]["policies"] = [known["PolicyName"]]
+    if action.startswith("Revoke") and "security_group" in b.prereqs:
+        b.require("security_group_rule", direction="egress" if action.endswith("Egress")
+                  else "ingress")
+
+    success: dict[str, Any] = {"required_events": [
+        {"id": "op", "event": action, "service": service, "where": where}]}
+    forbidden = _forbidden(op.action, where, known)
+    if forbidden:
+        success["forbidden_events"] = forbidden
+    end_state = _read_back(op.action, known, region)
+    if end_state:
+        success["end_state"] = end_state
+
+    defects = [c.number for c in checks if c.label in ("missing", "unreachable", "ambiguous",
+                                                         "not_applicable")]
+    if defects:
+        notes.append(f"drafted despite static defects at step(s) {', '.join(defects)}")
+    start_page = start.pattern
+    if "{}" in start_page:
+        st = _resource_of(start_page)
+        if st is None:
+            return Draft(None, f"no start page: {start_page} names a resource no declaration "
+                               "covers")
+        start_page = start_page.replace("{}", "{" + b.require(st[0]) + "}", 1)
+    steps = [s for s in proc.steps if not s.note]
+    task: dict[str, Any] = {
+        "schema": 1, "id": task_id, "product": product, "title": proc.title[:200] or task_id,
+        "procedure": _procedure_text(proc, b.hints, rename), "start_page": start_page,
+        "split": "heldout", "difficulty": max(1, min(5, math.ceil(len(steps) / 2))),
+        "drift": drift, "expected": "success", "success": success, "cleanup": "destroy"}
+    if b.parameters:
+        task["parameters"] = dict(b.parameters)
+    if b.prereqs:
+        task["prerequisites"] = b.ordered_prereqs()
+    return Draft(task, "; ".join(notes))
+
+
+def _forbidden(op: str, where: Mapping[str, Any], known: Mapping[str, str]) -> list[dict]:
+    service = op.split(":", 1)[0]
+    out = []
+    for contrary in CONTRARY.get(op, ()):
+        rule: dict[str, Any] = {"event": contrary, "service": service}
+        if op in CREATED_ID:
+            key = CREATED_ID[op]
+            rule["where"] = {f"requestParameters.{key}": {"ref": f"op.responseElements.{key}"}}
+        else:
+            # The contrary event on the same resource: the request's identifying parameters.
+            ids = {p: v for p, v in known.items()
+                   if p.endswith(("Id", "UserName", "BucketName")) and "{" in v}
+            if contrary.startswith("Delete"):
+                # Deleting the resource itself: only its own identifier scopes the event.
+                noun = contrary[len("Delete"):]
+                ids = {p: v for p, v in ids.items() if p.startswith(noun)} or ids
+            if not ids:
+                continue          # an unscoped contrary would forbid other resources' events
+            rule["where"] = {f"requestParameters.{p}": v for p, v in ids.items()}
+        out.append(rule)
+    return out
+
+
+def _read_back(op: str, known: Mapping[str, str], region: str) -> list[dict]:
+    rb = READBACK.get(op)
+    if rb is None:
+        return []
+
+    def value(source: str) -> str | None:
+        if source.startswith("="):
+            return source[1:]
+        if "{" in source:          # a template over the operation's parameters
+            names = re.findall(r"\{([A-Za-z]+)\}", source)
+            if any(n not in known for n in names):
+                return None
+            for n in names:
+                source = source.replace("{" + n + "}", known[n])
+            return source
+        return known.get(source)
+
+    params = {}
+    for name, source in rb.params:
+        v = value(source)
+        if v is None:
+            return []
+        params[name] = v
+    if rb.region:
+        params["RegionId"] = region
+    check: dict[str, Any] = {"service": op.split(":", 1)[0], "action": rb.action,
+                             "params": params}
+    if rb.expect_error:
+        check["expect_error"] = rb.expect_error
+    else:
+        expect = {path: v for path, source in rb.expect if (v := value(source)) is not None}
+        if not expect:
+            return []
+        check["expect"] = expect
+    return [check]
