@@ -27,6 +27,7 @@ from infra.http_errors import install_validation_handler
 
 from .auth import TokenBook
 from .routers import catalog as catalog_routes
+from .routers import docs as docs_routes
 from .routers import events, jobs, ops, results
 from .routers.context import ApiContext, ApiMetrics, unprocessable
 from .store import JobStore
@@ -60,6 +61,60 @@ class _Measure:
                 time.perf_counter() - t0)
 
 
+MAX_BODY_BYTES = 4 * 2 ** 20
+# POST /v1/docs carries pages (each at most 2 MiB: rollout_service.docs.service.MAX_PAGE_BYTES);
+# a request holds at most this much in all: more pages go in more requests.
+DOCS_MAX_BODY_BYTES = 16 * 2 ** 20
+
+
+class _BodyLimit:
+    """Answers 413 (JSON, naming the limit) to a request body larger than the route's limit,
+    before anything reads it: by its Content-Length, or, without one, by counting while it
+    buffers the body (a chunked upload) up to the limit."""
+
+    def __init__(self, app, limits: dict[str, int], default: int):
+        self.app, self.limits, self.default = app, limits, default
+
+    def _limit(self, path: str) -> int:
+        return self.limits.get(path.rstrip("/") or "/", self.default)
+
+    @staticmethod
+    async def _refuse(send, path: str, size: int | None, limit: int) -> None:
+        what = f"{size} bytes" if size is not None else f"over {limit} bytes"
+        body = json.dumps({"detail": f"the request body is {what}; {path} accepts at most "
+                                     f"{limit} bytes ({limit / 2 ** 20:g} MiB)"}).encode()
+        await send({"type": "http.response.start", "status": 413, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        limit, path = self._limit(scope["path"]), scope["path"][:200]
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            size = int(length) if length.isdigit() else None
+            if size is None or size > limit:
+                return await self._refuse(send, path, size, limit)
+            return await self.app(scope, receive, send)
+        chunks, total, more = [], 0, True        # no length: buffer up to the limit
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            chunks.append(message.get("body", b""))
+            total += len(chunks[-1])
+            more = message.get("more_body", False)
+            if total > limit:
+                return await self._refuse(send, path, None, limit)
+        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replayed():
+            return replay.pop() if replay else await receive()
+        return await self.app(scope, replayed, send)
+
+
 async def _store_down(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": "the job store is unreachable; retry shortly"},
                         status_code=503, headers={"Retry-After": "2"})
@@ -69,12 +124,15 @@ def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *
               models: tuple[str, ...] = ("live",), registry: CollectorRegistry | None = None,
               extra_metrics: Callable[[], Awaitable[bytes]] | None = None,
               sse_max_s: float = 300.0, sse_ping_s: float = 15.0,
-              scheduler_required: bool = True) -> FastAPI:
+              scheduler_required: bool = True,
+              docs: Callable[[], Any] | None = None) -> FastAPI:
     """The API over ``store``; ``catalog``: the task suite by id; ``models``: the names a job
     may ask for; ``extra_metrics``: more Prometheus text for ``/metrics`` (the scheduler's);
     ``sse_max_s``: an event stream ends after this long (the client resumes with
     ``Last-Event-ID``); ``scheduler_required``: ``/readyz`` answers 503 while no scheduler
-    is alive."""
+    is alive; ``docs``: makes the documentation checker of ``POST /v1/docs`` (a
+    :class:`~rollout_service.docs.service.DocsService`), called once, on the first request
+    (default: :meth:`DocsService.default`, the committed inventories)."""
     registry = registry if registry is not None else CollectorRegistry()
     metrics = ApiMetrics(registry)
     app = FastAPI(title="console-rl jobs API", version="1.0.0",
@@ -85,13 +143,16 @@ def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *
     app.state.jobs_api = ApiContext(
         store=store, tokens=tokens, catalog=catalog, models=models, registry=registry,
         metrics=metrics, extra_metrics=extra_metrics, sse_max_s=sse_max_s,
-        sse_ping_s=sse_ping_s, scheduler_required=scheduler_required)
+        sse_ping_s=sse_ping_s, scheduler_required=scheduler_required,
+        docs=docs_routes.once(docs))
     install_validation_handler(app)
+    app.add_middleware(_BodyLimit, limits={"/v1/docs": DOCS_MAX_BODY_BYTES},
+                       default=MAX_BODY_BYTES)
     app.add_middleware(_Measure, metrics=metrics)
     app.add_exception_handler(RedisConnectionError, _store_down)
     app.add_exception_handler(RedisTimeoutError, _store_down)
     # The order of the routes is the order of the OpenAPI document's paths.
-    for module in (jobs, events, results, catalog_routes, ops):
+    for module in (jobs, events, results, docs_routes, catalog_routes, ops):
         app.include_router(module.router)
     app.openapi = lambda: _openapi(app)      # type: ignore[method-assign]
     return app

@@ -9,6 +9,7 @@
     console-rl jobs results JOB [--verdict failure] [--task TASK]
     console-rl jobs report JOB [--html report.html]
     console-rl tasks list [--product ram] [--split heldout]
+    console-rl docs check PAGE.md PAGE.html [--drift rename] [--run --samples 3] [--html OUT] [--json]
     console-rl quota
 
 ``--url``/``--token`` override the environment; ``--json`` prints the API's JSON. Errors go to
@@ -193,22 +194,25 @@ def cmd_results(api: JobsClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_text(rep: dict[str, Any]) -> str:
+    rows = []
+    for p in rep["procedures"]:
+        rate = "-" if p["pass_rate"] is None else \
+            f"{p['pass_rate'] * 100:.0f}% ({p['passes']}/{p['completed']})"
+        evidence = p.get("evidence") or [{"detail": ""}]
+        rows.append((p["task_id"], p["verdict"], rate, evidence[0]["detail"][:100]))
+    totals = ", ".join(f"{n} {v}" for v, n in rep["totals"].items())
+    return (f"report of {rep['job_id']} ({rep['state']}): {totals}\n"
+            + _table(rows, ("TASK", "VERDICT", "PASS RATE", "EVIDENCE")))
+
+
 def cmd_report(api: JobsClient, args: argparse.Namespace) -> int:
     if args.html:
         Path(args.html).write_text(api.report_html(args.job))
         print(f"saved the report of {args.job} to {args.html}")
         return 0
     rep = api.report(args.job)
-    rows = []
-    for p in rep["procedures"]:
-        rate = "-" if p["pass_rate"] is None else \
-            f"{p['pass_rate'] * 100:.0f}% ({p['passes']}/{p['completed']})"
-        step = (p.get("failure") or {}).get("step")
-        rows.append((p["task_id"], p["verdict"], rate,
-                     f"{step['index']}. {step['text']}" if step else ""))
-    totals = ", ".join(f"{n} {v}" for v, n in rep["totals"].items())
-    _out(args, rep, f"report of {rep['job_id']} ({rep['state']}): {totals}\n"
-                    + _table(rows, ("TASK", "VERDICT", "PASS RATE", "FAILING STEP")))
+    _out(args, rep, _report_text(rep))
     return 0
 
 
@@ -231,6 +235,116 @@ def cmd_quota(api: JobsClient, args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- documentation: console-rl docs check ----------------------------------------------------
+_PAGE_TYPES = {".md": "text/markdown", ".markdown": "text/markdown", ".html": "text/html",
+               ".htm": "text/html"}
+
+
+def _read_page(path: str) -> dict[str, str]:
+    kind = _PAGE_TYPES.get(Path(path).suffix.lower())
+    if kind is None:
+        raise UsageError(f"{path}: a page is Markdown or HTML ({', '.join(_PAGE_TYPES)})")
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    return {"name": Path(path).name, "content": text, "content_type": kind}
+
+
+def _docs_json(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per procedure (static check only): its page, title, steps with their labels, verdict."""
+    return [{"page": page["name"], "title": p["title"], "task_id": p["task_id"],
+             "steps": [{"number": s["number"], "text": s["text"], "label": s["label"]}
+                       for s in p["steps"]],
+             "verdict": p["verdict"]["verdict"], "evidence": p["verdict"]["evidence"],
+             "task": p["task"] is not None, "reason": p["reason"]}
+            for page in result["pages"] for p in page["procedures"]]
+
+
+def _report_json(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per procedure of a run's report: the same shape as :func:`_docs_json`, merged."""
+    return [{"page": p.get("page", ""), "title": p["title"], "task_id": p["task_id"],
+             "steps": [{"number": s["number"], "text": s["text"], "label": s["label"]}
+                       for s in p["steps"]],
+             "verdict": p["verdict"], "evidence": p["evidence"], "passes": p["passes"],
+             "completed": p["completed"], "pass_rate": p["pass_rate"]}
+            for p in rep["procedures"]]
+
+
+def _docs_text(procs: list[dict[str, Any]], messages: list[str]) -> str:
+    lines = list(messages)
+    for p in procs:
+        lines.append(f"{p['page']}: {p['title']}  [{p['verdict']}]")
+        for s in p["steps"]:
+            lines.append(f"  {s['number']:>4}. [{s['label'] or '-'}] {s['text']}")
+        lines += [f"  {e['kind']}: {e['detail']}" for e in p["evidence"]]
+    return "\n".join(lines) or "no procedures"
+
+
+def _static_report(result: dict[str, Any]) -> dict[str, Any]:
+    """A docs result in the report's shape, for the HTML page of a check that did not run."""
+    procs = [{"task_id": p["task_id"], "title": p["title"], "page": page["name"],
+              "samples": 0, "completed": 0, "env_failed": 0, "passes": 0, "pass_rate": None,
+              "verdict": p["verdict"]["verdict"], "evidence": p["verdict"]["evidence"],
+              "steps": p["steps"], "screenshot": None}
+             for page in result["pages"] for p in page["procedures"]]
+    from ..docs.model import VERDICTS
+    return {"job_id": "static check (not run)", "state": "not run", "model": "-",
+            "policy_version": None, "samples_per_task": 0, "procedures": procs,
+            "totals": {v: sum(p["verdict"] == v for p in procs) for v in VERDICTS}}
+
+
+def cmd_docs_check(api: JobsClient, args: argparse.Namespace) -> int:
+    pages = [_read_page(p) for p in args.pages]
+    if args.samples is not None and not args.run_job:
+        raise UsageError("--samples: only with --run")
+    result = api.docs(pages, drift=args.drift, run=args.run_job, samples=args.samples)
+    messages = [f"{p['name']}: {p['message']}" for p in result["pages"] if p["message"]]
+    messages += [result["message"]] if result.get("message") else []
+    job = result.get("job")
+    if not job:
+        if args.html:
+            from .report import render_html
+            Path(args.html).write_text(render_html(_static_report(result)))
+            print(f"saved the check to {args.html}", file=sys.stderr)
+        procs = _docs_json(result)
+        print(json.dumps({"drift": args.drift, "procedures": procs, "messages": messages},
+                         indent=2) if args.json else _docs_text(procs, messages))
+        return 0
+    print(f"running {job['id']}: {len(job['task_ids'])} procedures x "
+          f"{job['samples_per_task']} samples", file=sys.stderr)
+    import contextlib
+    with contextlib.redirect_stdout(sys.stderr):       # progress and its summary on stderr
+        code = watch(api, job["id"])
+    rep = api.report(job["id"])
+    if args.html:
+        Path(args.html).write_text(api.report_html(job["id"]))
+        print(f"saved the report of {job['id']} to {args.html}", file=sys.stderr)
+    procs = _report_json(rep)
+    print(json.dumps({"drift": args.drift, "job_id": job["id"], "state": rep["state"],
+                      "procedures": procs, "messages": messages}, indent=2)
+          if args.json else _docs_text(procs, messages))
+    return code
+
+
+def add_docs_commands(groups: Any, common: argparse.ArgumentParser) -> None:
+    docs = groups.add_parser("docs", help="check pages of documentation").add_subparsers(
+        dest="cmd", required=True)
+    sub = docs.add_parser("check", parents=[common], help="check pages against the console "
+                                                          "(and run them with --run)")
+    sub.add_argument("pages", nargs="+", metavar="PAGE", help="Markdown (.md) or HTML (.html)")
+    sub.add_argument("--drift", default="", help="the console profile to check against")
+    sub.add_argument("--run", action="store_true", dest="run_job",
+                     help="run the drafted tasks with the agent")
+    sub.add_argument("--samples", type=int, help="samples per procedure (K) with --run")
+    sub.add_argument("--html", metavar="FILE", help="save the HTML report to FILE")
+    sub.set_defaults(run=cmd_docs_check)
+
+
 # ---- parsing -----------------------------------------------------------------------------------
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -241,7 +355,8 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="console-rl", parents=[common],
                                   description="Run documented console procedures with the "
                                               "trained agent (the console-rl jobs API).")
-    groups = top.add_subparsers(dest="group", required=True, metavar="{jobs,tasks,quota}")
+    groups = top.add_subparsers(dest="group", required=True,
+                                metavar="{jobs,tasks,quota,docs}")
     jobs = groups.add_parser("jobs", help="submit, follow and read jobs").add_subparsers(
         dest="cmd", required=True)
     sub = jobs.add_parser("submit", parents=[common], help="submit a job")
@@ -283,6 +398,7 @@ def parser() -> argparse.ArgumentParser:
     sub.set_defaults(run=cmd_tasks)
     groups.add_parser("quota", parents=[common], help="the team's quota and use"
                       ).set_defaults(run=cmd_quota)
+    add_docs_commands(groups, common)
     return top
 
 

@@ -281,6 +281,21 @@ class JobsClient:
     def artifact(self, artifact_id: str) -> bytes:
         return self._request("GET", f"/v1/artifacts/{self._id(artifact_id)}").content
 
+    # ---- documentation ------------------------------------------------------------------------
+    def docs(self, pages: list[dict[str, str]], drift: str = "", run: bool = False,
+             samples: int | None = None, model: str | None = None,
+             idempotency_key: str | None = None) -> dict[str, Any]:
+        """Check pages of documentation (``POST /v1/docs``): ``pages`` as ``{"name",
+        "content", "content_type"}`` (text/markdown or text/html); with ``run`` the answer's
+        ``job`` runs the drafted tasks (follow it with :meth:`events`, read :meth:`report`)."""
+        body: dict[str, Any] = {"pages": pages, "drift": drift, "run": run}
+        for key, value in (("samples", samples), ("model", model)):
+            if value is not None:
+                body[key] = value
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._json("POST", "/v1/docs", json=body, headers=headers,
+                          timeout=max(self._timeout, 120.0))
+
     # ---- catalog and account --------------------------------------------------------------------
     def tasks(self, product: str | None = None, split: str | None = None,
               q: str | None = None) -> list[dict[str, Any]]:

@@ -1,27 +1,32 @@
 """The documentation-verification report of a job: per procedure, the pass rate over its K
-samples and a verdict, and for a broken one where and why it broke.
+samples and a verdict with its evidence (:func:`rollout_service.docs.verdict.procedure_verdict`:
+``works``, ``works_text_stale``, ``broken`` only with evidence, ``inconclusive``), the steps
+annotated with the static check when there is one, and a screenshot.
 
-Verdicts (env errors never count against a procedure: a rollout that failed for the
-environment's sake is left out, and too few that ran leave it ``inconclusive``):
-- ``works``: every completed sample passed (the agent did it and the audit log agrees);
-- ``broken``: none passed;
-- ``flaky``: some passed;
-- ``inconclusive``: fewer than half of the samples completed, or the judges could not decide
-  on any of them.
+Environment errors never count against a procedure: a rollout the environment failed is left
+out. The static check comes from a documentation job's spec (``POST /v1/docs`` with ``run``
+keeps it there) or, for catalogue tasks, from whoever ran one (``static``); without it a
+catalogue task is ``broken`` only on the audit log's or the catalogue's evidence.
 
-For a broken procedure: the step where the agent failed (the first step of the procedure whose
-named controls the agent never acted on; the last step when it acted on every one), the agent's
-infeasibility reason, the deciding audit events and the screenshot of the failing page (the
-last page of a failing sample).
+For a procedure that did not work: where the agent stopped (the first step whose named controls
+it never acted on; the last step when it acted on every one), its infeasibility reason, the
+deciding audit events and the screenshot of its last page. Otherwise (it worked, or it is
+broken on static evidence though every sample passed): the last screenshot of a passing
+sample. The HTML embeds the screenshots (``data:`` URIs), so the page shows them wherever it
+is opened, with no credential.
 """
 from __future__ import annotations
 
+import base64
 import html
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from consolerl.tasks import Task
 
+from ..docs.model import VERDICTS, Procedure, StepCheck, to_json
+from ..docs.verdict import procedure_verdict as merge_verdict
 from .schema import Job, Rollout
 
 _STEP = re.compile(r"^\s*(\d+)[.)]\s+(.*)$")
@@ -56,96 +61,195 @@ def failed_step(task: Task, rollout: Rollout) -> dict[str, Any]:
 
 
 def procedure_verdict(samples: int, done: list[Rollout]) -> str:
-    decided = [r for r in done if r.verdict != "undetermined"]
-    if len(done) * 2 < samples or not decided:
-        return "inconclusive"
-    passes = sum(r.verdict == "success" for r in decided)
-    if passes == len(decided):
-        return "works"
-    return "broken" if passes == 0 else "flaky"
+    """The verdict of a procedure with no static check and no known operation, from its
+    completed samples (kept for callers that have only those)."""
+    return merge_verdict((), done, samples=samples).verdict
 
 
-def build_report(job: Job, tasks: dict[str, Task], rollouts: list[Rollout]) -> dict[str, Any]:
-    procedures = []
+def _steps(task: Task | None, proc: Procedure | None,
+           checks: Sequence[StepCheck]) -> list[dict[str, Any]]:
+    """The procedure's steps, each with its static label when there is a check."""
+    if proc is not None:
+        texts = [(s.number, s.text) for s in proc.steps]
+    elif task is not None:
+        texts = [(str(i), t) for i, t in enumerate(procedure_steps(task.procedure), 1)]
+    else:
+        texts = [(c.number, c.mention) for c in checks]
+    by_number = {c.number: c for c in checks}
+    out = []
+    for number, text in texts:
+        c = by_number.get(number)
+        out.append({"number": number, "text": text, "label": c.label if c else None,
+                    "closest": c.closest if c else "", "detail": c.detail if c else ""})
+    return out
+
+
+def _last_shot(rollout: Rollout) -> str | None:
+    shots = [s.screenshot for s in rollout.steps if s.screenshot]
+    return shots[-1] if shots else None
+
+
+def build_report(job: Job, tasks: Mapping[str, Task], rollouts: list[Rollout],
+                 static: Mapping[str, Sequence[StepCheck]] | None = None,
+                 procedures: Mapping[str, Procedure] | None = None) -> dict[str, Any]:
+    """The report as JSON data. ``static``: task id -> the static check of its procedure;
+    ``procedures``: task id -> the documented procedure it was drafted from (its page and
+    steps; a documentation job has both in its spec)."""
+    static, procedures = static or {}, procedures or {}
+    entries = []
     for tid in job.task_ids:
+        task, proc = tasks.get(tid), procedures.get(tid)
+        checks = tuple(static.get(tid, ()))
         mine = [r for r in rollouts if r.task_id == tid]
         done = [r for r in mine if r.state == "completed"]
+        operations = {rule.event for rule in task.success.required_events} if task else set()
+        known = task.infeasible_reason or "the catalogue marks it infeasible" \
+            if task is not None and task.expected == "infeasible" else ""
+        verdict = merge_verdict(checks, mine, samples=job.samples_per_task,
+                                operations=operations, known_defect=known)
         passes = sum(r.verdict == "success" for r in done)
         entry: dict[str, Any] = {
-            "task_id": tid, "title": tasks[tid].title if tid in tasks else tid,
+            "task_id": tid, "title": proc.title if proc else task.title if task else tid,
+            "page": proc.source if proc else "",
             "samples": len(mine), "completed": len(done),
             "env_failed": sum(r.state == "failed" for r in mine),
             "passes": passes, "pass_rate": round(passes / len(done), 4) if done else None,
-            "verdict": procedure_verdict(len(mine), done) if mine else "inconclusive",
+            "verdict": verdict.verdict, "evidence": to_json(verdict.evidence),
+            "steps": _steps(task, proc, checks), "screenshot": None,
         }
-        failing = [r for r in done if r.verdict in ("failure", "infeasible")]
-        if entry["verdict"] in ("broken", "flaky") and failing and tid in tasks:
+        winning = [r for r in done if r.verdict == "success" and _last_shot(r)]
+        failing = [r for r in done if r.verdict in ("failure", "infeasible", "undetermined")]
+        works = verdict.verdict.startswith("works")
+        if (works or not failing) and winning:
+            entry["screenshot"] = _last_shot(winning[0])
+        elif not works and failing:
             worst = next((r for r in failing if r.verdict == "infeasible"), failing[0])
-            shots = [s.screenshot for s in worst.steps if s.screenshot]
+            entry["screenshot"] = _last_shot(worst)
             entry["failure"] = {
                 "rollout_id": worst.id,
-                "step": failed_step(tasks[tid], worst),
+                "step": failed_step(task, worst) if task else None,
                 "infeasible_reason": worst.infeasible_reason,
                 "end_reason": worst.end_reason,
                 "audit_events": [e.model_dump() for e in worst.deciding_events],
                 "reasons": worst.reasons[:3],
-                "screenshot": shots[-1] if shots else None,
+                "screenshot": entry["screenshot"],
                 "last_url": worst.steps[-1].url if worst.steps else "",
             }
-        procedures.append(entry)
-    totals = {v: sum(p["verdict"] == v for p in procedures)
-              for v in ("works", "broken", "flaky", "inconclusive")}
+        entries.append(entry)
+    totals = {v: sum(p["verdict"] == v for p in entries) for v in VERDICTS}
     return {"object": "report", "job_id": job.id, "state": job.state, "model": job.model,
             "policy_version": job.policy_version, "samples_per_task": job.samples_per_task,
             "created_at": job.created_at, "finished_at": job.finished_at, "totals": totals,
-            "procedures": procedures}
+            "procedures": entries}
 
 
-_COLOURS = {"works": "#1a7f37", "broken": "#cf222e", "flaky": "#9a6700",
-            "inconclusive": "#57606a"}
+def screenshot_ids(report: Mapping[str, Any]) -> list[str]:
+    """The artifacts the report's HTML shows (fetch them for :func:`render_html`)."""
+    return [p["screenshot"] for p in report["procedures"] if p.get("screenshot")]
 
 
-def render_html(report: dict[str, Any], artifact_url: str = "/v1/artifacts/") -> str:
-    e = html.escape
-    rows = []
+# ---- HTML -------------------------------------------------------------------------------------
+COLOURS = {"works": "#1a7f37", "works_text_stale": "#4d7c0f", "broken": "#cf222e",
+           "inconclusive": "#57606a"}
+_LABEL_COLOURS = {"ok": "#1a7f37", "label_differs": "#9a6700", "missing": "#cf222e",
+                  "unreachable": "#cf222e", "ambiguous": "#bc4c00",
+                  "not_applicable": "#cf222e"}
+_e = html.escape
+
+
+def _badge(text: str, colour: str, cls: str = "badge") -> str:
+    return f"<span class={cls} style='background:{colour}'>{_e(text)}</span>"
+
+
+def _step_html(s: dict[str, Any]) -> str:
+    label = s.get("label")
+    badge = _badge(label, _LABEL_COLOURS.get(label, "#57606a"), "label") if label else ""
+    near = (f" <span class=closest>the console: <b>{_e(s['closest'])}</b></span>"
+            if s.get("closest") and label not in (None, "ok") else "")
+    detail = (f"<div class=stepdetail>{_e(s['detail'])}</div>"
+              if s.get("detail") and label not in (None, "ok") else "")
+    return (f"<li value='{_e(str(s['number']).split('.')[0])}' data-step='{_e(s['number'])}' "
+            f"data-label='{_e(label or '')}'>{badge} {_e(s['text'])}{near}{detail}</li>")
+
+
+def _image(aid: str | None, images: Mapping[str, tuple[str, bytes]], alt: str) -> str:
+    if not aid:
+        return ""
+    found = images.get(aid)
+    if found is None:
+        return (f"<p class=noshot>Screenshot <code>{_e(aid)}</code> (not embedded: "
+                f"<code>GET /v1/artifacts/{_e(aid)}</code> with a token).</p>")
+    mime, data = found
+    if mime not in ("image/png", "image/jpeg", "image/webp", "image/gif"):
+        return ""
+    uri = f"data:{mime};base64,{base64.b64encode(data).decode()}"
+    return f'<img class=screenshot alt="{_e(alt)}" src="{uri}">'
+
+
+def _failure_html(f: dict[str, Any]) -> str:
+    events = "".join(
+        f"<li><code>{_e(a['event_name'])}</code> at {_e(a['event_time'])}"
+        f"{' — error <code>' + _e(a['error_code']) + '</code>' if a['error_code'] else ''}"
+        "</li>" for a in f["audit_events"]) or "<li>none in the audit log</li>"
+    step = (f"<p><b>The agent stopped at step {f['step']['index']}:</b> "
+            f"{_e(f['step']['text'])}</p>" if f.get("step") else "")
+    reason = (f"<p><b>Agent's reason:</b> {_e(f['infeasible_reason'])}</p>"
+              if f["infeasible_reason"] else "")
+    why = "".join(f"<li>{_e(r)}</li>" for r in f["reasons"])
+    why = f"<p><b>Why:</b></p><ul>{why}</ul>" if why else ""
+    return (f"<div class=detail>{step}{reason}{why}<p><b>Deciding audit events:</b></p>"
+            f"<ul>{events}</ul></div>")
+
+
+def _procedure_html(p: dict[str, Any], images: Mapping[str, tuple[str, bytes]]) -> str:
+    rate = "–" if p["pass_rate"] is None else f"{p['pass_rate'] * 100:.0f}%"
+    evidence = "".join(
+        f"<li><b>{_e(ev['kind'])}</b>{' (' + _e(ev['ref']) + ')' if ev['ref'] else ''}"
+        f": {_e(ev['detail'])}</li>" for ev in p["evidence"])
+    steps = "".join(_step_html(s) for s in p["steps"])
+    verdict = p["verdict"]
+    alt = "the last page of a failing sample" if p.get("failure") else \
+        "the last page of a passing sample"
+    return (f"<section class=proc data-verdict='{_e(verdict)}'><h3>{_e(p['title'])} "
+            f"<small>{_e(p['task_id'])}</small></h3>"
+            f"<p>{_badge(verdict, COLOURS.get(verdict, '#57606a'))} passed {p['passes']} of "
+            f"{p['completed']} completed ({rate}); {p['samples']} samples, {p['env_failed']} "
+            f"lost to the environment</p><p><b>Evidence:</b></p><ul class=evidence>{evidence}"
+            f"</ul><ol class=steps>{steps}</ol>"
+            f"{_failure_html(p['failure']) if p.get('failure') else ''}"
+            f"{_image(p.get('screenshot'), images, alt)}</section>")
+
+
+def render_html(report: dict[str, Any],
+                images: Mapping[str, tuple[str, bytes]] | None = None) -> str:
+    """The report as one self-contained page: per documentation page its procedures, each with
+    its verdict, evidence, steps annotated with the static check, and the screenshot embedded
+    from ``images`` (artifact id -> (mime, bytes); one it lacks is named, not linked). Every
+    text from a page, an agent or the console is escaped."""
+    images = images or {}
+    pages: dict[str, list[str]] = {}
     for p in report["procedures"]:
-        colour = _COLOURS[p["verdict"]]
-        rate = "–" if p["pass_rate"] is None else f"{p['pass_rate'] * 100:.0f}%"
-        detail = ""
-        f = p.get("failure")
-        if f:
-            events = "".join(
-                f"<li><code>{e(a['event_name'])}</code> at {e(a['event_time'])}"
-                f"{' — error <code>' + e(a['error_code']) + '</code>' if a['error_code'] else ''}"
-                "</li>" for a in f["audit_events"]) or "<li>none in the audit log</li>"
-            shot = (f'<img alt="the failing page" src="{e(artifact_url + f["screenshot"])}">'
-                    if f["screenshot"] else "<p>No screenshot.</p>")
-            reason = (f"<p><b>Agent's reason:</b> {e(f['infeasible_reason'])}</p>"
-                      if f["infeasible_reason"] else "")
-            why = "".join(f"<li>{e(r)}</li>" for r in f["reasons"])
-            why = f"<p><b>Why:</b></p><ul>{why}</ul>" if why else ""
-            detail = (f"<div class=detail><p><b>Failed at step {f['step']['index']}:</b> "
-                      f"{e(f['step']['text'])}</p>{reason}{why}<p><b>Deciding audit "
-                      f"events:</b></p><ul>{events}</ul>{shot}</div>")
-        rows.append(
-            f"<section class=proc><h2>{e(p['title'])} <small>{e(p['task_id'])}</small></h2>"
-            f"<p><span class=badge style='background:{colour}'>{p['verdict']}</span> "
-            f"passed {p['passes']} of {p['completed']} completed ({rate}); "
-            f"{p['samples']} samples, {p['env_failed']} lost to the environment</p>"
-            f"{detail}</section>")
+        pages.setdefault(p.get("page") or "", []).append(_procedure_html(p, images))
+    body = "".join(
+        f"<article class=page><h2>{_e(page) if page else 'Catalogue tasks'}</h2>"
+        f"{''.join(items)}</article>" for page, items in pages.items())
     totals = ", ".join(f"{n} {v}" for v, n in report["totals"].items())
     return f"""<!doctype html>
-<html lang=en><head><meta charset=utf-8><title>Documentation check {e(report['job_id'])}</title>
+<html lang=en><head><meta charset=utf-8><title>Documentation check {_e(report['job_id'])}</title>
+<meta http-equiv="Content-Security-Policy"
+ content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
 <style>
 body{{font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#1f2328}}
 .proc{{border:1px solid #d0d7de;border-radius:6px;padding:.5rem 1rem;margin:1rem 0}}
-.badge{{color:#fff;border-radius:1rem;padding:.1rem .6rem;font-weight:600}}
+.badge,.label{{color:#fff;border-radius:1rem;padding:.1rem .6rem;font-weight:600}}
+.label{{font-size:.8em;padding:0 .5rem}} .closest{{color:#9a6700}}
+.stepdetail{{color:#57606a;font-size:.9em}}
 small{{color:#57606a;font-weight:normal}} img{{max-width:100%;border:1px solid #d0d7de}}
 </style></head><body>
 <h1>Documentation check</h1>
-<p>Job <code>{e(report['job_id'])}</code> ({e(report['state'])}), model {e(report['model'])}
+<p>Job <code>{_e(report['job_id'])}</code> ({_e(report['state'])}), model {_e(report['model'])}
 (policy version {report['policy_version']}), {report['samples_per_task']} samples per
-procedure. <b>{e(totals)}</b>.</p>
-{''.join(rows) or '<p>No procedures.</p>'}
+procedure. <b>{_e(totals)}</b>.</p>
+{body or '<p>No procedures.</p>'}
 </body></html>
 """

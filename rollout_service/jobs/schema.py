@@ -28,7 +28,8 @@ EPISODE_STATES = ("queued", "running", "completed", "failed", "cancelled")
 # A completed episode's verdict: the agent did the procedure (success), did not (failure),
 # reported it cannot be done as written (infeasible), or the judges could not tell.
 VERDICTS = ("success", "failure", "infeasible", "undetermined")
-PROCEDURE_VERDICTS = ("works", "broken", "flaky", "inconclusive")
+# A procedure's verdict in a report (rollout_service.docs.verdict: broken only with evidence).
+PROCEDURE_VERDICTS = ("works", "works_text_stale", "broken", "inconclusive")
 SCOPES = ("jobs:write", "jobs:read", "jobs:cancel", "artifacts:read", "admin")
 
 
@@ -49,6 +50,19 @@ def spec_tasks(spec: dict[str, Any], catalog: Mapping[str, Task]) -> dict[str, T
             task = catalog[entry["id"]]
         tasks[task.id] = task
     return tasks
+
+
+def spec_docs(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A documentation job's static checks and procedures by task id (``POST /v1/docs`` with
+    ``run`` stores them in the spec's ``docs``: task id -> ``{"procedure", "checks"}``, each as
+    :func:`rollout_service.docs.model.to_json` writes it); two empty dicts for other jobs."""
+    from rollout_service.docs.model import Procedure, StepCheck, from_json
+    static, procedures = {}, {}
+    for tid, entry in (spec.get("docs") or {}).items():
+        static[tid] = tuple(from_json(StepCheck, c) for c in entry.get("checks", ()))
+        if entry.get("procedure"):
+            procedures[tid] = from_json(Procedure, entry["procedure"])
+    return static, procedures
 
 
 class _Strict(BaseModel):

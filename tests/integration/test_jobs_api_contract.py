@@ -83,14 +83,15 @@ ENDPOINTS = [
                                                    "jobs:read"),
     ("GET", "/v1/artifacts/art_x", "artifacts:read"), ("GET", "/v1/tasks", "jobs:read"),
     ("POST", "/v1/tasks/validate", "jobs:read"), ("GET", "/v1/quota", "jobs:read"),
-    ("GET", "/v1/models", "jobs:read"),
+    ("GET", "/v1/models", "jobs:read"), ("POST", "/v1/docs", "jobs:read"),
 ]
 
 
 def test_auth_matrix(client, tokens):
     job = submit(client, tokens["docs"]).json()["id"]
     bodies = {"/v1/jobs": {"tasks": {"ids": ["ram-create-user-0"]}},
-              "/v1/tasks/validate": {"tasks": []}}
+              "/v1/tasks/validate": {"tasks": []},
+              "/v1/docs": {"pages": [{"name": "a.md", "content": "# A"}]}}
     for method, path, scope in ENDPOINTS:
         url = path.format(job=job)
         kw = {"json": bodies[path]} if path in bodies else {}

@@ -48,9 +48,11 @@ def rollout(verdict: str | None, state: str = "completed", **kw) -> Rollout:
 
 @pytest.mark.parametrize("verdicts,samples,expected", [
     (["success", "success"], 2, "works"),
-    (["failure", "infeasible"], 2, "broken"),
-    (["success", "failure", "success"], 3, "flaky"),
-    (["success"], 3, "inconclusive"),                 # fewer than half completed
+    # The agent failing is no evidence the procedure is wrong (rollout_service.docs.verdict).
+    (["failure", "infeasible"], 2, "inconclusive"),
+    (["success", "failure", "success"], 3, "works"),  # no flaky: a pass is evidence
+    (["success"], 3, "works"),                        # even when few completed
+    (["failure"], 3, "inconclusive"),                 # fewer than half completed
     (["undetermined", "undetermined"], 2, "inconclusive"),
     (["success", "undetermined"], 2, "works"),        # the judges' abstention is left out
     ([], 2, "inconclusive"),
@@ -82,7 +84,7 @@ def test_failed_step_is_the_first_step_whose_controls_were_never_used():
     assert failed_step(task, nowhere)["index"] == 1
 
 
-def test_report_html_escapes_what_it_shows():
+def test_report_html_escapes_what_it_shows_and_embeds_the_screenshot():
     job = Job(id="j", team="a", state="completed", created_at=1.0, model="live",
               samples_per_task=1, sampling=Sampling(), priority=5,
               task_ids=["ram-create-user-0"])
@@ -90,10 +92,25 @@ def test_report_html_escapes_what_it_shows():
         "task_id": "ram-create-user-0", "infeasible_reason": "<script>alert(1)</script>",
         "steps": [Step(index=1, screenshot="art_1")]})
     report = build_report(job, SUITE, [row])
-    assert report["procedures"][0]["verdict"] == "broken"
-    page = render_html(report)
+    # An unconfirmed infeasibility claim: the agent's word, not evidence.
+    assert report["procedures"][0]["verdict"] == "inconclusive"
+    assert report["procedures"][0]["screenshot"] == "art_1"
+    page = render_html(report, {"art_1": ("image/png", b"\x89PNG-bytes")})
     assert "<script>alert" not in page and "&lt;script&gt;" in page
-    assert 'src="/v1/artifacts/art_1"' in page
+    assert 'src="data:image/png;base64,iVBORy1ieXRlcw=="' in page
+    assert "/v1/artifacts/art_1" in render_html(report)      # not embedded: named, not linked
+    assert 'src="/v1/artifacts' not in render_html(report)
+
+
+def test_a_catalogue_task_known_infeasible_is_broken_when_the_judges_match_the_claim():
+    tid = "ecs-instance-bandwidth-wrongdoc"
+    job = Job(id="j", team="a", state="completed", created_at=1.0, model="live",
+              samples_per_task=1, sampling=Sampling(), priority=5, task_ids=[tid])
+    row = rollout("infeasible", reward=1.0, infeasible_reason="no Modify Bandwidth").model_copy(
+        update={"task_id": tid})
+    (proc,) = build_report(job, SUITE, [row])["procedures"]
+    assert proc["verdict"] == "broken" and proc["evidence"][0]["kind"] == "infeasibility"
+    assert SUITE[tid].infeasible_reason in proc["evidence"][0]["detail"]
 
 
 def outcome(answer=None, infeasible=None, verdict="success") -> EpisodeOutcome:

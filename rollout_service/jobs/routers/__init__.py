@@ -3,6 +3,7 @@
 - :mod:`.jobs`: submit, list, get and cancel jobs;
 - :mod:`.events`: a job's events as Server-Sent Events;
 - :mod:`.results`: rollouts, the report (JSON and HTML) and artifacts;
+- :mod:`.docs`: pages of documentation checked against the console, and run;
 - :mod:`.catalog`: the task catalog and validation, the team's quota, the models;
 - :mod:`.ops`: ``/healthz``, ``/readyz``, ``/metrics``.
 

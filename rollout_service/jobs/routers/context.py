@@ -66,6 +66,8 @@ class ApiContext:
     sse_max_s: float
     sse_ping_s: float
     scheduler_required: bool
+    # () -> rollout_service.docs.service.DocsService, built on first use (see build_app)
+    docs: Callable[[], Any] | None = None
 
 
 def context(request: Request) -> ApiContext:

@@ -68,7 +68,6 @@ async def submit(request: JobCreate, response: Response, ctx: Context,
                  ) -> Job:
     """Submit a job (202). The same ``Idempotency-Key`` with the same body returns the
     same job; with another body, 422."""
-    store, metrics = ctx.store, ctx.metrics
     if request.model not in ctx.models:
         raise unprocessable("model", f"{request.model!r} is not served; one of "
                                      f"{', '.join(ctx.models)}")
@@ -79,6 +78,19 @@ async def submit(request: JobCreate, response: Response, ctx: Context,
         if not where.startswith("tasks"):
             where, what = "tasks", str(exc)
         raise unprocessable(where, what) from None
+    job = await enqueue(ctx, who, request, ids, {"tasks": entries}, idempotency_key)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return job
+
+
+async def enqueue(ctx: ApiContext, who: Principal, request: JobCreate, ids: list[str],
+                  spec: dict[str, Any], idempotency_key: str | None,
+                  hashed: dict[str, Any] | None = None) -> Job:
+    """Create the job (quotas, idempotency, the ``queued`` event, the scheduler woken) from a
+    resolved request: its task ids and stored ``spec`` (``tasks`` entries, and what else the
+    report needs). ``hashed``: the body an ``Idempotency-Key`` is bound to (the request's
+    own by default). HTTPException 429 for a spent quota, 422 for a reused key."""
+    store, metrics = ctx.store, ctx.metrics
     quota = ctx.tokens.quota(who.team)
     samples = len(ids) * request.samples_per_task
     if samples > quota.samples_per_job:
@@ -91,7 +103,7 @@ async def submit(request: JobCreate, response: Response, ctx: Context,
         raise HTTPException(429, f"your team used its {quota.env_minutes_per_day:g} "
                                  "env-minutes today (UTC)",
                             headers={"Retry-After": str(_midnight_s())})
-    body = request.model_dump(mode="json")
+    body = hashed if hashed is not None else request.model_dump(mode="json")
     idem = (idempotency_key, body_hash(body)) if idempotency_key else None
     if idem is None or not await store.idempotency_known(who.team, idem[0]):
         queued = sum(j.team == who.team and j.state == "queued"
@@ -107,7 +119,7 @@ async def submit(request: JobCreate, response: Response, ctx: Context,
               sampling=request.sampling, priority=request.priority, task_ids=ids,
               metadata=request.metadata)
     try:
-        job, created = await store.create_job(job, {"tasks": entries}, idem)
+        job, created = await store.create_job(job, spec, idem)
     except StoreConflict as exc:
         raise HTTPException(422, [{"loc": ["header", "Idempotency-Key"], "msg": str(exc),
                                    "type": "value_error"}]) from None
@@ -115,7 +127,6 @@ async def submit(request: JobCreate, response: Response, ctx: Context,
         metrics.submitted.labels(who.team).inc()
         await store.add_event(job.id, JobStatusEvent(state="queued"))
         await store.wake(job.id)
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
     return job
 
 

@@ -10,8 +10,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from consolerl.errors import ConfigError
 
 from ..auth import Principal
-from ..report import build_report, render_html
-from ..schema import ResultPage, Rollout, RolloutSummary, spec_tasks
+from ..report import build_report, render_html, screenshot_ids
+from ..schema import Job, ResultPage, Rollout, RolloutSummary, spec_docs, spec_tasks
 from .context import ERRORS, NOT_FOUND, ApiContext, Context, Detail, auth, own_job
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
@@ -53,12 +53,30 @@ async def rollout(job_id: str, rollout_id: str, ctx: Context,
 
 
 async def report_of(ctx: ApiContext, job_id: str, who: Principal) -> dict[str, Any]:
-    job = await own_job(ctx, job_id, who)
+    return await _report(ctx, await own_job(ctx, job_id, who))
+
+
+async def _report(ctx: ApiContext, job: Job) -> dict[str, Any]:
+    spec = await ctx.store.job_spec(job.id)
     try:
-        tasks = spec_tasks(await ctx.store.job_spec(job.id), ctx.catalog)
+        tasks = spec_tasks(spec, ctx.catalog)
     except (KeyError, ConfigError):      # a catalog task removed since: report by id
         tasks = {}
-    return build_report(job, tasks, await ctx.store.rollouts(job_id))
+    static, procedures = spec_docs(spec)
+    return build_report(job, tasks, await ctx.store.rollouts(job.id), static, procedures)
+
+
+async def report_page(ctx: ApiContext, job_id: str, who: Principal) -> str:
+    """The HTML report with its screenshots embedded (read from the store as the job's team's
+    artifacts: the page needs no credential to show them)."""
+    job = await own_job(ctx, job_id, who)
+    data = await _report(ctx, job)
+    images = {}
+    for aid in screenshot_ids(data):
+        found = await ctx.store.get_artifact(job.team, aid)
+        if found is not None:
+            images[aid] = found
+    return render_html(data, images)
 
 
 @router.get("/jobs/{job_id}/report", tags=["results"], operation_id="job_report", responses={
@@ -68,12 +86,12 @@ async def report_of(ctx: ApiContext, job_id: str, who: Principal) -> dict[str, A
 async def report(job_id: str, request: Request, ctx: Context,
                  who: Annotated[Principal, Depends(auth("jobs:read"))]) -> Response:
     """The documentation-verification report: per procedure its pass rate over K, a
-    verdict (works, broken, flaky, inconclusive) and, when broken, where and why."""
-    data = await report_of(ctx, job_id, who)
+    verdict (works, works_text_stale, broken, inconclusive) with its evidence, the steps
+    with their static labels, and where a procedure that did not work stopped."""
     accept = request.headers.get("accept", "")
     if "text/html" in accept and "application/json" not in accept.split(",")[0]:
-        return HTMLResponse(render_html(data))
-    return JSONResponse(data)
+        return HTMLResponse(await report_page(ctx, job_id, who))
+    return JSONResponse(await report_of(ctx, job_id, who))
 
 
 @router.get("/jobs/{job_id}/report.html", tags=["results"], operation_id="job_report_html",
@@ -81,7 +99,8 @@ async def report(job_id: str, request: Request, ctx: Context,
                 "type": "string"}}}, "description": "the report as a page"}})
 async def report_html(job_id: str, ctx: Context,
                       who: Annotated[Principal, Depends(auth("jobs:read"))]) -> HTMLResponse:
-    return HTMLResponse(render_html(await report_of(ctx, job_id, who)))
+    """The report as one page, screenshots embedded."""
+    return HTMLResponse(await report_page(ctx, job_id, who))
 
 
 @router.get("/artifacts/{artifact_id}", tags=["results"], operation_id="get_artifact",

@@ -1,0 +1,135 @@
+"""A procedure's verdict: its static check and its agent runs merged, each verdict with the
+evidence that supports it (a doc team acts on ``broken``, so ``broken`` never comes without
+evidence; an agent that failed says something about the agent, not the doc).
+
+In order:
+
+1. **broken, static**: a step the static check labelled ``missing``, ``unreachable``,
+   ``ambiguous`` or ``not_applicable`` (:data:`~.model.DEFECT_LABELS`). This wins over passing
+   samples: an agent that reached the goal another way does not make a control that is not there
+   appear (a missing step, a renamed-away menu); the passes are kept on the verdict.
+2. **works** / **works_text_stale**: at least one completed sample passed: the reward service's
+   rule found the required audit events, so success is evidence. ``passes`` of ``samples``
+   (the completed ones) is the pass rate (there is no ``flaky``: a procedure that works some of
+   the time works). ``works_text_stale`` when a step's label differs from the console's (the
+   evidence names each stale step and the console's label).
+3. **broken, confirmed infeasible**: no sample passed, and a sample the agent reported
+   infeasible carries the console's refusal in its deciding audit events (an event of the task's
+   operation with an error code); or, for a catalogue task known not to work as written
+   (``known_defect``), the judges accepted the agent's infeasibility report against that known
+   reason (a positive reward).
+4. **inconclusive**: otherwise: too few samples completed (fewer than ``min_completed`` of the
+   ``samples`` asked for; rollouts the environment failed never count), or the agent did not
+   complete it and nothing shows the doc is wrong. Refusals of the console seen without an
+   infeasibility claim are listed as evidence but decide nothing (the agent may have typed a
+   wrong value itself).
+
+With no samples at all (``samples == 0``: the static check alone), the verdict is ``broken``
+with static evidence, or ``inconclusive`` with the static summary ("static check passed; not
+run"): a static pass shows the labels are right, not that the procedure works.
+"""
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
+
+from .model import DEFECT_LABELS, Evidence, StepCheck, Verdict
+
+if TYPE_CHECKING:       # the jobs API's rollout model (pydantic), duck-typed here
+    from rollout_service.jobs.schema import Rollout
+
+NOT_RUN = "static check passed; not run"
+NO_EVIDENCE = "the agent did not complete it; no evidence the doc is wrong"
+
+
+def static_evidence(checks: Sequence[StepCheck]) -> tuple[list[Evidence], list[Evidence]]:
+    """(defects, stale): one :class:`Evidence` per defective step and per step whose label
+    differs, ``ref`` the step number."""
+    defects, stale = [], []
+    for c in checks:
+        if c.label in DEFECT_LABELS:
+            near = f"; the closest control is {c.closest!r}" if c.closest else ""
+            what = f" {c.mention!r}" if c.mention else ""
+            detail = c.detail or f"{c.label.replace('_', ' ')}{what}"
+            defects.append(Evidence("static", f"step {c.number} ({c.label}): {detail}"
+                                              f"{near if c.closest not in detail else ''}",
+                                    c.number))
+        elif c.label == "label_differs":
+            says = f"says {c.mention!r}" if c.mention else "names a control"
+            stale.append(Evidence("static", f"step {c.number} {says}; the console's label is "
+                                            f"{c.closest!r}", c.number))
+    return defects, stale
+
+
+def _refusals(rollout: Rollout, operations: Collection[str]) -> list[Evidence]:
+    return [Evidence("audit", f"sample {rollout.sample}: the console refused "
+                              f"{e.event_name} with {e.error_code}", e.event_name)
+            for e in rollout.deciding_events
+            if e.error_code and (not operations or e.event_name in operations)]
+
+
+def procedure_verdict(checks: Sequence[StepCheck], rollouts: Sequence[Rollout], *,
+                      samples: int, operations: Collection[str] = (), known_defect: str = "",
+                      min_completed: float = 0.5) -> Verdict:
+    """The verdict of one procedure (see the module docstring for the rule).
+
+    ``checks``: its static check (empty when none ran); ``rollouts``: its samples as the jobs
+    API keeps them (only ``state == "completed"`` ones count); ``samples``: how many were asked
+    for (0: static only); ``operations``: the audit event names of the task's operation (its
+    required events: a refusal of another event proves nothing about this procedure; empty:
+    any refused event counts); ``known_defect``: the catalogue's reason a procedure does not
+    work as written (``expected: infeasible`` tasks), "" for others. ``Verdict.samples`` is the
+    number of completed samples and ``passes`` how many of them passed."""
+    if samples < 0 or not 0.0 <= min_completed <= 1.0:
+        raise ValueError("procedure_verdict: samples must be >= 0 and min_completed in [0, 1]")
+    defects, stale = static_evidence(checks)
+    done = [r for r in rollouts if r.state == "completed"]
+    passed = [r for r in done if r.verdict == "success"]
+    counts = {"passes": len(passed), "samples": len(done)}
+    if defects:
+        extra = []
+        if passed:
+            extra.append(Evidence("audit", f"the agent reached the goal in {len(passed)} of "
+                                           f"{len(done)} samples by another way than the "
+                                           "steps say"))
+        return Verdict("broken", tuple(defects + extra), **counts)
+    if samples == 0:
+        return Verdict("inconclusive", (Evidence("static", NOT_RUN if not stale else
+                                                 f"static check: {len(stale)} stale "
+                                                 "label(s); not run"), *stale))
+    if passed:
+        names = sorted({e.event_name for e in passed[0].deciding_events if not e.error_code})
+        proof = Evidence("audit", f"passed {len(passed)} of {len(done)} completed samples; the "
+                                  "audit log has the operation"
+                                  + (f" ({', '.join(names)})" if names else ""),
+                         names[0] if names else passed[0].id)
+        return Verdict("works_text_stale" if stale else "works", (proof, *stale), **counts)
+    claimed = [r for r in done if r.verdict == "infeasible"]
+    for r in claimed:
+        refused = _refusals(r, operations)
+        if refused:
+            reason = r.infeasible_reason or "no reason given"
+            return Verdict("broken", (*refused, Evidence(
+                "infeasibility", f"sample {r.sample}: the agent reported it cannot be done as "
+                                 f"written: {reason}", r.id)), **counts)
+    if known_defect:
+        for r in claimed:
+            if (r.reward or 0.0) > 0.0:
+                return Verdict("broken", (Evidence(
+                    "infeasibility", f"sample {r.sample}: the agent reported it cannot be done "
+                                     f"({r.infeasible_reason or 'no reason given'}), and the "
+                                     f"judges matched the known defect: {known_defect}",
+                    r.id),), **counts)
+    seen = [e for r in done for e in _refusals(r, operations)]
+    if len(done) < max(1, min_completed * samples):
+        lost = sum(r.state == "failed" for r in rollouts)
+        why = (f"only {len(done)} of {samples} samples completed"
+               + (f" ({lost} lost to the environment)" if lost else "") + "; too few to judge")
+        return Verdict("inconclusive", (Evidence("agent", why), *seen, *stale), **counts)
+    undecided = sum(r.verdict == "undetermined" for r in done)
+    why = NO_EVIDENCE + (f" (the judges could not decide {undecided} of {len(done)})"
+                         if undecided else "")
+    return Verdict("inconclusive", (Evidence("agent", why), *seen, *stale), **counts)
+
+
+__all__ = ["NOT_RUN", "NO_EVIDENCE", "procedure_verdict", "static_evidence"]
