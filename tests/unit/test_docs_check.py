@@ -129,3 +129,14 @@ def test_similarity_ignores_case_punctuation_and_plurals():
     assert similarity("Create user", "Create User") == 1.0
     assert similarity("Security Group", "Security Groups") >= 0.97
     assert similarity("Add New User", "Create User") < 0.85
+
+
+def test_after_a_flagged_step_the_next_steps_are_not_flagged_for_the_same_break():
+    proc = Procedure("Create a RAM user", "ram.md", (
+        step(1, Mention("product", "RAM console")),
+        step(2, Mention("menu", "Users")),
+        step(3, Mention("control", "Add New User")),          # invented name
+        step(4, Mention("field", "Logon Name", "deploy-bot")),
+        step(5, Mention("control", "Create")),
+    ))
+    assert labels(check_procedure(proc, inventory())) == ["ok", "ok", "missing", "ok", "ok"]
