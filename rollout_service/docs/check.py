@@ -28,13 +28,15 @@ with a detail saying so: the check has nothing to contradict, and the agent's ru
 """
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rapidfuzz import fuzz
 
-from .model import Control, Form, FormField, Inventory, Mention, PageEntry, Procedure, StepCheck
+from .model import (Control, DocStep, Form, FormField, Inventory, Mention, PageEntry,
+                    Procedure, StepCheck)
 
 CLOSE = 0.85            # a label this similar (0..1) to the console's is the same control, reworded
 NEAR_MISS = 0.5         # below this the closest label is not worth naming
@@ -332,23 +334,38 @@ class Checker:
                       f"the option reads {found!r}")
 
     # ---- a procedure --------------------------------------------------------------------------
+    def _resolve(self, step: DocStep, where: _Where) -> list[tuple[Mention, _Match]]:
+        results: list[tuple[Mention, _Match]] = []
+        previous: Mention | None = None
+        for m in step.mentions:
+            row_link = m.kind == "control" and (m.value == "row-link" or not m.text)
+            if row_link and previous is not None and previous.kind == "control" and (
+                    previous.value == "row-link" or not previous.text):
+                continue        # "Click the name of the bucket, b1": one click, said twice
+            previous = m
+            resolve = {"product": self._product, "menu": self._menu, "page": self._page,
+                       "control": self._control, "field": self._field,
+                       "option": self._option}.get(m.kind)
+            if resolve is not None:
+                results.append((m, resolve(m, where)))
+        return results
+
     def check(self, proc: Procedure) -> tuple[StepCheck, ...]:
         where = _Where(product=proc.product)
         out = []
+        pending: list[DocStep] = []     # steps flagged unreachable: perhaps only too early
         for step in proc.steps:
-            results: list[tuple[Mention, _Match]] = []
-            previous: Mention | None = None
-            for m in step.mentions:
-                row_link = m.kind == "control" and (m.value == "row-link" or not m.text)
-                if row_link and previous is not None and previous.kind == "control" and (
-                        previous.value == "row-link" or not previous.text):
-                    continue        # "Click the name of the bucket, b1": one click, said twice
-                previous = m
-                resolve = {"product": self._product, "menu": self._menu, "page": self._page,
-                           "control": self._control, "field": self._field,
-                           "option": self._option}.get(m.kind)
-                if resolve is not None:
-                    results.append((m, resolve(m, where)))
+            results = self._resolve(step, where)
+            if pending and results and _worst(results)[1].label in ("missing", "unreachable"):
+                # Steps out of order: a reader who could not do an earlier step does it once
+                # its place is reached. If that makes this step work, only the early step is
+                # at fault.
+                retry = copy.deepcopy(where)
+                for early in pending:
+                    self._resolve(early, retry)
+                again = self._resolve(step, retry)
+                if _RANK[_worst(again)[1].label] < _RANK[_worst(results)[1].label]:
+                    where, results, pending = retry, again, []
             here = where.pages[0].pattern if where.pages else ""
             if not results:
                 why = ("a note" if step.note else "names no control, field or page"
@@ -356,7 +373,9 @@ class Checker:
                 out.append(StepCheck(step.number, "ok", page=here,
                                      detail=f"nothing to check: the step {why}"))
                 continue
-            mention, worst = max(results, key=lambda r: _RANK[r[1].label])
+            mention, worst = _worst(results)
+            if any(r.label == "unreachable" for _, r in results):
+                pending.append(step)
             lost = any(r.label == "unreachable" or r.label == "missing" and m.kind in
                        ("control", "menu", "page") for m, r in results)
             if lost:
@@ -367,14 +386,15 @@ class Checker:
                 where.form, where.dialog, where.lost = None, "", True
             else:
                 where.lost = False
-            if worst.label == "ok":
-                detail = ""
-            else:
-                detail = worst.detail
             out.append(StepCheck(step.number, worst.label, mention.text or mention.value,
                                  worst.found if worst.label != "ok" else "",
-                                 round(worst.score, 3), here, detail))
+                                 round(worst.score, 3), here,
+                                 "" if worst.label == "ok" else worst.detail))
         return tuple(out)
+
+
+def _worst(results: list[tuple[Mention, _Match]]) -> tuple[Mention, _Match]:
+    return max(results, key=lambda r: _RANK[r[1].label])
 
 
 def _value_problem(f: FormField, value: str) -> str:
