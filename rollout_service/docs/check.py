@@ -131,7 +131,7 @@ class Checker:
             return _Match("not_applicable", detail=f"the console has no product {m.text!r}")
         where.product = key
         where.pages = [p for p in self.inv.pages if p.product == key and p.menu_path][:1]
-        where.form, where.dialog = None, ""
+        where.form, where.dialog, where.lost = None, "", False
         return _Match("ok", key, 1.0, page=where.pages[0] if where.pages else None)
 
     def _menu(self, m: Mention, where: _Where) -> _Match:
@@ -167,7 +167,7 @@ class Checker:
                           detail=f"no navigation entry {m.text!r}"
                                  + (f"; closest: {found!r}" if found else ""))
         where.pages = [best.page] if best.page else where.pages
-        where.form, where.dialog = None, ""
+        where.form, where.dialog, where.lost = None, "", False
         if best.label == "label_differs":
             best.detail = f"the navigation reads {best.found!r}"
         return best
@@ -184,7 +184,7 @@ class Checker:
         label, found, score = self._compare(m.text, [p.title for p in scope])
         if label != "missing":
             page = next(p for p in scope if p.title == found)
-            where.pages, where.form, where.dialog = [page], None, ""
+            where.pages, where.form, where.dialog, where.lost = [page], None, "", False
             return _Match(label, found, score, page=page, detail="" if label == "ok" else
                           f"the page is titled {found!r}")
         everywhere = [p for p in self.inv.pages if p.title]
@@ -211,14 +211,14 @@ class Checker:
             label, found, score = self._compare(m.text, [x for x in extra if x])
             if label != "missing" and (label == "ok" or not here):
                 if norm(found) == norm(where.form.submit):
-                    where.form = None       # submitted
+                    self._submitted(where)
                 return _Match(label, found, score, detail="" if label == "ok" else
                               f"the form's button reads {found!r}")
         label, found, score = self._compare(m.text, [c.label for _, c in here])
         if where.form is not None:
             submit_label, submit, s2 = self._compare(m.text, [where.form.submit])
             if _RANK[submit_label] < _RANK[label]:
-                where.form = None
+                self._submitted(where)
                 return _Match(submit_label, submit, s2, detail=f"the form's button reads "
                               f"{submit!r}")
         if label != "missing":
@@ -267,14 +267,21 @@ class Checker:
     def _follow(self, control: Control, where: _Where) -> None:
         kind, _, target = control.target.partition(":")
         if kind == "page" and target in self.by_pattern:
-            where.pages = [self.by_pattern[target]]
+            where.pages, where.lost = [self.by_pattern[target]], False
             forms = where.pages[0].forms
             where.form = forms[0] if len(forms) == 1 else None
             where.dialog = ""
         elif kind == "dialog":
             where.dialog = target
         elif kind == "post":
-            where.dialog = ""
+            self._submitted(where)
+
+    def _submitted(self, where: _Where) -> None:
+        """After a submit the console shows a page the inventory does not record (the new
+        resource's, the list's): the next step is looked for anywhere in the product."""
+        where.pages = [p for p in self.inv.pages
+                       if not where.product or p.product == where.product]
+        where.form, where.dialog, where.lost = None, "", True
 
     def _forms(self, where: _Where) -> list[Form]:
         if where.form is not None:
@@ -287,6 +294,13 @@ class Checker:
         forms = self._forms(where)
         fields = [f for form in forms for f in form.fields]
         label, found, score = self._compare(m.text, [f.label for f in fields])
+        if label == "missing":
+            # "the name" for the form's only name field ("VPC Name"): a generic reference
+            words = set(norm(m.text).replace("(", " ").replace(")", " ").split())
+            holders = [f for f in fields if words and words <= set(
+                norm(f.label).replace("(", " ").replace(")", " ").split())]
+            if len(holders) == 1:
+                label, found, score = "ok", holders[0].label, similarity(m.text, found)
         if label == "missing":
             elsewhere = [(p, form, f) for p in self.inv.pages for form in p.forms
                          for f in form.fields
@@ -384,8 +398,6 @@ class Checker:
                 where.pages = [p for p in self.inv.pages
                                if not where.product or p.product == where.product]
                 where.form, where.dialog, where.lost = None, "", True
-            else:
-                where.lost = False
             out.append(StepCheck(step.number, worst.label, mention.text or mention.value,
                                  worst.found if worst.label != "ok" else "",
                                  round(worst.score, 3), here,

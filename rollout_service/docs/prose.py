@@ -27,6 +27,7 @@ from .model import DocStep, Mention, Procedure
 _STEP = re.compile(r"^\s*(\d+)[.)]\s+(.*)$")
 _RESOURCE = r"(?:instance|user|bucket|security group|VPC|vSwitch|the new user's page)"
 _CLAUSES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(p, re.I)) for kind, p in (
+    ("fields", r"^choose (?P<x>instance type) (?P<v>\S+) and the (?P<v2>.+?) (?P<x2>image)$"),
     ("product", r"^open the (?P<x>\w+) console(?: in the .*? region)?"),
     ("menu", r"^choose (?P<x>[A-Z][\w&/ -]*(?: > [A-Z][\w&/ -]*)+)$"),
     ("find", rf"^find {_RESOURCE} \S+$"),
@@ -47,6 +48,7 @@ _CLAUSES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(p, r
     ("value", r"^enter (?P<v>\S+)$"),
     ("enter_free", r"^enter a (?P<x>\w+)$"),
     ("control", r"^click (?P<x>[A-Z][\w&/ -]*?)(?: to .*)?$"),
+    ("options2", r"^choose the (?P<v>\S+) (?P<x>storage class) and the (?P<v2>.+?) (?P<x2>ACL)$"),
     ("option", r"^(?:select|choose) (?:the system policy )?(?P<x>[A-Z][\w/.()-]*(?: [\w/.()-]+)*)$"),
     ("menu1", r"^choose (?P<x>[A-Z][\w& -]*)$"),
 ))
@@ -72,6 +74,9 @@ def read_sentence(sentence: str) -> tuple[tuple[Mention, ...], bool]:
             clause_list = [clause]
         for c in clause_list:
             m = _read_clause(c)
+            if m and m[0].kind == "option" and not m[0].field and mentions \
+                    and mentions[-1].kind == "product":
+                m = [Mention("menu", m[0].text)]     # "Open the X console and choose Y"
             if m is None:
                 read_all = False
             else:
@@ -110,6 +115,9 @@ def _read_clause(clause: str) -> list[Mention] | None:
             return []
         if kind == "option":
             return [Mention("option", x)]
+        if kind == "options2":
+            return [Mention("option", m.group("v"), field=x),
+                    Mention("option", m.group("v2"), field=m.group("x2"))]
     return None
 
 
