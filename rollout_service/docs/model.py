@@ -62,6 +62,7 @@ class FormField:
     max_length: int | None = None
     pattern: str = ""
     step: str = ""              # the wizard step (its title) the field is on, "" when one page
+    section: str = ""           # the titled group (fieldset legend) the field is in, if any
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class Inventory:
     pages: tuple[PageEntry, ...]
     products: tuple[tuple[str, str], ...] = ()   # (key, title shown on the home page)
     schema: int = INVENTORY_SCHEMA
+    crawl_s: float = 0.0        # how long the crawl took (not part of the version)
 
     def page(self, pattern: str) -> PageEntry | None:
         return next((p for p in self.pages if p.pattern == pattern), None)
