@@ -294,9 +294,9 @@ def _controls(page: str, a: PageEntry, b: PageEntry) -> list[Change]:
                               f"{c.label} -> {match[0].target or '?'}"))
     # 4. what is left in one place, as many on both sides: renamed in order (a wizard's
     # buttons, which lead nowhere a crawl can name)
-    for where in dict.fromkeys(r[0] for _, r in left):
-        xs = [(c, r) for c, r in left if r[0] == where]
-        ys = [(d, s) for d, s in right if s[0] == where]
+    for where in dict.fromkeys(r[0] for _, r in left if not r[1]):
+        xs = [(c, r) for c, r in left if r[0] == where and not r[1]]
+        ys = [(d, s) for d, s in right if s[0] == where and not s[1]]
         if len(xs) == len(ys) and all(c.role == d.role for (c, _), (d, _) in zip(xs, ys)):
             for x, y in zip(xs, ys):
                 left.remove(x)
