@@ -283,6 +283,18 @@ def _controls(page: str, a: PageEntry, b: PageEntry) -> list[Change]:
             right.remove(match)
             out.append(Change("renamed", page, "nav" if c.where == "nav" else "control",
                               c.label, match[0].label))
+    # 2b. same target, in a renamed section or dialog (its title is a label too)
+    for c, r in list(left):
+        if not r[1]:
+            continue
+        kind = r[0].split(":")[0]
+        match = [(d, s) for d, s in right if d.role == c.role and s[1] == r[1]
+                 and s[0].split(":")[0] == kind]
+        if len(match) == 1:
+            left.remove((c, r))
+            right.remove(match[0])
+            if c.label != match[0][0].label:
+                out.append(Change("renamed", page, "control", c.label, match[0][0].label))
     # 3. same label and place, another target: changed
     for c, r in list(left):
         match = next(((d, s) for d, s in right if d.role == c.role and d.label == c.label

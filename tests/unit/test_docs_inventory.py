@@ -169,6 +169,11 @@ def test_committed_inventories_load_and_match_their_version():
     for drift, path in files.items():
         inv = load(path)
         assert inv.drift == drift and inv.version == version_of(inv.pages)
+    # the rename profile changes labels only: every difference is a rename
+    changes = diff(load(files[""]), load(files["rename"]))
+    assert changes and all(c.kind == "renamed" for c in changes), \
+        [str(c) for c in changes if c.kind != "renamed"]
+    assert Change("renamed", "/console/ram/users", "control", "Create User", "Add User") in changes
 
 
 # ---- the crawler's normaliser and value generation (no browser) ---------------------------------
