@@ -467,6 +467,15 @@ class EnvWorker:
                 return data, "image/jpeg"
         return None, ""
 
+    def current_page(self) -> Page | None:
+        """The browser page of the running episode (None between episodes), for tools that
+        read the console through the worker's own browser and sandbox (the documentation
+        crawler): what they do there is not an agent step and is not counted as one."""
+        episode = self._episode
+        if episode is None or episode.page.is_closed():
+            return None
+        return episode.page
+
     def blocked(self) -> list[str]:
         """What the sandbox refused in the current episode."""
         return list(self._episode.blocked) if self._episode else []

@@ -65,6 +65,7 @@ class FormField:
     pattern: str = ""
     step: str = ""              # the wizard step (its title) the field is on, "" when one page
     values: tuple[str, ...] = ()
+    section: str = ""           # the titled group (fieldset legend) the field is in, if any
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class Inventory:
     pages: tuple[PageEntry, ...]
     products: tuple[tuple[str, str], ...] = ()   # (key, title shown on the home page)
     schema: int = INVENTORY_SCHEMA
+    crawl_s: float = 0.0        # how long the crawl took (not part of the version)
 
     def page(self, pattern: str) -> PageEntry | None:
         return next((p for p in self.pages if p.pattern == pattern), None)

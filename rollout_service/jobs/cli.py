@@ -403,6 +403,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["inventory"]:      # local files: no API, no token
+        from rollout_service.docs.inventory import diff_main
+        return diff_main(argv[1:])
     top = parser()
     try:
         args = top.parse_args(argv)

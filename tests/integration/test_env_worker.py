@@ -422,3 +422,20 @@ def test_wall_clock_limit_and_browser_restart_past_the_memory_limit(env_cloud, a
         finally:
             await worker.shutdown()
     run(flow())
+
+
+def test_current_page_is_the_running_episodes_page(env_cloud, accounts):
+    async def flow():
+        worker = worker_for(env_cloud)
+        try:
+            assert worker.current_page() is None
+            expect_observation(await worker.reset(EpisodeSpec("/console/ram/users"),
+                                                  accounts[2]))
+            page = worker.current_page()
+            assert page is not None and page.url.endswith("/console/ram/users")
+            assert await page.locator("h1").inner_text() == "Users"
+            await worker.close_episode()
+            assert worker.current_page() is None
+        finally:
+            await worker.shutdown()
+    run(flow())
