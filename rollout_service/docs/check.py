@@ -80,6 +80,7 @@ class _Where:
     form: Form | None = None
     dialog: str = ""
     lost: bool = False           # a control of an earlier step was not found
+    step_text: str = ""          # the step being resolved, lower case
 
 
 class Checker:
@@ -108,7 +109,8 @@ class Checker:
             for h in have:
                 if norm(h) == renamed:
                     return "label_differs", h, similarity(wanted, h)
-        if score >= CLOSE and fuzzy:
+        if score >= CLOSE and fuzzy and re.findall(r"\d+", norm(wanted)) == re.findall(
+                r"\d+", norm(best)):       # IPv6 is not IPv4 reworded
             return "label_differs", best, score
         return "missing", best if score >= NEAR_MISS else "", score
 
@@ -205,6 +207,8 @@ class Checker:
     def _control(self, m: Mention, where: _Where) -> _Match:
         if m.value == "row-link" or not m.text:
             return self._row_link(where)
+        if m.value == "region":
+            return self._region(m)
         here = [(p, c) for p in where.pages for c in self._visible(p, where.dialog)]
         if where.form is not None:       # a form's own buttons
             extra = [where.form.submit, where.form.next_label, where.form.cancel]
@@ -255,6 +259,19 @@ class Checker:
                       detail=f"no control named {m.text!r} where the step is"
                              + (f"; closest: {found!r}" if found else ""))
 
+    def _region(self, m: Mention) -> _Match:
+        """The top bar's region selector is the same on every page; the regions it offers are
+        those of the console's Region fields."""
+        regions = sorted({o for p in self.inv.pages for form in p.forms for f in form.fields
+                          if norm(f.label) == "region" for o in f.options})
+        if not regions:
+            return _Match("ok", detail="the inventory records no region list")
+        label, found, score = self._compare(m.text, regions, fuzzy=False)
+        if label == "missing":
+            return _Match("not_applicable", found, score,
+                          detail=f"the console offers no region {m.text!r}")
+        return _Match(label, found, score)
+
     def _row_link(self, where: _Where) -> _Match:
         for page in where.pages:
             for c in page.controls:
@@ -268,7 +285,7 @@ class Checker:
         kind, _, target = control.target.partition(":")
         if kind == "page" and target in self.by_pattern:
             where.pages, where.lost = [self.by_pattern[target]], False
-            forms = where.pages[0].forms
+            forms = [f for f in where.pages[0].forms if f.post]    # not a search form
             where.form = forms[0] if len(forms) == 1 else None
             where.dialog = ""
         elif kind == "dialog":
@@ -296,17 +313,21 @@ class Checker:
         label, found, score = self._compare(m.text, [f.label for f in fields])
         if label == "missing":
             # "the name" for the form's only name field ("VPC Name"): a generic reference
-            words = set(norm(m.text).replace("(", " ").replace(")", " ").split())
-            holders = [f for f in fields if words and words <= set(
-                norm(f.label).replace("(", " ").replace(")", " ").split())]
+            words = _words(m.text)
+            holders = [f for f in fields if words and words <= _words(f.label)]
             if len(holders) == 1:
                 label, found, score = "ok", holders[0].label, similarity(m.text, found)
+            elif "search" in where.step_text and any(
+                    words and words <= _words(o) for form in forms if not form.post
+                     for f in form.fields for o in f.options):
+                # "enter the ID of the instance" in a search box that searches by Instance ID
+                return _Match("ok")
         if label == "missing":
             elsewhere = [(p, form, f) for p in self.inv.pages for form in p.forms
                          for f in form.fields
                          if not where.product or p.product == where.product]
             elabel, efound, escore = self._compare(m.text, [f.label for _, _, f in elsewhere])
-            if elabel == "ok" and not forms:
+            if elabel == "ok" and not any(form.post for form in forms):
                 page, form, _ = next(x for x in elsewhere if x[2].label == efound)
                 where.pages, where.form = [page], form
                 return _Match("unreachable", efound, escore, page=page,
@@ -331,8 +352,9 @@ class Checker:
         fields = [f for form in forms for f in form.fields if f.options]
         if m.field:
             named = self._compare(m.field, [f.label for f in fields])
-            if named[0] != "missing":
-                fields = [f for f in fields if f.label == named[1]]
+            if named[0] == "missing":      # the field itself is not here: say that
+                return self._field(Mention("field", m.field, m.text), where)
+            fields = [f for f in fields if f.label == named[1]]
         options = [o for f in fields for o in f.options]
         if not options:
             return _Match("unreachable" if not forms else "missing",
@@ -350,6 +372,7 @@ class Checker:
     # ---- a procedure --------------------------------------------------------------------------
     def _resolve(self, step: DocStep, where: _Where) -> list[tuple[Mention, _Match]]:
         results: list[tuple[Mention, _Match]] = []
+        where.step_text = step.text.lower()
         previous: Mention | None = None
         for m in step.mentions:
             row_link = m.kind == "control" and (m.value == "row-link" or not m.text)
@@ -403,6 +426,10 @@ class Checker:
                                  round(worst.score, 3), here,
                                  "" if worst.label == "ok" else worst.detail))
         return tuple(out)
+
+
+def _words(text: str) -> set[str]:
+    return set(norm(text).replace("(", " ").replace(")", " ").split())
 
 
 def _worst(results: list[tuple[Mention, _Match]]) -> tuple[Mention, _Match]:

@@ -140,7 +140,9 @@ FACTS_JS = r"""
   const forms = [];
   let fi = 0;
   for (const form of main.querySelectorAll("form")) {
-    if ((form.getAttribute("method") || "").toLowerCase() !== "post") continue;
+    // forms that post, and search forms (read, never sent: they change nothing)
+    const method = (form.getAttribute("method") || "get").toLowerCase();
+    if (method !== "post" && form.getAttribute("role") !== "search") continue;
     form.setAttribute("data-crawl-form", String(fi));
     const steps = Array.from(form.querySelectorAll("fieldset")).filter(
         (fs) => !fs.parentElement.closest("fieldset") && fs.querySelector("legend"));
@@ -168,11 +170,18 @@ FACTS_JS = r"""
           el.readOnly ? "readonly" :
           (type === "number" || el.getAttribute("inputmode") === "numeric") ? "number" : "text";
       let options = [];
-      if (kind === "select") options = Array.from(el.options).filter((o) => o.value !== "")
-          .map((o) => clean(o.textContent));
-      if (kind === "radio") options = Array.from(form.querySelectorAll(
-          `input[type=radio][name="${CSS.escape(el.name)}"]`)).map((r) =>
-          nameOf(r) || spoken(r.closest("label")));
+      let values = [];
+      if (kind === "select") {
+        const opts = Array.from(el.options).filter((o) => o.value !== "");
+        options = opts.map((o) => clean(o.textContent));
+        values = opts.map((o) => o.value);
+      }
+      if (kind === "radio") {
+        const group = Array.from(form.querySelectorAll(
+            `input[type=radio][name="${CSS.escape(el.name)}"]`));
+        options = group.map((r) => nameOf(r) || spoken(r.closest("label")));
+        values = group.map((r) => r.value);
+      }
       const num = (a) => el.hasAttribute(a) && el.getAttribute(a) !== "" ?
           Number(el.getAttribute(a)) : null;
       const described = (el.getAttribute("aria-describedby") || (group &&
@@ -180,7 +189,7 @@ FACTS_JS = r"""
           .map((i) => spoken(document.getElementById(i))).join(" ");
       fields.push({name: el.name || el.id || "", label, kind,
                    required: el.required || el.getAttribute("aria-required") === "true",
-                   options, minimum: num("min"), maximum: num("max"),
+                   options, values, minimum: num("min"), maximum: num("max"),
                    max_length: el.maxLength > 0 ? el.maxLength : null,
                    pattern: el.getAttribute("pattern") || "",
                    step: wizard && step ? spoken(step.querySelector("legend")) : "",
@@ -194,7 +203,7 @@ FACTS_JS = r"""
     const cancel = form.querySelector("a[href]");
     const title = nameOf(form) || (steps[0] ? "" : "") ||
         spoken(document.querySelector("main h1"));
-    forms.push({i: fi, title, url: form.action, fields,
+    forms.push({i: fi, title, url: form.action, method, fields,
                 steps: wizard ? steps.map((s) => spoken(s.querySelector("legend"))) : [],
                 submit: submit ? (submit.tagName === "INPUT" ? clean(submit.value)
                                   : nameOf(submit)) : "",
@@ -350,16 +359,31 @@ def entry_from_facts(norm: Normaliser, facts: Mapping[str, Any], probed: Mapping
     controls += dialog_controls
     forms = tuple(Form(title=text(f["title"]), fields=tuple(
         FormField(name=x["name"], label=x["label"], kind=x["kind"], required=x["required"],
-                  options=tuple(text(o) for o in x["options"]), minimum=x["minimum"],
-                  maximum=x["maximum"], max_length=x["max_length"], pattern=x["pattern"],
-                  step=x["step"], section=x["section"]) for x in f["fields"]),
-        submit=f["submit"], post=norm.path(f["url"]) if f["url"] else "",
+                  options=tuple(text(o) for o in x["options"]),
+                  minimum=_bound(x, "minimum", 0), maximum=_bound(x, "maximum", 1),
+                  max_length=x["max_length"], pattern=x["pattern"],
+                  step=x["step"], section=x["section"],
+                  values=tuple(text(v) for v in x["values"])) for x in f["fields"]),
+        submit=f["submit"],
+        post=norm.path(f["url"]) if f["url"] and f["method"] == "post" else "",
         steps=tuple(f["steps"]), next_label=f["next"], cancel=f["cancel"])
         for f in facts["forms"])
     return PageEntry(pattern=pattern, title=text(facts["h1"]), product=product_of(pattern),
                      menu_path=menu, controls=tuple(_dedupe(controls)), forms=forms,
                      tabs=tuple(_COUNT.sub("", t) for t in facts["tabs"]),
                      columns=tuple(facts["columns"]), example=_path_of(url))
+
+
+_RANGE = re.compile(r"^\s*(-?\d+(?:\.\d+)?) to (-?\d+(?:\.\d+)?)(?![\w.])")
+
+
+def _bound(field: dict[str, Any], key: str, index: int) -> float | None:
+    """A number field's bound: its ``min``/``max`` attribute, else the range its help text
+    opens with ("1 to 100; a smaller number is ..."), as consoles often state it in words."""
+    if field[key] is not None or field["kind"] != "number":
+        return field[key]
+    m = _RANGE.match(field.get("help") or "")
+    return float(m.group(index + 1)) if m else None
 
 
 def _path_of(url: str) -> str:
