@@ -175,6 +175,8 @@ class Checker:
         return best
 
     def _page(self, m: Mention, where: _Where) -> _Match:
+        if m.value == "detail" and not m.text:
+            return self._detail(m, where)
         here = where.pages
         label, found, score = self._compare(m.text, [p.title for p in here])
         if label != "missing":
@@ -197,6 +199,34 @@ class Checker:
                           detail=f"the {found!r} page is not reachable from where the previous "
                                  "steps lead")
         return _Match("missing", found, score, detail=f"no page titled {m.text!r}")
+
+    def _sections(self, page: PageEntry) -> set[str]:
+        """The titled parts of a page the inventory knows of: where its controls sit and the
+        groups of its forms' fields."""
+        out = {c.where.split(":", 1)[1] for c in page.controls if c.where.startswith("section:")}
+        return out | {f.section for form in page.forms for f in form.fields if f.section}
+
+    def _section(self, m: Mention, where: _Where) -> _Match:
+        here = {s for p in where.pages for s in self._sections(p)}
+        label, found, score = self._compare(m.text, here)
+        if label != "missing":
+            return _Match(label, found, score, detail="" if label == "ok" else
+                          f"the section is titled {found!r}")
+        scope = [p for p in self.inv.pages if not where.product or p.product == where.product]
+        for page in scope:
+            label, found, score = self._compare(m.text, self._sections(page))
+            if label == "ok" and not where.lost:
+                return _Match("unreachable", found, score, page=page,
+                              detail=f"the {found!r} section is on the {page.title!r} page "
+                                     f"({page.pattern}), which the previous steps do not reach")
+        # Sections without controls or fields are not in the inventory: nothing to say.
+        return _Match("ok")
+
+    def _detail(self, m: Mention, where: _Where) -> _Match:
+        """"On the details page": a resource's page, or one a row link of this page opens."""
+        if any(p.pattern.endswith("{}") for p in where.pages):
+            return _Match("ok")
+        return self._row_link(where)
 
     def _visible(self, page: PageEntry, dialog: str) -> list[Control]:
         """The controls a reader sees on ``page``: all but those inside a closed dialog."""
@@ -382,7 +412,7 @@ class Checker:
             previous = m
             resolve = {"product": self._product, "menu": self._menu, "page": self._page,
                        "control": self._control, "field": self._field,
-                       "option": self._option}.get(m.kind)
+                       "option": self._option, "section": self._section}.get(m.kind)
             if resolve is not None:
                 results.append((m, resolve(m, where)))
         return results

@@ -32,9 +32,15 @@ def _c(pattern: str) -> re.Pattern:
     return re.compile(pattern)
 
 
-TOP_BAR = _c(_I(r"^in the top navigation bar"))
+TOP_BAR = _c(_I(r"(?:^|\s)(?:in|on|from) the top (?:navigation|menu) bar"))
 NAV = _c(_I(r"in the (?:left-side |left |side )?navigation (?:pane|bar|menu|tree)"
-            r"|in the left-side menu"))
+            r"(?: on the left)?|in the left-side menu|in the left navigation"))
+GOTO = _c(rf"^{_I('(?:navigate to|go to|open)')}\s+(?:{_I('the')}\s+)?({NAME})"
+          rf"(?:\s+{_I('page')})?$")
+# "Specify the VPC settings.", "Fill in the fields as follows:": an introduction to the
+# sub-steps or the table that follow, not a field of its own
+INTRO = _c(_I(r"\b(?:settings|parameters|fields|following|as follows|configuration|"
+              r"information|details|properties|rule|options)\s*$"))
 DIALOG = _c(_I(r"^in the (?:message|dialog box|dialog|confirmation message|pop-up window|"
                r"panel|window|message box)\b") + rf"|^{_I('in the')} {NAME} "
             + _I(r"(?:dialog box|dialog|panel|message|window)\b"))
@@ -205,7 +211,8 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         return _clause(tpl, rest, ctx) if rest else ([], True)
     if ctx.top and (m := SELECT.search(clause)):
         # "In the top navigation bar, select **China (Hangzhou)**": the region selector
-        return [Mention("control", tpl.value(m.group(1))[0], value="region")], True
+        choice = re.sub(_I(r"\s+as the region$"), "", m.group(1))
+        return [Mention("control", tpl.value(choice)[0], value="region")], True
     if m := LABELLED.match(clause):
         # "**Zone**: select `cn-hangzhou-i`" (a parameter written as a list item)
         name = tpl.name(m.group(1))
@@ -229,16 +236,19 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         return [m for ph in re.findall(r"⟨m\d+⟩", clause) for m in _menu(tpl, ph)], True
     if (m := MENU.search(clause)) or (m := BARE_PATH.search(clause)):
         return _menu(tpl, m.group(1)), True
+    if m := GOTO.search(clause):
+        # "Navigate to **Security Groups**": a left navigation entry
+        return _menu(tpl, m.group(1)), True
     if m := TAB.search(clause):
         return [Mention("control", tpl.name(m.group(1)), value="tab")], True
-    if DETAIL_PAGE.search(clause):
-        return [Mention("page", "", value="detail")], True
     if m := PAGE.search(clause):
         return [Mention("page", tpl.name(m.group(1) or m.group(2)))], True
     if m := ROW_LINK.search(clause):
         named = re.search(r"⟨c\d+⟩", m.group(0))
         return [Mention("control", "", value="row-link",
                         field=tpl.values[named.group(0)].text if named else "")], True
+    if DETAIL_PAGE.search(clause):
+        return [Mention("page", "", value="detail")], True
     if m := ENTER_IN.search(clause):
         return _field(tpl.name(m.group(2)), m.group(1), tpl), True
     if m := SET.search(clause):
@@ -265,7 +275,14 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         return [], True
     if m := SECTION.search(clause):
         rest = clause[m.end():].strip(" ,")
-        return _clause(tpl, rest, ctx) if rest else ([], True)
+        kind = re.search(_I(r"(section|area|column|list|table|step)\b"),
+                         clause[m.start(1) + len(m.group(1)):]).group(1).lower()
+        here = [Mention("section", tpl.name(m.group(1)))] if kind in ("section", "area") else []
+        found, ok = _clause(tpl, rest, ctx) if rest else ([], True)
+        return here + found, ok
+    if (m := ENTER.search(clause)) and INTRO.search(clause) and not ctx.field \
+            and "⟨c" not in clause:
+        return [], True
     if m := ENTER.search(clause):
         value, _choice, noun = tpl.value(m.group(1))
         name, ctx.field = ctx.field or (noun[:1].upper() + noun[1:] if noun else ""), ""
@@ -281,6 +298,8 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         if ctx.field:
             name, ctx.field = ctx.field, ""
             return [Mention("option", value, field=name), Mention("field", name, value)], True
+        if value and ctx.nav:
+            return [Mention("menu", value)], True       # "In the pane on the left, choose X"
         if value:
             return [Mention("option", value)], True
     clicks = []

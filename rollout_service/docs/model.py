@@ -129,6 +129,7 @@ class Mention:
     - ``field``   a form field; ``value`` is what to enter or choose ("" when the doc leaves it)
     - ``option``  a choice of a select or radio field ``field``; ``text`` the option
     - ``product`` the console the step opens ("Open the **RAM console**")
+    - ``section`` the part of the page the step is in ("In the **Permissions** section")
     """
 
     kind: str

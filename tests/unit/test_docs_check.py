@@ -140,3 +140,22 @@ def test_after_a_flagged_step_the_next_steps_are_not_flagged_for_the_same_break(
         step(5, Mention("control", "Create")),
     ))
     assert labels(check_procedure(proc, inventory())) == ["ok", "ok", "missing", "ok", "ok"]
+
+
+def test_a_section_the_page_lacks_but_another_page_has_is_unreachable():
+    inv = inventory()
+    detail = inv.page(USERS + "/{}")
+    with_section = PageEntry(detail.pattern, detail.title, detail.product, (), detail.controls + (
+        Control("button", "Add Permissions", f"page:{USERS}/{{}}/grant",
+                where="section:Permissions"),))
+    pages = tuple(with_section if p.pattern == detail.pattern else p for p in inv.pages)
+    inv = Inventory(inv.console, inv.drift, inv.crawled_at, inv.version, pages, inv.products)
+    proc = Procedure("Grant", "ram.md", (
+        step(1, Mention("product", "RAM console")),
+        step(2, Mention("menu", "Users")),
+        step(3, Mention("section", "Permissions"), Mention("control", "Add Permissions")),
+        step(4, Mention("section", "Nowhere Recorded")),
+    ))
+    checks = check_procedure(proc, inv)
+    assert labels(checks) == ["ok", "ok", "unreachable", "ok"]
+    assert "Permissions" in checks[2].detail
