@@ -198,6 +198,31 @@ def crawl_seconds(cloud: Any) -> float:
     return round(time.perf_counter() - started, 1)
 
 
+def task_suite() -> dict[str, Any]:
+    """The static check over the task suite's own procedures (``tasks/``, plain prose read by
+    :mod:`rollout_service.docs.prose`): every step that is not ``ok``. A task on a drift
+    profile without a committed inventory (wizard, nav, more_menu, extra_confirm, all) is
+    checked against the default console's."""
+    from collections import Counter
+
+    from consolerl.tasks import TASKS_DIR, load_suite
+    from rollout_service.docs.prose import procedure_from_text
+    invs, history = inventories()
+    flags, counts = [], Counter()
+    tasks = load_suite(TASKS_DIR)
+    for t in tasks:
+        drift = t.drift if t.drift in invs else ""
+        proc = procedure_from_text(t.title, t.procedure, t.id, t.product)
+        for step, c in zip(proc.steps, check_procedure(proc, invs[drift], history[drift])):
+            counts[c.label] += 1
+            if c.label != "ok":
+                flags.append({"task": t.id, "drift": t.drift, "checked_as": drift,
+                              "expected": t.expected, "step": c.number, "label": c.label,
+                              "text": step.text, "detail": c.detail})
+    return {"tasks": len(tasks), "steps": sum(counts.values()), "labels": dict(counts),
+            "flags": flags}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.docs",
                                      description="The documentation checker on the corpus.")
@@ -205,7 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, default=CORPUS)
     parser.add_argument("--no-cloud", action="store_true",
                         help="skip the drafts' validation and the crawl (no local cloud)")
+    parser.add_argument("--tasks", action="store_true",
+                        help="instead: the static check over the task suite's procedures")
     args = parser.parse_args(argv)
+    if args.tasks:
+        print(json.dumps(task_suite(), indent=None if args.json else 1))
+        return 0
     items, times, unlabelled = read_corpus(args.corpus)
     _progress(f"{len(items)} procedures checked, p50 {percentile(times, 0.5):.1f} ms a page")
     found = [i for i in items if i.proc is not None]

@@ -78,7 +78,7 @@ def ram_tasks() -> list[dict]:
             args["display_name"] = "{display_name}"
             steps.append("Enter {display_name} as the display name.")
             expect["User.DisplayName"] = "{display_name}"
-        steps.append("Click OK to create the user.")
+        steps.append("Click Create to create the user.")
         out.append(task(f"ram-create-user-{n}", "ram", "Create a RAM user", steps,
                         "/console/ram/users", 2, params=params, drift=drift,
                         required=[ev("CreateUser", "Ram", **{"requestParameters.UserName":
@@ -115,7 +115,7 @@ def ram_tasks() -> list[dict]:
         params = {"user_name": f"onb{n}-{{episode}}"}
         out.append(task(f"ram-onboard-user-{n}", "ram", f"Create a RAM user and grant {policy}",
                         ["Open the RAM console and choose Identities > Users.",
-                         "Click Create User, enter {user_name} as the logon name and click OK.",
+                         "Click Create User, enter {user_name} as the logon name and click Create.",
                          "On the new user's page click Add Permissions.",
                          f"Select the system policy {policy} and click OK."],
                         "/console/ram/users", 4, params=params, drift=drift, split=split,
@@ -241,7 +241,7 @@ def vpc_tasks() -> list[dict]:
                         ["Open the VPC console in the China (Hangzhou) region and choose VPCs.",
                          "Click Create VPC.",
                          "Enter {name} as the name and " + cidr + " as the IPv4 CIDR block.",
-                         "Click OK."],
+                         "Click Create."],
                         "/console/vpc/vpcs", 2, params=params, drift=drift,
                         required=[{"id": "vpc", **ev("CreateVpc", "Vpc", **{
                             "requestParameters.VpcName": "{name}",
@@ -259,7 +259,7 @@ def vpc_tasks() -> list[dict]:
                         ["Open the VPC console and choose VPCs.",
                          "Click Create vSwitch in the row of VPC {net}.",
                          f"Enter {{name}} as the name, choose zone {zone}, enter {cidr}.",
-                         "Click OK."],
+                         "Click Create."],
                         "/console/vpc/vpcs", 3, params=params, prereq=NET, drift=drift,
                         required=[{"id": "vsw", **ev("CreateVSwitch", "Vpc", **{
                             "requestParameters.VpcId": "{net}",
@@ -314,7 +314,7 @@ def ecs_tasks() -> list[dict]:
                          "Groups.", "Click Create Security Group.",
                          "Enter {name} as the name and choose VPC {net}."
                          + (" Choose Advanced Security Group." if gtype == "enterprise" else ""),
-                         "Click OK."],
+                         "Click Create."],
                         "/console/ecs/security-groups", 2, params=params, prereq=NET,
                         drift=drift,
                         required=[{"id": "sg", **ev("CreateSecurityGroup", "Ecs", **{
