@@ -37,7 +37,7 @@ import yaml
 from consolerl.stats import percentile
 from rollout_service.docs.check import check_procedure
 from rollout_service.docs.extract import extract
-from rollout_service.docs.inventory import default_inventories, load
+from rollout_service.docs.service import DocsService
 from rollout_service.docs.model import DEFECT_LABELS, Inventory, Procedure, StepCheck
 
 CORPUS = Path(__file__).resolve().parent.parent / "docs" / "corpus"
@@ -70,9 +70,9 @@ def content_type(path: Path) -> str:
 def inventories() -> tuple[dict[str, Inventory], dict[str, list[Inventory]]]:
     """The committed inventories by drift profile, and each one's history (older crawls):
     the default console is the history of every drifted one."""
-    invs = {drift: load(path) for drift, path in default_inventories().items()}
-    history = {drift: ([invs[""]] if drift and "" in invs else []) for drift in invs}
-    return invs, history
+    service = DocsService.default()
+    invs = dict(service.inventories)
+    return invs, {drift: list(service.previous.get(drift, ())) for drift in invs}
 
 
 def read_corpus(corpus: Path) -> tuple[list[Item], list[float], int]:

@@ -177,7 +177,29 @@ class DocsService:
         """The committed inventories (:func:`.inventory.default_inventories`), those that
         exist."""
         files = _lazy("inventory", "default_inventories")()
-        return cls.from_files({d: p for d, p in files.items() if Path(p).is_file()})
+        service = cls.from_files({d: p for d, p in files.items() if Path(p).is_file()})
+        # A drifted console is the undrifted one, changed: the undrifted crawl is its history
+        # (the renames it records make a changed label stale text, not a missing control).
+        base = service.inventories.get("")
+        if base is not None:
+            service.previous = {d: (base,) for d in service.inventories if d}
+        return service
+
+    def task_checks(self, tasks: Mapping[str, Any]) -> dict[str, tuple[StepCheck, ...]]:
+        """The static check of catalogue tasks' procedures (plain prose, read by
+        :mod:`.prose`), for those whose drift profile has an inventory: a task on a console
+        this server has not crawled gets none rather than a check against another console."""
+        from .prose import procedure_from_text
+        check = self.checker or _lazy("check", "check_procedure")
+        out = {}
+        for tid, task in tasks.items():
+            drift = getattr(task, "drift", "") or ""
+            if drift not in self.inventories:
+                continue
+            proc = procedure_from_text(task.title, task.procedure, tid, task.product)
+            out[tid] = tuple(check(proc, self.inventories[drift],
+                                   tuple(self.previous.get(drift, ()))))
+        return out
 
     def inventory(self, drift: str) -> Inventory:
         if not self.inventories:

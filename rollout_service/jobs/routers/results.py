@@ -5,10 +5,12 @@ and the artifacts (screenshots) its steps kept."""
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from consolerl.errors import ConfigError
 
+from ...docs.service import DocsUnavailable
 from ..auth import Principal
 from ..report import build_report, render_html, screenshot_ids
 from ..schema import Job, ResultPage, Rollout, RolloutSummary, spec_docs, spec_tasks
@@ -63,6 +65,13 @@ async def _report(ctx: ApiContext, job: Job) -> dict[str, Any]:
     except (KeyError, ConfigError):      # a catalog task removed since: report by id
         tasks = {}
     static, procedures = spec_docs(spec)
+    catalogue = {tid: t for tid, t in tasks.items() if tid not in static}
+    if catalogue and ctx.docs is not None:
+        try:
+            service = await run_in_threadpool(ctx.docs)
+            static = {**await run_in_threadpool(service.task_checks, catalogue), **static}
+        except DocsUnavailable:
+            pass                         # no inventory here: the runs alone decide
     return build_report(job, tasks, await ctx.store.rollouts(job.id), static, procedures)
 
 
