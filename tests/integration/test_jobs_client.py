@@ -303,7 +303,7 @@ def test_cli_jobs_end_to_end(url, tokens, redis_server, capsys, tmp_path):
     code, out, _ = cli("jobs", "report", jid)
     row = next(line for line in out.splitlines() if line.startswith(TASK))
     assert code == 0 and "0 works, 1 works_text_stale, 0 broken, 0 inconclusive" in out
-    assert row.split()[1:4] == ["works", "50%", "(1/2)"] and "passed 1 of 2" in row
+    assert row.split()[1:4] == ["works_text_stale", "50%", "(1/2)"] and "passed 1 of 2" in row
     code, out, _ = cli("jobs", "report", jid, "--html", str(tmp_path / "r.html"))
     assert code == 0 and "works" in (tmp_path / "r.html").read_text()
     code, out, _ = cli("jobs", "submit", "--regex", "^ram-create-user-[01]$")
