@@ -297,18 +297,24 @@ def _field_for(form: Form, label: str, option: str = "") -> FormField | None:
     return None
 
 
-def _filled(proc: Procedure, form: Form) -> list[tuple[FormField, str | None, int]]:
+def _filled(proc: Procedure, form: Form, checks: Mapping[str, StepCheck] | None = None
+            ) -> list[tuple[FormField, str | None, int]]:
     """The form's fields the doc names: (field, its value or None when the doc leaves it,
-    index of the step that names it; -1 for the parameter table)."""
+    index of the step that names it; -1 for the parameter table). A field label the static
+    check found differs from the console's is looked up under the console's label."""
     out: dict[str, tuple[FormField, str | None, int]] = {}
     for label, value in proc.parameters:
         f = _field_for(form, label, value)
         if f is not None:
             out[f.name] = (f, value or None, -1)
     for i, step in enumerate(proc.steps):
+        check = (checks or {}).get(step.number)
         for m in step.mentions:
             if m.kind == "field":
                 f = _field_for(form, m.text, m.value)
+                if f is None and check is not None and check.label == "label_differs" \
+                        and check.closest and _same(check.mention, m.text):
+                    f = _field_for(form, check.closest, m.value)
                 if f is not None and (m.value or f.name not in out):
                     out[f.name] = (f, m.value or None, i)
             elif m.kind == "option":
@@ -481,7 +487,7 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
     if op.form is not None:
         # Values of the parameter table go with the first step taken on the form's page.
         on_form = next((i for i, (before, _) in enumerate(walk) if before == op.page), op.step)
-        for f, value, step in _filled(proc, op.form):
+        for f, value, step in _filled(proc, op.form, by_number):
             step = step if step >= 0 else on_form
             if f.kind == "readonly":
                 continue

@@ -350,3 +350,20 @@ def test_values_only_the_parameter_table_gives_reach_the_steps():
                     "Name.) (Set Display Name to `Deploy Bot`.)")
     assert task["success"]["required_events"][0]["where"] == {
         "requestParameters.UserName": "{user_name}", "requestParameters.DisplayName": "Deploy Bot"}
+
+
+def test_a_field_whose_label_differs_is_filled_under_the_consoles_label():
+    inv = fx.inventory()
+    pages = tuple(dataclasses.replace(p, forms=tuple(dataclasses.replace(f, fields=tuple(
+        dataclasses.replace(x, label="Username") if x.name == "UserName" else x
+        for x in f.fields)) for f in p.forms)) for p in inv.pages)
+    proc = fx.ram_create_user("ci-runner")
+    checks = [StepCheck(s.number, "ok") for s in proc.steps]
+    checks[3] = StepCheck("4", "label_differs", "Logon Name", "Username", 0.5,
+                          "/console/ram/users/create")
+    task = drafted(proc, checks, dataclasses.replace(inv, pages=pages), drift="rename")
+    # the doc's value, unique per episode, in the rule and in the text the agent reads
+    assert task["success"]["required_events"][0]["where"]["requestParameters.UserName"] == \
+        "{user_name}"
+    assert task["parameters"] == {"user_name": "ci-runner-{episode}"}
+    assert "ci-runner" not in task["procedure"]
