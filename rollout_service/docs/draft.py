@@ -378,9 +378,11 @@ def _procedure_text(proc: Procedure, hints: Mapping[int, list[str]],
     for i, step in enumerate(proc.steps):
         text = " ".join(step.text.split())
         for literal, placeholder in rename.items():
-            text = text.replace(literal, placeholder)
+            # whole names only: "vpc-old" is not replaced inside "vpc-old-2"
+            text = re.sub(rf"(?<![\w-]){re.escape(literal)}(?![\w-])",
+                          lambda _m, p=placeholder: p, text)
         # A brace pair in the doc that looks like a placeholder would be filled (and fail).
-        text = _PLACEHOLDER.sub(lambda m: m[0] if m[0] in rename.values()
+        text = _PLACEHOLDER.sub(lambda m: m[0] if any(m[0] in v for v in rename.values())
                                 or any(m[0] in h for h in hints.get(i, ())) else
                                 f"{{ {m[1]} }}", text)
         extra = " ".join(hints.get(i, ()))
@@ -537,7 +539,10 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
         if not any(k.startswith("requestParameters.") for k in where) and op.form.fields:
             notes.append("the doc names none of the form's fields: the rule only requires "
                          "the action")
-    _bind_sends(b, op, walk, where, known)
+    acted_on = [bound[0]] if bound is not None else []
+    acted_on += _bind_sends(b, op, walk, where, known)
+    if acted_on:
+        _name_as_the_doc(b, proc, op.step, acted_on[0], rename)
     _fit_networks(b, proc, where)
 
     uncovered = _uncovered(proc, set(b.prereqs))
@@ -593,13 +598,15 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
 
 
 def _bind_sends(b: _Builder, op: _Operation, walk: list[tuple[str, str]],
-                where: dict[str, Any], known: dict[str, str]) -> None:
+                where: dict[str, Any], known: dict[str, str]) -> list[str]:
     """Add what the console's request carries that the doc does not name (``op.sends``, learnt
     by the crawl): a constant as the console sends it (``PolicyType=System``); a parameter
     that names a resource (the VPC a vSwitch form posts for) bound to a prerequisite of that
     type; a required name the reader types, generated. The region is the twin's and the
-    rule's own; anything else the reader enters or chooses is left to the doc's values."""
+    rule's own; anything else the reader enters or chooses is left to the doc's values.
+    Returns the resource types it bound."""
     fields = {f.name: f for f in (op.form.fields if op.form is not None else ())}
+    bound: list[str] = []
     reach = next((i for i, (_, after) in enumerate(walk) if after == op.page), op.step)
     for name, value in op.sends:
         key = f"requestParameters.{name}"
@@ -621,6 +628,30 @@ def _bind_sends(b: _Builder, op: _Operation, walk: list[tuple[str, str]],
         rid = b.require(rtype)
         where[key] = known[name] = "{" + rid + "}"
         b.hint(min(reach, op.step), f"(The {RESOURCE_NOUN[rtype]} is `{{{rid}}}`.)")
+        bound.append(rtype)
+    return bound
+
+
+_DOC_NAME = re.compile(r"[a-z][a-z0-9-]{1,38}[a-z0-9]")
+
+
+def _name_as_the_doc(b: _Builder, proc: Procedure, upto: int, rtype: str,
+                     rename: dict[str, str]) -> None:
+    """The resource the operation acts on, when the doc finds it by a name before acting
+    ("enter tmp-export-01 in the search box", "click vpc-old in the list"), is provisioned
+    under that name made unique per episode (``tmp-export-01-{episode}``), and the steps say
+    that name: the doc's own way of finding it then works."""
+    decl = b.prereqs.get(rtype)
+    if decl is None or "name" not in decl["properties"]:
+        return
+    names = [m.value if m.kind == "field" else m.field
+             for step in proc.steps[:upto + 1] for m in step.mentions
+             if (m.kind == "field" and not m.text and m.value) or
+             (m.kind == "control" and m.value == "row-link" and m.field)]
+    name = next((n for n in names if _DOC_NAME.fullmatch(n)), None)
+    if name is None or name in rename:
+        return
+    decl["properties"]["name"] = rename[name] = f"{name}-{{episode}}"
 
 
 def _fit_networks(b: _Builder, proc: Procedure, where: Mapping[str, Any]) -> None:

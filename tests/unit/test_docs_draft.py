@@ -367,3 +367,19 @@ def test_a_field_whose_label_differs_is_filled_under_the_consoles_label():
         "{user_name}"
     assert task["parameters"] == {"user_name": "ci-runner-{episode}"}
     assert "ci-runner" not in task["procedure"]
+
+
+def test_the_resource_the_doc_finds_by_name_is_provisioned_under_that_name():
+    proc = fx.Procedure("Set an ACL", "oss.md", (
+        fx.step("1", "Log on to the OSS console.", fx.M("product", "OSS console")),
+        fx.step("2", "In the left-side navigation pane, click Buckets.", fx.M("menu", "Buckets")),
+        fx.step("3", "Enter tmp-export-01 in the search box and click Search.",
+                fx.M("field", "", "tmp-export-01"), fx.M("control", "Search")),
+        *(dataclasses.replace(s, number=str(int(s.number) + 1))
+          for s in fx.oss_set_acl().steps[2:])))
+    task = drafted(proc)
+    (bucket,) = task["prerequisites"]
+    assert bucket["properties"]["name"] == "tmp-export-01-{episode}"
+    assert "3. Enter tmp-export-01-{episode} in the search box" in task["procedure"]
+    text = fill(task["procedure"], {"episode": "e1", "b": "tmp-export-01-e1"})
+    assert "tmp-export-01-e1 in the search box" in text
