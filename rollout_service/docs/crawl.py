@@ -15,7 +15,10 @@ worker's own browser (its sign-in, its sandbox: nothing outside the console is r
    control (a direct one, or a dialog's confirmation) is clicked, creating forms first and
    destructive controls last (a destroyed sample is replaced by a fresh set). The API action
    each caused is read from the cloud's audit log (ActionTrail: the console's events carrying
-   the crawl's lease mark in their user agent, by time) and stored as ``Service:Action``.
+   the crawl's lease mark in their user agent, by time) and stored as ``Service:Action``, with
+   the request parameters it carried (``sends``): a value the console adds on its own is kept,
+   one that names the resource, the region, or what the crawl typed or chose becomes ``{}``
+   (:func:`normalise_sends`).
 4. **Clean-up.** Everything of the samples (by tag and name) and everything the crawl's
    submits created (from the audit log) is destroyed, and the account is checked to hold none
    of it; a leftover fails the crawl.
@@ -29,12 +32,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import secrets
 import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -57,12 +61,16 @@ from reward_service.verifier import from_console
 from rollout_service.episode import agent_created, exists
 
 from .crawl_forms import fill_and_send
-from .crawl_page import (DIALOG_JS, FACTS_JS, Normaliser, entry_from_facts, merge,
-                         target_of, with_actions)
+from .crawl_page import (DIALOG_JS, FACTS_JS, Normaliser, entry_from_facts, id_shaped,
+                         merge, target_of, with_actions)
 from .inventory import save, version_of
 from .model import Control, Inventory, PageEntry
 
 log = logging.getLogger("rollout_service.docs.crawl")
+# What a send taught: the API action (``Service:Action``, "" when none) and its sends.
+_Learnt = tuple[str, tuple[tuple[str, str], ...]]
+# A value made afresh for each request: a hex token or a UUID (a ClientToken).
+_TOKEN = re.compile(r"[0-9a-fA-F]{16,}|[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 
 # One of each resource type the console manages, in states that show every action: a running
 # and a stopped instance, a group with an inbound and an outbound rule, a user with a policy.
@@ -149,6 +157,29 @@ class _Item:
     role: str = "button"
     danger: bool = False
     post: str = ""
+    fields: tuple[str, ...] = ()    # a form's field names (the values the crawl chose)
+
+
+def normalise_sends(params: Mapping[str, Any], *, fields: Iterable[str] = (),
+                    specific: Callable[[str], bool] = lambda _v: False,
+                    context: Iterable[str] = ()) -> tuple[tuple[str, str], ...]:
+    """An audit event's ``requestParameters`` as :attr:`Form.sends`: sorted (name, value);
+    the value becomes ``{}`` when it is a value of one of the form's ``fields`` (what the crawl
+    typed or chose), ``specific`` says it names a resource (an ID, a name the crawl made), or
+    it appears in ``context`` (the row or page the control was on, the region). What is left
+    is a value the console sends whatever the user does (``PolicyType=System``)."""
+    names = set(fields)
+    texts = [t for t in context if t]
+    out = []
+    for name, value in params.items():
+        value = "" if value is None else str(value)
+        # whole words only: an "1" inside a random ID must not decide
+        word = re.compile(rf"(?<![\w.-]){re.escape(value)}(?![\w.-])") if value else None
+        if name in names or specific(value) or (
+                word is not None and any(word.search(t) for t in texts)):
+            value = "{}"
+        out.append((str(name), value))
+    return tuple(sorted(out))
 
 
 @dataclass
@@ -387,7 +418,8 @@ class Crawler:
             ex = examples[p.pattern]
             for f in p.forms:
                 if f.post:
-                    items.append(_Item("form", p.pattern, ex, f.title, post=f.post))
+                    items.append(_Item("form", p.pattern, ex, f.title, post=f.post,
+                                       fields=tuple(x.name for x in f.fields)))
             dialogs = {c.where for c in p.controls if c.where.startswith("dialog:")
                        and c.target.startswith("post:")}
             for c in p.controls:
@@ -405,8 +437,8 @@ class Crawler:
 
     async def _act(self, page: Page, pages: dict[str, PageEntry],
                    examples: dict[str, list[str]]) -> dict[str, PageEntry]:
-        by_control: dict[str, dict[tuple[str, str, str], str]] = {}
-        by_post: dict[str, str] = {}
+        by_control: dict[str, dict[tuple[str, str, str], _Learnt]] = {}
+        by_post: dict[str, _Learnt] = {}
         pending = self._items(pages, examples)
         for attempt in range(4):
             later: list[_Item] = []
@@ -424,7 +456,8 @@ class Crawler:
                 if found is None:
                     later.append(item)
                     continue
-                action, post, dialog_ok = found
+                learnt, post, dialog_ok = found
+                action = learnt[0]
                 self.progress(f"action {action or '?':32s} {item.kind} {item.label!r} on "
                               f"{item.pattern}")
                 self.metrics.actions.labels("found" if action else "missed").inc()
@@ -432,13 +465,13 @@ class Crawler:
                     continue
                 controls = by_control.setdefault(item.pattern, {})
                 if item.kind == "form":
-                    by_post[item.post] = action
+                    by_post[item.post] = learnt
                 else:
-                    controls[(item.label, item.where, item.target)] = action
+                    controls[(item.label, item.where, item.target)] = learnt
                 if post:
-                    by_post.setdefault(post, action)
+                    by_post.setdefault(post, learnt)
                 if dialog_ok:
-                    controls[dialog_ok] = action
+                    controls[dialog_ok] = learnt
             pending = later
             if not pending:
                 break
@@ -458,9 +491,10 @@ class Crawler:
         return out
 
     async def _send(self, page: Page, item: _Item
-                    ) -> tuple[str, str, tuple[str, str, str] | None] | None:
-        """Send ``item`` on one of its pages: (action, post pattern, the dialog's confirming
-        control) or None when it could not be reached (no page, no enabled control)."""
+                    ) -> tuple[_Learnt, str, tuple[str, str, str] | None] | None:
+        """Send ``item`` on one of its pages: ((action, sends), post pattern, the dialog's
+        confirming control) or None when it could not be reached (no page, no enabled
+        control)."""
         for example in item.examples:
             url = self.worker.config.console_url + self._remap(example)
             facts = await self._facts(page, url)
@@ -479,7 +513,7 @@ class Crawler:
                     sent = False
                 if not sent:
                     continue
-                return await self._action_after(since), item.post, None
+                return await self._action_after(since, item.fields, (url,)), item.post, None
             control = self._find(facts, item)
             if control is None:
                 continue
@@ -491,7 +525,8 @@ class Crawler:
                 if item.kind == "direct":
                     async with page.expect_navigation(timeout=self._timeout_ms * 3):
                         await locator.click(timeout=self._timeout_ms)
-                    return await self._action_after(since), item.target[5:], None
+                    return await self._action_after(since, (), (url, control["row"])), \
+                        item.target[5:], None
                 await locator.click(timeout=self._timeout_ms)
                 dialog = await page.evaluate(DIALOG_JS)
                 opened = await page.evaluate(FACTS_JS)
@@ -510,7 +545,7 @@ class Crawler:
             extra = [s for s in urlsplit(url).path.split("/") if s and self.norm.resource(s)]
             key = (self.norm.text(ok["label"], extra), item.target,
                    f"post:{post}" if post else "")
-            return await self._action_after(since), post, key
+            return await self._action_after(since, (), (url, control["row"])), post, key
         return None
 
     def _find(self, facts: dict[str, Any], item: _Item) -> dict[str, Any] | None:
@@ -525,9 +560,12 @@ class Crawler:
         ours = [c for c in matches if any(h in c["row"] for h in hints)]
         return (ours or matches or [None])[0]
 
-    async def _action_after(self, since: float) -> str:
+    async def _action_after(self, since: float, fields: Iterable[str] = (),
+                            context: Iterable[str] = ()) -> _Learnt:
         """The API action of the first console event under the crawl's mark since ``since``
-        that no earlier send claimed ("" when none came within ``settle_s``)."""
+        that no earlier send claimed ("" when none came within ``settle_s``), and the request
+        parameters it carried (:func:`normalise_sends` with the form's ``fields`` and the
+        ``context`` the control was in)."""
         deadline = time.monotonic() + self.config.settle_s
         while True:
             events = await asyncio.to_thread(self._console_events, since - 2)
@@ -536,10 +574,20 @@ class Crawler:
                 self.state.attributed |= {str(e.get("eventId")) for e in new}
                 self.state.created += agent_created(new)
                 first = new[0]
-                return f"{first.get('serviceName', '')}:{first.get('eventName', '')}"
+                sends = normalise_sends(
+                    first.get("requestParameters") or {}, fields=fields,
+                    specific=self._specific, context=(*context, self.config.region))
+                return f"{first.get('serviceName', '')}:{first.get('eventName', '')}", sends
             if time.monotonic() > deadline:
-                return ""
+                return "", ()
             await asyncio.sleep(0.25)
+
+    def _specific(self, value: str) -> bool:
+        """Does ``value`` name something of this crawl (an ID, a sample's or a submit's
+        name) or is it made afresh for each request (a client token)? Words merely seen in
+        tables ("System" in a policy list) are not enough: those may be constants."""
+        return value in self.norm.known or id_shaped(value) or self.base in value or any(
+            r.episode_id in value for r in self.state.rounds) or bool(_TOKEN.fullmatch(value))
 
     def _console_events(self, since: float) -> list[dict[str, Any]]:
         return [e for e in self.trail.events(since, time.time() + 1)

@@ -255,7 +255,7 @@ _ID_WORD = re.compile(r"\b[a-z]{1,6}-[a-z0-9]{10,}\b")
 _COUNT = re.compile(r"\s+\d+$")
 
 
-def _id_shaped(word: str) -> bool:
+def id_shaped(word: str) -> bool:
     return bool(_ID_WORD.fullmatch(word)) and any(ch.isdigit() for ch in word)
 
 
@@ -269,7 +269,7 @@ class Normaliser:
     seen: set[str] = field(default_factory=set)
 
     def resource(self, segment: str) -> bool:
-        return segment in self.known or segment in self.seen or _id_shaped(segment)
+        return segment in self.known or segment in self.seen or id_shaped(segment)
 
     def path(self, url: str) -> str:
         """``http://host/console/ram/users/bob?x=1`` -> ``/console/ram/users/{}``; query
@@ -287,7 +287,7 @@ class Normaliser:
         for name in names:
             if name in text:
                 text = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", "{}", text)
-        return _ID_WORD.sub(lambda m: "{}" if _id_shaped(m[0]) else m[0], text)
+        return _ID_WORD.sub(lambda m: "{}" if id_shaped(m[0]) else m[0], text)
 
     def on_console(self, url: str) -> bool:
         """A console page the crawl may open: this host, under /console/, not sign-in or
@@ -427,15 +427,25 @@ def merge(a: PageEntry, b: PageEntry) -> PageEntry:
                    menu_path=a.menu_path or b.menu_path)
 
 
-def with_actions(entry: PageEntry, controls: Mapping[tuple[str, str, str], str],
-                 forms: Mapping[str, str]) -> PageEntry:
+def with_actions(entry: PageEntry,
+                 controls: Mapping[tuple[str, str, str], str | tuple[str, tuple]],
+                 forms: Mapping[str, str | tuple[str, tuple]]) -> PageEntry:
     """``entry`` with the API actions learnt: ``controls`` (label, where, target) -> action,
-    ``forms`` post pattern -> action."""
+    ``forms`` post pattern -> action; an action may come with the request parameters it sent,
+    as ``(action, sends)``."""
+    def learnt(found: str | tuple[str, tuple] | None, action: str, sends: tuple
+               ) -> dict[str, Any]:
+        if found is None:
+            return {"action": action, "sends": sends}
+        if isinstance(found, str):
+            return {"action": found, "sends": sends}
+        return {"action": found[0], "sends": tuple(found[1])}
     return replace(entry, controls=tuple(
-        replace(c, action=controls.get((c.label, c.where, c.target), c.action))
+        replace(c, **learnt(controls.get((c.label, c.where, c.target)), c.action, c.sends))
         for c in entry.controls), forms=tuple(
-        replace(f, action=forms.get(f.post, f.action)) for f in entry.forms))
+        replace(f, **learnt(forms.get(f.post), f.action, f.sends)) for f in entry.forms))
 
 
-__all__ = ["FACTS_JS", "DIALOG_JS", "Normaliser", "entry_from_facts", "merge", "product_of",
+__all__ = ["FACTS_JS", "DIALOG_JS", "Normaliser", "id_shaped", "entry_from_facts", "merge",
+           "product_of",
            "target_of", "with_actions", "concrete_resources"]

@@ -8,12 +8,18 @@ accepts, or says why it cannot (:class:`Draft`).
   inventory).
 - **What it does.** The operation is the API action (``Service:Action``) of the form the
   procedure submits, or of the control whose click causes one (a row's **Stop**, a dialog's
-  **OK**): the inventory recorded it from the audit log when the crawl made that request.
+  **OK**; a click that opens a confirmation acts on what that dialog posts to): the inventory
+  recorded it from the audit log when the crawl made that request.
 - **The success rule.** The required event is that action; its ``where`` names the request
   parameters the doc gives values for (a form field's ``name`` is its API parameter: the doc's
   field label -> ``FormField.name`` -> ``requestParameters.<name>``; an option's label -> the
-  value the form sends). Events that undo the operation are forbidden; the effect is read back
-  through the SDK where a read action exists (:mod:`.operations`).
+  value the form sends). What the request carries that the doc does not name comes from the
+  crawl (``Form.sends`` / ``Control.sends``, read from the crawl's own audit event): a
+  constant the console adds is required as it is (``PolicyType=System``), a parameter naming
+  a resource (``VpcId`` of a vSwitch form the row's **Create vSwitch** filled) is bound to a
+  prerequisite of that type, a required name the reader types is generated; the region is the
+  rule's own. Events that undo the operation are forbidden; the effect is read back through
+  the SDK where a read action exists (:mod:`.operations`).
 - **Values.** A required name the doc gives (the user or bucket the operation makes) becomes
   unique per episode (``deploy-bot-{episode}``: bucket names are global, and runs must not
   collide), in the rule and in the step text; a name the doc leaves to the reader is generated
@@ -21,25 +27,35 @@ accepts, or says why it cannot (:class:`Draft`).
 - **Prerequisites.** What the procedure acts on without creating it (the security group whose
   rules it edits, the instance it stops, the VPC it picks) is declared as Resource META
   (:mod:`consolerl.resources`) with what that needs in turn, and named by a placeholder in the
-  rule and in the step text. Prerequisites the doc lists in prose that no declaration covers
+  rule and in the step text. Prerequisites agree with the doc's values: a vSwitch block the
+  operation sends lies inside the prerequisite VPC's block (the one the doc's prerequisites
+  give, else the /16 around it); an instance is in the state the operation needs; buckets are
+  declared empty. Prerequisites the doc lists in prose that no declaration covers
   go to the ResourceCoder when one is given (an LLM endpoint is configured); otherwise the
   draft says they were left out.
 
-A procedure whose static check found a defect is still drafted when its operation is known:
-the agent runs it and the verdict weighs the evidence. The draft always expects success (it is
+**A procedure the static check found defective is not drafted** (a step labelled missing,
+unreachable, ambiguous or not_applicable): ``Draft(None, "not drafted: the static check
+found defects at step(s) ...")``. Its rule would be built from a control, field or value the
+console does not have (an option it refuses, a step that is not there), so it would be
+unsatisfiable by construction, and an agent run could add nothing: the verdict is ``broken``
+on the static evidence. A step whose label merely differs (stale text) is no defect, and such
+a procedure is drafted with the console's label. A drafted task always expects success (it is
 what the doc claims), is ``heldout`` and has no oracle.
 """
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .model import Control, DocStep, Form, FormField, Inventory, PageEntry, Procedure, StepCheck
-from .operations import (CONTRARY, CREATED_ID, DECLARATIONS, NEEDS, READBACK, RESOURCE_FIELDS,
-                         RESOURCE_NOUN, RESOURCE_PAGES, RESOURCE_WORDS)
+from .model import (DEFECT_LABELS, Control, DocStep, Form, FormField, Inventory, PageEntry,
+                    Procedure, StepCheck)
+from .operations import (CONTRARY, CREATED_ID, DECLARATIONS, ID_PARAMS, NEEDS, READBACK,
+                         RESOURCE_FIELDS, RESOURCE_NOUN, RESOURCE_PAGES, RESOURCE_WORDS)
 
 DEFAULT_REGION = "cn-hangzhou"
 SERVICES = {"Ecs": "ecs", "Vpc": "vpc", "Ram": "ram", "Oss": "oss"}
@@ -50,7 +66,7 @@ _PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]{0,31})\}")
 class Draft:
     """A drafted task (``task``: data :func:`consolerl.tasks.parse_task` accepts) or ``None``
     with ``reason`` saying why there is none. With a task, ``reason`` notes what the draft
-    could not cover (static defects it was drafted despite, prose prerequisites left out).
+    could not cover (prose prerequisites left out, several actions caused).
     ``source``: ``rules`` (this module) or ``llm`` (:mod:`.llm_draft`)."""
 
     task: dict | None
@@ -167,6 +183,7 @@ class _Operation:
     post: str                   # the pattern it posts to
     form: Form | None = None
     label: str = ""
+    sends: tuple[tuple[str, str], ...] = ()     # what the request carries (Form.sends)
 
 
 def _forms(entry: PageEntry | None) -> tuple[Form, ...]:
@@ -183,15 +200,24 @@ def _find_operations(proc: Procedure, checks: Mapping[str, StepCheck], inventory
             found = None
             for pattern in pages:
                 entry = inventory.page(pattern)
-                form = next((f for f in _forms(entry) if _same(f.submit, label)), None)
+                # A search form's button sends nothing (no post, no action): not an operation.
+                form = next((f for f in _forms(entry) if _same(f.submit, label)
+                             and (f.post or f.action)), None)
                 if form is not None:
-                    found = _Operation(form.action, i, pattern, form.post or pattern, form, label)
+                    found = _Operation(form.action, i, pattern, form.post or pattern, form, label,
+                                       form.sends)
                     break
                 control = next((c for c in (entry.controls if entry else ())
                                 if _same(c.label, label) and c.action), None)
                 if control is not None:
-                    post = control.target[5:] if control.target.startswith("post:") else pattern
-                    found = _Operation(control.action, i, pattern, pattern_of(post), None, label)
+                    # A click that opens a confirmation: the request is the dialog's (it
+                    # posts to the resource's path, which says what the operation acts on).
+                    confirm = next((c for c in entry.controls if control.target.startswith(
+                        "dialog:") and c.where == control.target and c.action == control.action
+                        and c.target.startswith("post:")), control)
+                    post = confirm.target[5:] if confirm.target.startswith("post:") else pattern
+                    found = _Operation(control.action, i, pattern, pattern_of(post), None, label,
+                                       confirm.sends or control.sends)
                     break
                 # A control that opens a dialog whose confirming control causes the action.
                 opener = next((c for c in (entry.controls if entry else ())
@@ -204,7 +230,7 @@ def _find_operations(proc: Procedure, checks: Mapping[str, StepCheck], inventory
                         post = confirm.target[5:] if confirm.target.startswith("post:") \
                             else pattern
                         found = _Operation(confirm.action, i, pattern, pattern_of(post), None,
-                                           label)
+                                           label, confirm.sends)
                         break
             # A dialog's OK after the click that opened it is the same operation.
             if found is not None and (not ops or ops[-1].action != found.action):
@@ -221,7 +247,7 @@ def _find_operations(proc: Procedure, checks: Mapping[str, StepCheck], inventory
                 score = sum(any(_near(n, f.label) for f in form.fields) for n in named)
                 if score and (best is None or score > best[0]):
                     best = (score, _Operation(form.action, i, pattern, form.post or pattern,
-                                              form, form.submit))
+                                              form, form.submit, form.sends))
     return [best[1]] if best else []
 
 
@@ -271,18 +297,24 @@ def _field_for(form: Form, label: str, option: str = "") -> FormField | None:
     return None
 
 
-def _filled(proc: Procedure, form: Form) -> list[tuple[FormField, str | None, int]]:
+def _filled(proc: Procedure, form: Form, checks: Mapping[str, StepCheck] | None = None
+            ) -> list[tuple[FormField, str | None, int]]:
     """The form's fields the doc names: (field, its value or None when the doc leaves it,
-    index of the step that names it; -1 for the parameter table)."""
+    index of the step that names it; -1 for the parameter table). A field label the static
+    check found differs from the console's is looked up under the console's label."""
     out: dict[str, tuple[FormField, str | None, int]] = {}
     for label, value in proc.parameters:
         f = _field_for(form, label, value)
         if f is not None:
             out[f.name] = (f, value or None, -1)
     for i, step in enumerate(proc.steps):
+        check = (checks or {}).get(step.number)
         for m in step.mentions:
             if m.kind == "field":
                 f = _field_for(form, m.text, m.value)
+                if f is None and check is not None and check.label == "label_differs" \
+                        and check.closest and _same(check.mention, m.text):
+                    f = _field_for(form, check.closest, m.value)
                 if f is not None and (m.value or f.name not in out):
                     out[f.name] = (f, m.value or None, i)
             elif m.kind == "option":
@@ -346,9 +378,11 @@ def _procedure_text(proc: Procedure, hints: Mapping[int, list[str]],
     for i, step in enumerate(proc.steps):
         text = " ".join(step.text.split())
         for literal, placeholder in rename.items():
-            text = text.replace(literal, placeholder)
+            # whole names only: "vpc-old" is not replaced inside "vpc-old-2"
+            text = re.sub(rf"(?<![\w-]){re.escape(literal)}(?![\w-])",
+                          lambda _m, p=placeholder: p, text)
         # A brace pair in the doc that looks like a placeholder would be filled (and fail).
-        text = _PLACEHOLDER.sub(lambda m: m[0] if m[0] in rename.values()
+        text = _PLACEHOLDER.sub(lambda m: m[0] if any(m[0] in v for v in rename.values())
                                 or any(m[0] in h for h in hints.get(i, ())) else
                                 f"{{ {m[1]} }}", text)
         extra = " ".join(hints.get(i, ()))
@@ -403,6 +437,10 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
     :class:`Draft` says why."""
     if not proc.steps:
         return Draft(None, "the procedure has no steps")
+    defects = [c.number for c in checks if c.label in DEFECT_LABELS]
+    if defects:
+        return Draft(None, f"not drafted: the static check found defects at step(s) "
+                           f"{', '.join(defects)}; the verdict rests on that evidence")
     by_number = {c.number: c for c in checks}
     walk = _walk(proc, by_number, inventory)
     ops = _find_operations(proc, by_number, inventory, walk)
@@ -451,7 +489,7 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
     if op.form is not None:
         # Values of the parameter table go with the first step taken on the form's page.
         on_form = next((i for i, (before, _) in enumerate(walk) if before == op.page), op.step)
-        for f, value, step in _filled(proc, op.form):
+        for f, value, step in _filled(proc, op.form, by_number):
             step = step if step >= 0 else on_form
             if f.kind == "readonly":
                 continue
@@ -463,7 +501,10 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
                 b.hint(step, f"(Set {f.label} to `{value}`.)")
             if f.name in RESOURCE_FIELDS:
                 rtype = RESOURCE_FIELDS[f.name]
-                if f.name == "VpcId" and any(x.name == "VSwitchId" for x in op.form.fields):
+                if op.sends and f.name not in dict(op.sends):
+                    continue            # the crawl saw the form not send it (a filter)
+                if not op.sends and f.name == "VpcId" and any(
+                        x.name == "VSwitchId" for x in op.form.fields):
                     continue            # a filter of the vSwitch select, not sent
                 rid = b.require(rtype)
                 where[f"requestParameters.{f.name}"] = "{" + rid + "}"
@@ -498,6 +539,11 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
         if not any(k.startswith("requestParameters.") for k in where) and op.form.fields:
             notes.append("the doc names none of the form's fields: the rule only requires "
                          "the action")
+    acted_on = [bound[0]] if bound is not None else []
+    acted_on += _bind_sends(b, op, walk, where, known)
+    if acted_on:
+        _name_as_the_doc(b, proc, op.step, acted_on[0], rename)
+    _fit_networks(b, proc, where)
 
     uncovered = _uncovered(proc, set(b.prereqs))
     if uncovered:
@@ -531,10 +577,6 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
     if end_state:
         success["end_state"] = end_state
 
-    defects = [c.number for c in checks if c.label in ("missing", "unreachable", "ambiguous",
-                                                         "not_applicable")]
-    if defects:
-        notes.append(f"drafted despite static defects at step(s) {', '.join(defects)}")
     start_page = start.pattern
     if "{}" in start_page:
         st = _resource_of(start_page)
@@ -553,6 +595,108 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
     if b.prereqs:
         task["prerequisites"] = b.ordered_prereqs()
     return Draft(task, "; ".join(notes))
+
+
+def _bind_sends(b: _Builder, op: _Operation, walk: list[tuple[str, str]],
+                where: dict[str, Any], known: dict[str, str]) -> list[str]:
+    """Add what the console's request carries that the doc does not name (``op.sends``, learnt
+    by the crawl): a constant as the console sends it (``PolicyType=System``); a parameter
+    that names a resource (the VPC a vSwitch form posts for) bound to a prerequisite of that
+    type; a required name the reader types, generated. The region is the twin's and the
+    rule's own; anything else the reader enters or chooses is left to the doc's values.
+    Returns the resource types it bound."""
+    fields = {f.name: f for f in (op.form.fields if op.form is not None else ())}
+    bound: list[str] = []
+    reach = next((i for i, (_, after) in enumerate(walk) if after == op.page), op.step)
+    for name, value in op.sends:
+        key = f"requestParameters.{name}"
+        if name == "RegionId" or key in where:
+            continue
+        if value != "{}":
+            where[key] = known[name] = value
+            continue
+        f = fields.get(name)
+        if f is not None and name not in RESOURCE_FIELDS:
+            if _is_name(f) and f.required:
+                param = b.parameter(snake(name), _generated(f))
+                where[key] = known[name] = "{" + param + "}"
+                b.hint(reach, f"(Use `{{{param}}}` as the {f.label}.)")
+            continue
+        rtype = ID_PARAMS.get(name)
+        if rtype is None:
+            continue
+        rid = b.require(rtype)
+        where[key] = known[name] = "{" + rid + "}"
+        b.hint(min(reach, op.step), f"(The {RESOURCE_NOUN[rtype]} is `{{{rid}}}`.)")
+        bound.append(rtype)
+    return bound
+
+
+_DOC_NAME = re.compile(r"[a-z][a-z0-9-]{1,38}[a-z0-9]")
+
+
+def _name_as_the_doc(b: _Builder, proc: Procedure, upto: int, rtype: str,
+                     rename: dict[str, str]) -> None:
+    """The resource the operation acts on, when the doc finds it by a name before acting
+    ("enter tmp-export-01 in the search box", "click vpc-old in the list"), is provisioned
+    under that name made unique per episode (``tmp-export-01-{episode}``), and the steps say
+    that name: the doc's own way of finding it then works."""
+    decl = b.prereqs.get(rtype)
+    if decl is None or "name" not in decl["properties"]:
+        return
+    names = [m.value if m.kind == "field" else m.field
+             for step in proc.steps[:upto + 1] for m in step.mentions
+             if (m.kind == "field" and not m.text and m.value) or
+             (m.kind == "control" and m.value == "row-link" and m.field)]
+    name = next((n for n in names if _DOC_NAME.fullmatch(n)), None)
+    if name is None or name in rename:
+        return
+    decl["properties"]["name"] = rename[name] = f"{name}-{{episode}}"
+
+
+def _fit_networks(b: _Builder, proc: Procedure, where: Mapping[str, Any]) -> None:
+    """A CIDR block the operation sends for a prerequisite VPC (a vSwitch's) must lie inside
+    that VPC's block: the VPC is declared with the block the doc's prerequisites give for it
+    when one contains it, else the private /16 (or larger range) around it; a prerequisite
+    vSwitch in that VPC moves inside too, clear of the operation's block."""
+    vpc = b.prereqs.get("vpc")
+    block = where.get("requestParameters.CidrBlock")
+    if vpc is None or where.get("requestParameters.VpcId") != "{" + vpc["id"] + "}" \
+            or not isinstance(block, str):
+        return
+    try:
+        inner = ipaddress.ip_network(block, strict=False)
+    except ValueError:
+        return
+    said = [ipaddress.ip_network(m, strict=False) for line in proc.prerequisites
+            for m in re.findall(r"\b\d{1,3}(?:\.\d{1,3}){3}/\d{1,2}\b", line)
+            if re.search(r"\bvpc\b", line, re.I) and _network_ok(m)]
+    outer = next((n for n in said if n.version == inner.version and inner.subnet_of(n)
+                  and n != inner), None)
+    if outer is None:
+        private = next((n for n in _PRIVATE if inner.version == 4 and inner.subnet_of(n)), None)
+        if private is None:
+            return
+        outer = inner.supernet(new_prefix=16) if inner.prefixlen >= 16 and \
+            private.prefixlen <= 16 else private
+    vpc["properties"]["cidr_block"] = str(outer)
+    sw = b.prereqs.get("vswitch")
+    if sw is not None:
+        free = next((n for n in outer.subnets(new_prefix=max(24, outer.prefixlen))
+                     if not n.overlaps(inner)), None)
+        if free is not None:
+            sw["properties"]["cidr_block"] = str(free)
+
+
+def _network_ok(text: str) -> bool:
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+_PRIVATE = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")]
 
 
 def _forbidden(op: str, where: Mapping[str, Any], known: Mapping[str, str]) -> list[dict]:

@@ -45,6 +45,7 @@ class Control:
     action: str = ""            # Service:Action it causes (post targets), from the audit log
     where: str = ""             # nav | toolbar | row | page | section:<title> | dialog:<title>
     danger: bool = False
+    sends: tuple[tuple[str, str], ...] = ()     # see Form.sends
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,12 @@ class FormField:
 @dataclass(frozen=True)
 class Form:
     """A form on a page: its title, fields, submit label (the last step's, for a wizard),
-    the wizard's step titles and next-button label, and the API action its submit causes."""
+    the wizard's step titles and next-button label, and the API action its submit causes.
+    ``sends``: the request parameters that submit carried (from the audit event's
+    ``requestParameters``, sorted by name): a value the console always sends is kept as it was
+    (``("PolicyType", "System")``); one that depends on the resource acted on, the region, or
+    what the user enters or chooses is ``"{}"`` (``("UserName", "{}")``). Empty when the crawl
+    did not make the request."""
 
     title: str
     fields: tuple[FormField, ...]
@@ -81,6 +87,7 @@ class Form:
     steps: tuple[str, ...] = ()
     next_label: str = ""
     cancel: str = ""
+    sends: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

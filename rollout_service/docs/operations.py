@@ -26,6 +26,9 @@ RESOURCE_FIELDS: dict[str, str] = {
     "VpcId": "vpc", "VSwitchId": "vswitch", "SecurityGroupId": "security_group",
     "InstanceId": "instance",
 }
+# An API parameter that names one resource of a type (the path's and the selects' together).
+ID_PARAMS: dict[str, str] = {**RESOURCE_FIELDS, **{param: rtype for rtype, param in
+                                                   RESOURCE_PAGES.values()}}
 # How a resource type is spoken of in documentation and in a task's procedure text.
 RESOURCE_WORDS: dict[str, tuple[str, ...]] = {
     "vpc": ("vpc",), "vswitch": ("vswitch", "v-switch", "subnet"),

@@ -62,11 +62,16 @@ def test_users_page_leads_to_the_create_form_and_its_action(plain):
     assert logon.required and logon.kind == "text" and logon.name == "UserName"
     assert form.submit == "Create" and form.cancel == "Cancel"
     assert form.action == "Ram:CreateUser"
+    # what the submit sent, from the audit event: what the crawl typed is "{}"
+    assert dict(form.sends) == {"UserName": "{}", "DisplayName": "{}"}
+    grant = plain.page("/console/ram/users/{}/grant").forms[0]
+    assert ("PolicyType", "System") in grant.sends and ("UserName", "{}") in grant.sends
     delete = next(c for c in users.controls if c.label == "Delete" and c.where == "row")
     assert delete.danger and delete.target == "dialog:Delete"
     assert delete.action == "Ram:DeleteUser"
     ok = next(c for c in users.controls if c.where == "dialog:Delete" and c.label == "OK")
     assert ok.target == "post:/console/ram/users/{}/delete" and ok.action == "Ram:DeleteUser"
+    assert ok.sends == (("UserName", "{}"),)
 
 
 def test_detail_pages_forms_and_actions_across_products(plain):

@@ -140,13 +140,108 @@ def test_a_renamed_submit_is_found_through_the_static_checks_closest_label():
     assert task["success"]["required_events"][0]["event"] == "PutBucketAcl"
 
 
-def test_a_defective_procedure_is_still_drafted_and_says_so():
+def test_a_procedure_the_static_check_found_defective_is_not_drafted():
     proc = fx.ram_create_user()
     checks = [StepCheck(s.number, "ok") for s in proc.steps]
     checks[2] = StepCheck("3", "missing", "Create User", detail="no such button")
     d = draft_task(proc, checks, fx.inventory(), task_id="draft-defect")
-    assert d.task is not None and d.task["expected"] == "success"
-    assert "static defects at step(s) 3" in d.reason
+    assert d.task is None
+    assert d.reason.startswith("not drafted: the static check found defects at step(s) 3")
+    # A label that merely differs (stale text) is no defect: that one is drafted.
+    checks[2] = StepCheck("3", "label_differs", "Create User", "Add User", 0.5)
+    assert draft_task(proc, checks, fx.inventory(), task_id="draft-stale").task is not None
+
+
+def _with_sends(inv, pattern: str, sends: tuple[tuple[str, str], ...], **changes):
+    """``inv`` with the forms (and post controls) on ``pattern`` carrying ``sends``."""
+    pages = tuple(dataclasses.replace(p, forms=tuple(
+        dataclasses.replace(f, sends=sends, **changes) for f in p.forms),
+        controls=tuple(dataclasses.replace(c, sends=sends) if c.target.startswith("post:")
+                       else c for c in p.controls))
+        if p.pattern == pattern else p for p in inv.pages)
+    return dataclasses.replace(inv, pages=pages)
+
+
+def test_what_the_console_sends_unasked_comes_from_the_crawl():
+    # The grant form sends PolicyType=System, a constant no doc names; the user is the
+    # path's resource, learnt as "{}".
+    inv = _with_sends(fx.inventory(), "/console/ram/users/{}/grant", (
+        ("PolicyName", "{}"), ("PolicyType", "System"), ("UserName", "{}")))
+    proc = fx.Procedure("Grant", "ram.md", (
+        fx.step("1", "Log on to the RAM console.", fx.M("product", "RAM console")),
+        fx.step("2", "In the left-side navigation pane, choose Identities > Users.",
+                fx.M("menu", "Identities > Users")),
+        fx.step("3", "Find the user and click Add Permissions.",
+                fx.M("control", "Add Permissions")),
+        fx.step("4", "Select ReadOnlyAccess.", fx.M("option", "ReadOnlyAccess",
+                                                    field="System Policy")),
+        fx.step("5", "Click OK.", fx.M("control", "OK"))))
+    task = drafted(proc, inventory=inv)
+    assert task["success"]["required_events"][0]["where"] == {
+        "requestParameters.UserName": "{dev}", "requestParameters.PolicyName": "ReadOnlyAccess",
+        "requestParameters.PolicyType": "System"}
+
+
+def test_a_resource_the_form_sends_but_the_doc_does_not_name_is_a_prerequisite():
+    # "Find vpc-prod and click Create vSwitch": the form's VPC select is set by the row; the
+    # crawl learnt the request carries VpcId. The VPC's block must hold the doc's vSwitch.
+    inv = _with_sends(fx.inventory(), "/console/vpc/vswitches/create", (
+        ("CidrBlock", "{}"), ("ClientToken", "{}"), ("RegionId", "{}"), ("VSwitchName", "{}"),
+        ("VpcId", "{}"), ("ZoneId", "{}")))
+    proc = fx.Procedure("Create a vSwitch", "vpc.md", (
+        fx.step("1", "Log on to the VPC console.", fx.M("product", "VPC console")),
+        fx.step("2", "In the left-side navigation pane, click VPCs.", fx.M("menu", "VPCs")),
+        fx.step("3", "Find vpc-prod and click Create vSwitch.", fx.M("control", "Create vSwitch")),
+        fx.step("4", "Select cn-hangzhou-i from the Zone list.",
+                fx.M("option", "cn-hangzhou-i", field="Zone")),
+        fx.step("5", "Enter 10.0.1.0/24 in the IPv4 CIDR Block field.",
+                fx.M("field", "IPv4 CIDR Block", "10.0.1.0/24")),
+        fx.step("6", "Click Create.", fx.M("control", "Create"))),
+        prerequisites=("The VPC vpc-prod uses the CIDR block 10.0.0.0/12.",))
+    task = drafted(proc, inventory=inv)
+    where = task["success"]["required_events"][0]["where"]
+    assert where["requestParameters.VpcId"] == "{net}"
+    assert where["requestParameters.CidrBlock"] == "10.0.1.0/24"
+    assert "requestParameters.RegionId" not in where and \
+        "requestParameters.ClientToken" not in where
+    (vpc,) = task["prerequisites"]
+    assert vpc["type"] == "vpc" and vpc["properties"]["cidr_block"] == "10.0.0.0/12"
+    assert "(The VPC is `{net}`.)" in task["procedure"].splitlines()[2]
+    # Without a block in the doc's prerequisites: the /16 around the vSwitch's.
+    task = drafted(dataclasses.replace(proc, prerequisites=()), inventory=inv)
+    assert task["prerequisites"][0]["properties"]["cidr_block"] == "10.0.0.0/16"
+
+
+def test_a_required_name_the_doc_leaves_and_the_form_sends_is_generated():
+    inv = _with_sends(fx.inventory(), "/console/ram/users/create", (
+        ("DisplayName", "{}"), ("UserName", "{}")))
+    proc = fx.ram_create_user()
+    steps = list(proc.steps)
+    steps[3] = fx.step("4", "Enter Deploy Bot as the display name.",
+                       fx.M("field", "Display Name", "Deploy Bot"))
+    task = drafted(dataclasses.replace(proc, steps=tuple(steps)), inventory=inv)
+    where = task["success"]["required_events"][0]["where"]
+    assert where["requestParameters.UserName"] == "{user_name}"
+    assert "prerequisites" not in task          # a name to make, not a user to provision
+    assert "`{user_name}`" in task["procedure"]
+
+
+def test_a_confirmed_row_action_acts_on_the_dialogs_resource():
+    # The row's Delete (its action known) opens a dialog whose OK posts to the user's path.
+    inv = fx.inventory()
+    pages = tuple(dataclasses.replace(p, controls=tuple(
+        dataclasses.replace(c, action="Ram:DeleteUser") if c.label == "Delete" else c
+        for c in p.controls)) if p.pattern == "/console/ram/users" else p for p in inv.pages)
+    proc = fx.Procedure("Delete a user", "ram.md", (
+        fx.step("1", "Log on to the RAM console.", fx.M("product", "RAM console")),
+        fx.step("2", "In the left-side navigation pane, choose Identities > Users.",
+                fx.M("menu", "Identities > Users")),
+        fx.step("3", "Find the user and click Delete.", fx.M("control", "Delete")),
+        fx.step("4", "Click OK.", fx.M("control", "OK"))))
+    task = drafted(proc, inventory=dataclasses.replace(inv, pages=pages))
+    assert task["success"]["required_events"][0]["where"] == {
+        "requestParameters.UserName": "{dev}"}
+    assert task["prerequisites"][0]["type"] == "ram_user"
 
 
 def test_the_fields_the_doc_fills_find_the_form_when_no_step_clicks_submit():
@@ -255,3 +350,36 @@ def test_values_only_the_parameter_table_gives_reach_the_steps():
                     "Name.) (Set Display Name to `Deploy Bot`.)")
     assert task["success"]["required_events"][0]["where"] == {
         "requestParameters.UserName": "{user_name}", "requestParameters.DisplayName": "Deploy Bot"}
+
+
+def test_a_field_whose_label_differs_is_filled_under_the_consoles_label():
+    inv = fx.inventory()
+    pages = tuple(dataclasses.replace(p, forms=tuple(dataclasses.replace(f, fields=tuple(
+        dataclasses.replace(x, label="Username") if x.name == "UserName" else x
+        for x in f.fields)) for f in p.forms)) for p in inv.pages)
+    proc = fx.ram_create_user("ci-runner")
+    checks = [StepCheck(s.number, "ok") for s in proc.steps]
+    checks[3] = StepCheck("4", "label_differs", "Logon Name", "Username", 0.5,
+                          "/console/ram/users/create")
+    task = drafted(proc, checks, dataclasses.replace(inv, pages=pages), drift="rename")
+    # the doc's value, unique per episode, in the rule and in the text the agent reads
+    assert task["success"]["required_events"][0]["where"]["requestParameters.UserName"] == \
+        "{user_name}"
+    assert task["parameters"] == {"user_name": "ci-runner-{episode}"}
+    assert "ci-runner" not in task["procedure"]
+
+
+def test_the_resource_the_doc_finds_by_name_is_provisioned_under_that_name():
+    proc = fx.Procedure("Set an ACL", "oss.md", (
+        fx.step("1", "Log on to the OSS console.", fx.M("product", "OSS console")),
+        fx.step("2", "In the left-side navigation pane, click Buckets.", fx.M("menu", "Buckets")),
+        fx.step("3", "Enter tmp-export-01 in the search box and click Search.",
+                fx.M("field", "", "tmp-export-01"), fx.M("control", "Search")),
+        *(dataclasses.replace(s, number=str(int(s.number) + 1))
+          for s in fx.oss_set_acl().steps[2:])))
+    task = drafted(proc)
+    (bucket,) = task["prerequisites"]
+    assert bucket["properties"]["name"] == "tmp-export-01-{episode}"
+    assert "3. Enter tmp-export-01-{episode} in the search box" in task["procedure"]
+    text = fill(task["procedure"], {"episode": "e1", "b": "tmp-export-01-e1"})
+    assert "tmp-export-01-e1 in the search box" in text

@@ -14,7 +14,8 @@ from rollout_service.docs.crawl_page import Normaliser, product_of
 from rollout_service.docs.inventory import (Change, InventoryError, default_inventories, diff,
                                             diff_main, load, page_by_menu, pages_for_product,
                                             save, version_of)
-from rollout_service.docs.model import Control, Form, FormField, Inventory, PageEntry
+from rollout_service.docs.model import (Control, Form, FormField, Inventory, PageEntry,
+                                        to_json)
 from rollout_service.jobs.cli import main as cli_main
 
 USERS = PageEntry(
@@ -208,3 +209,35 @@ def test_generated_values_follow_the_form():
     assert text_value({**base, "placeholder": "192.168.1.0/24"}, "s") == "192.168.1.0/24"
     assert text_value({**base, "required": False, "label": "Comments"}, "s") is None
     assert text_value({**base, "required": False, "label": "VPC Name"}, "s") == "s"
+
+
+def test_what_a_request_sent_is_kept_only_where_the_console_chose_it():
+    from rollout_service.docs.crawl import normalise_sends
+    sent = {"UserName": "crawlab12r0-user", "PolicyName": "ReadOnlyAccess",
+            "PolicyType": "System", "RegionId": "cn-hangzhou", "Amount": "1",
+            "PortRange": "22/22", "Priority": "1"}
+    got = normalise_sends(sent, fields=("PolicyName",),
+                          specific=lambda v: v == "crawlab12r0-user",
+                          context=("http://h/console/x/i-ab1c2d3e4f5g", "TCP 22/22 0.0.0.0/0",
+                                   "cn-hangzhou"))
+    # names sorted; the user (the crawl's), the field's choice, the region and the row's
+    # port are "{}"; an "1" inside an ID is no evidence, so Amount and Priority stay.
+    assert got == (("Amount", "1"), ("PolicyName", "{}"), ("PolicyType", "System"),
+                   ("PortRange", "{}"), ("Priority", "1"), ("RegionId", "{}"),
+                   ("UserName", "{}"))
+    assert normalise_sends({}) == ()
+
+
+def test_actions_learnt_with_their_sends_reach_the_entry():
+    from rollout_service.docs.crawl_page import with_actions
+    sends = (("PolicyType", "System"), ("UserName", "{}"))
+    entry = with_actions(CREATE, {}, {"/console/ram/users/create": ("Ram:CreateUser", sends)})
+    assert entry.forms[0].action == "Ram:CreateUser" and entry.forms[0].sends == sends
+    key = ("OK", "dialog:Delete", "post:/console/ram/users/{}/delete")
+    entry = with_actions(USERS, {key: ("Ram:DeleteUser", (("UserName", "{}"),))}, {})
+    ok = next(c for c in entry.controls if c.label == "OK")
+    assert ok.sends == (("UserName", "{}"),)
+    # a bare action (no sends) still works, and leaves what was there
+    assert with_actions(USERS, {key: "Ram:DeleteUser"}, {}).controls == USERS.controls
+    back = inv_mod.parse(json.loads(json.dumps(to_json(make((entry, CREATE))))), "x")
+    assert back.page("/console/ram/users").controls[-1].sends == (("UserName", "{}"),)
