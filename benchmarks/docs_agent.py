@@ -34,6 +34,7 @@ from rollout_service.jobs.auth import TeamQuota, TokenBook
 from rollout_service.jobs.client import ApiError, JobsClient
 
 ROOT = Path(__file__).resolve().parent.parent
+MAX_PAGES = 20          # pages per POST /v1/docs
 
 
 def _progress(msg: str) -> None:
@@ -104,10 +105,13 @@ def run_corpus(url: str, token: str, corpus: Path, samples: int, limit_s: float
     for e in labels:
         by_drift.setdefault(e.get("drift") or "", set()).add(e["page"])
     out: dict[tuple[str, str], dict[str, Any]] = {}
+    chunks = [(drift, sorted(pages)[i:i + MAX_PAGES]) for drift, pages in sorted(by_drift.items())
+              for i in range(0, len(pages), MAX_PAGES)]
     with JobsClient(url, token, timeout=120) as api:
-        for drift, pages in sorted(by_drift.items()):
+        jobs = []
+        for drift, pages in chunks:
             body = [{"name": p, "content": (corpus / p).read_text(),
-                     "content_type": content_type(corpus / p)} for p in sorted(pages)]
+                     "content_type": content_type(corpus / p)} for p in pages]
             answer = api.docs(body, drift=drift, run=True, samples=samples)
             task_of: dict[str, tuple[str, str]] = {}
             for page in answer["pages"]:
@@ -119,12 +123,13 @@ def run_corpus(url: str, token: str, corpus: Path, samples: int, limit_s: float
                     if proc["task"] is not None:
                         task_of[proc["task_id"]] = key
             job = answer.get("job")
-            if not job:
-                continue
-            _progress(f"drift {drift!r}: job {job['id']} with {len(task_of)} procedures x "
-                      f"{samples}")
-            wait(api, job["id"], limit_s)
-            report = api.report(job["id"])
+            if job:
+                _progress(f"drift {drift!r}: job {job['id']} with {len(task_of)} procedures "
+                          f"x {samples}")
+                jobs.append((job["id"], task_of))
+        for job_id, task_of in jobs:
+            wait(api, job_id, limit_s)
+            report = api.report(job_id)
             for p in report["procedures"]:
                 key = task_of.get(p["task_id"])
                 if key is not None:
