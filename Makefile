@@ -12,7 +12,7 @@
 #   make observability  regenerate the dashboards and the metrics inventory from the code
 #   make bench       every benchmark, python -m benchmarks.NAME --json, one JSON object each: cloud_api,
 #                    cloud_console, env_workers, reward, rollout, suite, reward_validate,
-#                    jobs_api, train_step, learning (~45 min)
+#                    jobs_api, train_step, learning, docs (~45 min)
 #   make validate    the reward channels on the labelled validation set (174 episodes, ~15 min)
 #   make setup-vllm  vLLM on CPU in .venv-vllm (part of make setup)
 SHELL := /bin/bash
@@ -108,6 +108,7 @@ bench: $(PY)
 	$(PY) -m benchmarks.reward_validate --json
 	$(PY) -m benchmarks.train_step --json
 	$(PY) -m benchmarks.learning --json
+	$(PY) -m benchmarks.docs --json
 
 # The two-stage run on this machine (SFT on oracle trajectories, then GRPO with 2 browser
 # workers and the vLLM CPU policy); the run folder is runs/demo (see configs/demo.yaml).
