@@ -4,9 +4,9 @@ pages answered clearly (no procedure, 50 MB, binary, scripts, a control of anoth
 a content type not allowed); with ``run`` a job whose report merges the static check with the
 runs, its HTML showing the screenshot wherever it is opened; schemathesis over the endpoint.
 
-The reader and drafter are the stand-ins of tests/unit/docs_fakes.py (the checker is the real
-one) until rollout_service.docs.extract and .draft land; there is no scheduler: the test writes
-a job's progress the way the scheduler does."""
+The documentation service is the real one (reader, checker, drafter, the committed inventories
+of the local console); there is no scheduler: the test writes a job's progress the way the
+scheduler does."""
 from __future__ import annotations
 
 import http.server
@@ -34,8 +34,9 @@ from rollout_service.jobs.schema import (EpisodeCounts, JobCompletedEvent, JobSt
 from rollout_service.jobs.store import JobStore
 from tests.conftest import run_async
 from tests.integration.api_kit import serving
+from rollout_service.docs.service import DocsService
 from tests.unit.docs_fakes import (NO_PROCEDURE_MD, OTHER_PRODUCT_MD, PAGE_MD, SCRIPT_HTML,
-                                   STALE_MD, docs_service)
+                                   STALE_MD)
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "docs"
@@ -56,7 +57,7 @@ def tokens(tmp_path_factory) -> dict:
 def url(redis_server, tokens) -> Iterator[str]:
     app = build_app(JobStore(redis_server.url, PREFIX), tokens["_book"], SUITE,
                     scheduler_required=False, sse_max_s=1.0, sse_ping_s=0.3,
-                    docs=docs_service)
+                    docs=DocsService.default)
     with serving(app) as base:
         yield base
 
@@ -81,11 +82,14 @@ def test_pages_in_checked_steps_out(url, tokens):
     assert broken["steps"][2]["mentions"] == [
         {"kind": "page", "text": "Users", "value": "", "field": ""},
         {"kind": "control", "text": "Create User", "value": "", "field": ""}]
-    assert broken["verdict"]["verdict"] == "broken" and broken["task"]["id"] == \
-        broken["task_id"]
+    # A procedure the static check flags is not drafted: its verdict rests on that evidence.
+    assert broken["verdict"]["verdict"] == "broken" and broken["task"] is None
+    assert "not drafted" in broken["reason"]
     assert stale["steps"][2]["label"] == "label_differs" and \
         stale["steps"][2]["closest"] == "Create User"
     assert stale["verdict"]["verdict"] == "inconclusive"
+    assert stale["task"]["id"] == stale["task_id"] and stale["task"]["success"][
+        "required_events"][0]["event"] == "CreateUser"
     # A control of another product: the static check says where it is, not a 500.
     assert other["steps"][2]["label"] == "unreachable" and "VPCs" in other["steps"][2]["detail"]
 
@@ -208,19 +212,20 @@ def test_run_makes_a_job_whose_report_merges_the_static_check(url, tokens, redis
     r = post(url, tokens["docs"], body, **{"Idempotency-Key": "docs-1"})
     assert r.status_code == 200, r.text
     job = r.json()["job"]
-    assert job["samples_per_task"] == 2 and len(job["task_ids"]) == 2
+    # Only the stale procedure is drafted and run; the broken one rests on the static check.
+    assert job["samples_per_task"] == 2 and len(job["task_ids"]) == 1
+    (static_only,) = r.json()["pages"][0]["procedures"]
+    assert static_only["verdict"]["verdict"] == "broken" and static_only["verdict"][
+        "evidence"][0]["ref"] == "4"
     again = post(url, tokens["docs"], body, **{"Idempotency-Key": "docs-1"}).json()["job"]
     assert again["id"] == job["id"]                    # the same key and body: the same job
     finish(redis_server.url, job["id"], png_of_a_page(browser))
     auth = {"Authorization": f"Bearer {tokens['docs']}"}
     rep = httpx.get(f"{url}/v1/jobs/{job['id']}/report", headers=auth, timeout=30).json()
-    broken, stale = rep["procedures"]
-    # Every sample passed, but step 4 names a control the console does not have.
-    assert broken["verdict"] == "broken" and broken["page"] == "ram.md"
-    assert broken["evidence"][0]["ref"] == "4" and broken["passes"] == 2
+    (stale,) = rep["procedures"]
     assert stale["verdict"] == "works_text_stale" and stale["pass_rate"] == 1.0
-    assert stale["steps"][2]["label"] == "label_differs"
-    assert rep["totals"] == {"works": 0, "works_text_stale": 1, "broken": 1,
+    assert stale["page"] == "stale.md" and stale["steps"][2]["label"] == "label_differs"
+    assert rep["totals"] == {"works": 0, "works_text_stale": 1, "broken": 0,
                              "inconclusive": 0}
     # The page the command line saves shows the screenshot in a browser with no credential.
     saved = tmp_path / "report.html"
@@ -235,7 +240,7 @@ def test_run_makes_a_job_whose_report_merges_the_static_check(url, tokens, redis
         view.wait_for_load_state("load")
         widths = view.eval_on_selector_all("img.screenshot",
                                            "els => els.map(e => e.naturalWidth)")
-        assert len(widths) == 2 and all(w > 0 for w in widths)
+        assert len(widths) == 1 and all(w > 0 for w in widths)
         assert view.locator("li[data-label=label_differs]").count() == 1
         view.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
     finally:

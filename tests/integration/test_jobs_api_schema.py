@@ -17,7 +17,7 @@ from rollout_service.jobs.app import build_app
 from rollout_service.jobs.auth import TeamQuota, TokenBook
 from rollout_service.jobs.store import JobStore
 from tests.integration.api_kit import serving
-from tests.unit.docs_fakes import docs_service
+from rollout_service.docs.service import DocsService
 
 CHECKS = [not_a_server_error, response_schema_conformance, status_code_conformance,
           content_type_conformance]
@@ -33,7 +33,7 @@ def served(redis_server, tmp_path_factory) -> Iterator[tuple[str, str]]:
                         TeamQuota(queued_jobs=10_000, samples_per_job=10_000))
     app = build_app(JobStore(redis_server.url, "fuzz:api"), book,
                     {t.id: t for t in load_suite(TASKS_DIR)}, scheduler_required=False,
-                    sse_max_s=0.5, sse_ping_s=0.2, docs=docs_service)
+                    sse_max_s=0.5, sse_ping_s=0.2, docs=DocsService.default)
     with serving(app) as url:
         yield url, token
 

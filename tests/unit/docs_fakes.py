@@ -1,5 +1,5 @@
-"""Stand-ins for the documentation reader and drafter in tests of the doors (the service, the
-route, the command line), until rollout_service.docs.extract and .draft are on main: a reader
+"""Pages for the tests of the doors (the service, the route, the command line), and, for the
+unit tests of the service only, stand-ins for the documentation reader and drafter: a reader
 that takes each ``##`` section's numbered list (Markdown, through markdown-it-py) or each
 ``<h2>`` and its ``<ol>`` (HTML, through selectolax: scripts are never run) with the **bold**
 phrases as controls, and a drafter that turns "Create a RAM user" into the catalogue's task.
@@ -30,12 +30,14 @@ STALE_MD = """# Create a RAM user
 1. Log on to the **RAM console**.
 2. In the left-side navigation pane, choose **Users**.
 3. On the **Users** page, click **Create a User**.
+4. Enter `deploy-bot` in the **Logon Name** field.
+5. Click **Create**.
 """
 SCRIPT_HTML = """<html><head><script>fetch('http://127.0.0.1:9/pwned')</script>
 <link rel=stylesheet href="http://127.0.0.1:9/x.css"></head><body>
 <h1>Create a RAM user</h1><h2>Procedure</h2><ol>
 <li>Log on to the <b>RAM console</b>.<script>document.title='pwned'</script></li>
-<li>Choose <b>Users</b>.</li><li>Click <b>Create User</b>.<img src="http://127.0.0.1:9/i.png"
+<li>In the left-side navigation pane, choose <b>Users</b>.</li><li>Click <b>Create User</b>.<img src="http://127.0.0.1:9/i.png"
  onerror="alert(1)"></li></ol></body></html>"""
 OTHER_PRODUCT_MD = """# Create a RAM user
 ## Procedure
