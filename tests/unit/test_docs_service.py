@@ -30,7 +30,10 @@ def test_a_page_becomes_checked_steps_a_task_and_a_static_verdict():
 
 
 def test_stale_text_is_labelled_and_static_only_is_inconclusive():
-    (r,) = service().analyse([PageIn("ram.md", STALE_MD.encode(), "markdown")])
+    # the stand-in reader takes every bold phrase past step 2 for a control: the first three
+    # steps of the stale page
+    short = STALE_MD.split("4. ")[0]
+    (r,) = service().analyse([PageIn("ram.md", short.encode(), "markdown")])
     assert [c.label for c in r.checks][2] == "label_differs" and r.checks[2].closest == \
         "Create User"
     assert r.verdict.verdict == "inconclusive" and "not run" in r.verdict.evidence[0].detail
