@@ -1,0 +1,436 @@
+"""The peer on the same pages: Doc Detective (npm ``doc-detective``) on the documentation corpus.
+
+``python -m benchmarks.doc_detective --json`` prints one JSON object: the installed version,
+pages, procedures, per procedure PASS / FAIL (or NO_STEPS when the tool detected no action in
+it), ``defects_found`` (FAIL on a procedure labelled defective), ``false_alarms`` (FAIL on a
+correct or stale one), ``s_per_page_p50`` and ``error`` with the exact reason when it cannot run.
+
+Doc Detective detects actions in the page's markup ("click **X**" -> click the text X, any
+**bold** -> find it, "go to [..](url)" -> open it, `type "x"` -> type it) and replays them
+literally in Chromium through Appium and chromedriver. It is configured here as a doc team
+would point it at a staging console, and no further:
+
+- each ``##`` procedure of a page becomes one test (inline ``<!-- test -->`` comments in a
+  copy of the page under var/), with the console's sign-in as inline steps at its start (the
+  sign-in form is not in the docs); a stale procedure signs in to the ``rename`` console;
+- the product links (``https://ecs.console.aliyun.com/`` ...) point at the local console, and
+  "Log on to the [X console](url)" opens it (the help center's phrase is not in the shipped
+  goTo vocabulary); HTML pages get the same rules for ``<b>``/``<strong>``/``uicontrol``
+  (Doc Detective ships no markup rules for HTML);
+- before each page a sandbox of resources exists in the account (a VPC, vSwitch, security
+  group with a rule, a running and a stopped instance, a RAM user, a bucket), as in a staging
+  account; it is destroyed after the page.
+
+The install lives in var/doc-detective (``make setup-peer``); its browser cache holds links to
+the system Chromium and chromedriver in the layout @puppeteer/browsers scans, because the
+runtime otherwise downloads Chrome for Testing, which this machine cannot reach.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DD_DIR = ROOT / "var" / "doc-detective"
+DD_BIN = DD_DIR / "node_modules" / ".bin" / "doc-detective"
+CACHE = DD_DIR / "cache"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+ENGINES_NODE = ">=22.12.0"  # doc-detective 4.x package.json "engines"; node 20 runs it
+LANDING = {"ecs": "/console/ecs/instances", "vpc": "/console/vpc/vpcs",
+           "ram": "/console/ram/users", "oss": "/console/oss/buckets"}
+SANDBOX = [
+    {"id": "net", "type": "vpc", "properties": {"name": "docs-net-{episode}"}},
+    {"id": "sw", "type": "vswitch", "properties": {"vpc": "${net}", "zone": "cn-hangzhou-h",
+                                                   "cidr_block": "192.168.1.0/24"}},
+    {"id": "sg", "type": "security_group", "properties": {"vpc": "${net}", "name": "web"}},
+    {"id": "ssh", "type": "security_group_rule", "properties": {"security_group": "${sg}"}},
+    {"id": "up", "type": "instance", "properties": {"vswitch": "${sw}", "security_group": "${sg}",
+                                                    "name": "app-{episode}"}},
+    {"id": "down", "type": "instance", "properties": {"vswitch": "${sw}",
+                                                      "security_group": "${sg}",
+                                                      "name": "idle-{episode}",
+                                                      "status": "Stopped"}},
+    {"id": "dev", "type": "ram_user", "properties": {"name": "dev-{episode}",
+                                                     "policies": ["ReadOnlyAccess"]}},
+    {"id": "assets", "type": "oss_bucket", "properties": {"name": "assets-{episode}"}},
+]
+# "Log on to the [RAM console](https://ram.console.aliyun.com/)." (Markdown and HTML), and the
+# HTML counterparts of the shipped Markdown click/find rules.
+EXTRA_MARKDOWN = [{"name": "logOnToConsole", "actions": ["goTo"], "regex": [
+    r"\b(?:[Ll]og on to|[Gg]o to|[Oo]pen)\s+the\s+\[[^\]]+\]\(\s*(https?:\/\/[^\s)]+)\s*\)"]}]
+_TAG = r"<(?:b|strong|span class=\"uicontrol\")>([^<]+)</(?:b|strong|span)>"
+EXTRA_HTML = [
+    {"name": "logOnToConsole", "actions": ["goTo"], "regex": [
+        r"\b(?:[Ll]og on to|[Gg]o to|[Oo]pen)\s+the\s+<a href=\"(https?:\/\/[^\"]+)\">"]},
+    {"name": "clickOnscreenText", "actions": ["click"], "regex": [
+        r"\b(?:[Cc]lick|[Tt]ap|[Cc]hoose|[Ss]elect|[Cc]heck)\b\s+" + _TAG]},
+    {"name": "findOnscreenText", "actions": ["find"], "regex": [_TAG]},
+]
+
+
+class PeerUnavailable(RuntimeError):
+    """Doc Detective cannot run here; the message says exactly why."""
+
+
+@dataclass
+class Proc:
+    page: str
+    index: int
+    title: str
+    label: str = "unlabelled"   # correct | defective | stale | unlabelled
+    result: str = ""            # PASS | FAIL | NO_STEPS | ERROR
+    doc_steps: int = 0
+    failed_step: str = ""
+    duration_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- the install --------------------------------------------------------------------------
+def installed_version() -> str:
+    if not DD_BIN.exists():
+        raise PeerUnavailable(f"doc-detective is not installed ({DD_BIN} missing): run "
+                              "`make setup-peer`")
+    out = subprocess.run([str(DD_BIN), "--version"], capture_output=True, text=True,
+                         timeout=120, env=_env())
+    if out.returncode != 0:
+        raise PeerUnavailable(f"`doc-detective --version` exited {out.returncode}: "
+                              f"{out.stderr.strip()[-400:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def link_system_browser() -> str:
+    """Put the system Chromium and chromedriver where @puppeteer/browsers looks for a Chrome
+    for Testing install (browsers/<name>/linux-<build>/<name>-linux64/<name>); returns the
+    build. Doc Detective has no setting for a browser path of one's own."""
+    for exe in (CHROMIUM, CHROMEDRIVER):
+        if not exe.exists():
+            raise PeerUnavailable(f"{exe} missing (apt-get install chromium chromium-driver)")
+    build = _version_of([str(CHROMIUM), "--version"])
+    driver = _version_of([str(CHROMEDRIVER), "--version"])
+    if build.split(".")[0] != driver.split(".")[0]:
+        raise PeerUnavailable(f"chromium {build} and chromedriver {driver} differ in major "
+                              "version")
+    for name, exe in (("chrome", CHROMIUM), ("chromedriver", CHROMEDRIVER)):
+        link = CACHE / "browsers" / name / f"linux-{build}" / f"{name}-linux64" / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.unlink(missing_ok=True)
+            link.symlink_to(exe)
+    return build
+
+
+def _version_of(cmd: list[str]) -> str:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    found = re.search(r"\b(\d+\.\d+\.\d+\.\d+)\b", out.stdout)
+    if not found:
+        raise PeerUnavailable(f"`{' '.join(cmd)}` printed no version: {out.stdout[:200]!r}")
+    return found.group(1)
+
+
+def _env() -> dict[str, str]:
+    # No telemetry, no self-update, no browser download at install time: nothing outside
+    # this machine is reachable, and each would wait for a network timeout.
+    return {**os.environ, "DOC_DETECTIVE_CACHE_DIR": str(CACHE),
+            "DOC_DETECTIVE_AUTOINSTALL": "0", "CI": "1"}
+
+
+def node_version() -> str:
+    out = subprocess.run(["node", "--version"], capture_output=True, text=True, timeout=30)
+    return out.stdout.strip()
+
+
+# ---- the pages ----------------------------------------------------------------------------
+_MD_H2 = re.compile(r"^## +(.+?)\s*$", re.M)
+_MD_STEP = re.compile(r"^\s*1\. ", re.M)
+_HTML_H2 = re.compile(r"<h2[^>]*>(.*?)</h2>", re.S | re.I)
+_HTML_END = re.compile(r"</article>|</body>", re.I)
+_CONSOLE_LINK = re.compile(r"https?://(ecs|vpc|ram|oss)\.console\.aliyun\.com[^\s)\"'<]*")
+
+
+def sections(text: str, kind: str) -> list[tuple[str, str]]:
+    """(heading, body) of each ``##`` section of a page that holds a numbered list: the page's
+    procedures, in order. Prerequisites are lists too, but bulleted."""
+    if kind == "html":
+        heads = list(_HTML_H2.finditer(text))
+        end = _HTML_END.search(text, heads[-1].end()) if heads else None
+        stop = end.start() if end else len(text)
+        found = []
+        for i, h in enumerate(heads):
+            body = text[h.start(): heads[i + 1].start() if i + 1 < len(heads) else stop]
+            if "<ol" in body.lower():
+                found.append((re.sub(r"<[^>]+>", "", h.group(1)).strip(), body))
+        return found
+    heads = list(_MD_H2.finditer(text))
+    found = []
+    for i, h in enumerate(heads):
+        body = text[h.start(): heads[i + 1].start() if i + 1 < len(heads) else len(text)]
+        if _MD_STEP.search(body):
+            found.append((h.group(1).strip(), body))
+    return found
+
+
+def page_title(text: str, kind: str) -> str:
+    found = (re.search(r"<h1[^>]*>(.*?)</h1>", text, re.S | re.I) if kind == "html"
+             else re.search(r"^# +(.+?)\s*$", text, re.M))
+    return re.sub(r"<[^>]+>", "", found.group(1)).strip() if found else ""
+
+
+def test_copy(text: str, kind: str, procs: list[tuple[str, str]], cloud_url: str,
+              drifts: list[str], login: str) -> str:
+    """The page as a doc team would mark it up for Doc Detective: each procedure a test that
+    starts by signing in (the password comes from $DD_CONSOLE_PASSWORD at run time)."""
+    parts = [f"<html><body><h1>{page_title(text, kind)}</h1>\n" if kind == "html"
+             else f"# {page_title(text, kind)}\n\n"]
+    for i, ((_, body), drift) in enumerate(zip(procs, drifts)):
+        signin = f"{cloud_url}/console/signin" + (f"?drift={drift}" if drift else "")
+        steps = [{"goTo": signin},
+                 {"find": {"selector": "#login_name", "click": True, "type": {"keys": [login]}}},
+                 {"find": {"selector": "#password", "click": True,
+                           "type": {"keys": ["$DD_CONSOLE_PASSWORD", "$ENTER$"]}}}]
+        body = _CONSOLE_LINK.sub(lambda m: cloud_url + LANDING[m.group(1)], body)
+        parts.append(f'<!-- test {json.dumps({"testId": f"p{i}"})} -->\n')
+        parts += [f"<!-- step {json.dumps(s)} -->\n" for s in steps]
+        parts.append(body.rstrip() + "\n<!-- test end -->\n\n")
+    if kind == "html":
+        parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+def config_for(out_dir: Path) -> dict[str, Any]:
+    return {
+        "output": str(out_dir), "logLevel": "info", "recursive": False,
+        "telemetry": {"send": False}, "autoUpdate": False, "hints": {"enabled": False},
+        "browserFallback": "off", "retries": 0,
+        "runOn": [{"platforms": ["linux"], "browsers": [{"name": "chrome", "headless": True}]}],
+        "fileTypes": [{"extends": "markdown", "markup": EXTRA_MARKDOWN},
+                      {"extends": "html", "markup": EXTRA_HTML}],
+    }
+
+
+# ---- the labels ---------------------------------------------------------------------------
+def load_labels(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """(page, procedure index) -> its label entry, from docs/corpus/labels.yaml."""
+    data = yaml.safe_load(path.read_text()) if path.exists() else None
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    if not data:
+        return out
+    pages = data.get("pages", data) if isinstance(data, dict) else data
+    items = pages.items() if isinstance(pages, dict) else (
+        (p.get("page") or p.get("path"), p) for p in pages)
+    for page, entry in items:
+        procs = entry.get("procedures", entry) if isinstance(entry, dict) else entry
+        for i, proc in enumerate(procs or []):
+            out[(str(page), i)] = proc
+    return out
+
+
+def label_of(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return "unlabelled"
+    raw = str(entry.get("label") or entry.get("kind") or entry.get("status") or "").lower()
+    if raw.startswith("defect") or raw == "broken":
+        return "defective"
+    if "stale" in raw:
+        return "stale"
+    return "correct" if raw in ("correct", "ok", "works") else raw or "unlabelled"
+
+
+# ---- a run --------------------------------------------------------------------------------
+SIGNIN_STEPS = 3
+
+
+def run_page(copy: Path, out_dir: Path, procs: list[Proc], password: str,
+             timeout_s: float) -> float:
+    """Doc Detective on one prepared page; fills in each procedure's result; returns the wall
+    time of the run (Node, Appium and Chromium start included, as a CLI run per page has)."""
+    config = out_dir / "config.json"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps(config_for(out_dir), indent=1))
+    t0 = time.monotonic()
+    try:
+        run = subprocess.run([str(DD_BIN), "-c", str(config), "-i", str(copy)],
+                             capture_output=True, text=True, timeout=timeout_s,
+                             env={**_env(), "DD_CONSOLE_PASSWORD": password}, cwd=out_dir)
+        log = run.stdout + run.stderr
+    except subprocess.TimeoutExpired as exc:
+        log = f"timed out after {timeout_s:g} s: {exc}"
+    wall = time.monotonic() - t0
+    (out_dir / "run.log").write_text(log)
+    results = sorted(out_dir.glob("testResults-*.json"))
+    if not results:
+        for p in procs:
+            p.result, p.failed_step = "ERROR", log.strip()[-300:]
+        return wall
+    tests = {t.get("testId"): t for spec in json.loads(results[-1].read_text())["specs"]
+             for t in spec["tests"]}
+    for i, p in enumerate(procs):
+        _read_test(p, tests.get(f"p{i}"))
+    return wall
+
+
+def _read_test(p: Proc, test: dict[str, Any] | None) -> None:
+    if test is None:
+        p.result = "NO_STEPS"   # nothing detected: Doc Detective drops an empty test
+        return
+    steps = [s for c in test.get("contexts", []) for s in c.get("steps", [])]
+    p.doc_steps = max(0, len(steps) - SIGNIN_STEPS)
+    p.duration_s = round(test.get("durationMs", 0) / 1000, 1)
+    failed = next((k for k, s in enumerate(steps) if s.get("result") == "FAIL"), None)
+    if p.doc_steps == 0:
+        p.result = "NO_STEPS"
+    elif failed is not None and failed < SIGNIN_STEPS:
+        p.result, p.failed_step = "ERROR", f"sign-in step failed: {_describe(steps[failed])}"
+    elif failed is not None or test.get("result") == "FAIL":
+        p.result = "FAIL"
+        if failed is not None:
+            p.failed_step = _describe(steps[failed])
+    else:
+        p.result = "PASS" if test.get("result") in ("PASS", "WARNING") else test.get("result")
+
+
+def _describe(step: dict[str, Any]) -> str:
+    action = next((k for k in ("goTo", "click", "find", "type", "checkLink") if k in step), "?")
+    what = step[action] if action != "?" else ""
+    if isinstance(what, dict):
+        what = what.get("elementText") or what.get("url") or what.get("selector") or what
+    line = (step.get("location") or {}).get("line")
+    return f"{action} {what!r} (line {line}): {str(step.get('resultDescription'))[:160]}"
+
+
+def seed(cloud_endpoint: str, account: Any, episode: str) -> Any:
+    from consolerl.resources import parse_resources
+    from infra.cloud import CloudClient, CloudConfig, Credentials
+    from infra.provisioning.sdk import SdkProvisioner
+
+    def client() -> CloudClient:
+        return CloudClient(CloudConfig(endpoint=cloud_endpoint),
+                           Credentials(account.access_key_id, account.access_key_secret))
+    prov = SdkProvisioner(client, ready_timeout_s=60, poll_s=0.2)
+    prov.provision(parse_resources(SANDBOX), episode)
+    return prov
+
+
+def corpus_pages(corpus: Path) -> list[Path]:
+    return sorted(p for p in corpus.rglob("*") if p.suffix in (".md", ".html")
+                  and p.name.lower() not in ("readme.md", "index.md"))
+
+
+def benchmark(corpus: Path, labels_path: Path, work: Path, timeout_s: float,
+              pages_limit: int | None, seed_sandbox: bool) -> dict[str, Any]:
+    from consolerl.accounts import load_accounts
+    from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
+    from infra.local_cloud import LocalCloud
+
+    out: dict[str, Any] = {"tool": "doc-detective", "node": node_version(),
+                           "node_required": ENGINES_NODE}
+    out["version"] = installed_version()
+    out["chromium"] = link_system_browser()
+    pages = corpus_pages(corpus)[:pages_limit]
+    if not pages:
+        raise PeerUnavailable(f"no .md or .html page under {corpus}")
+    labels = load_labels(labels_path)
+    account = load_accounts(DEFAULT_ACCOUNTS_FILE)[0]
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    cloud = LocalCloud(work / "cloud", ("--transition", "0.3", "--network-ready", "0.1",
+                                        "--lookup-qps", "0"))
+    (work / "cloud").mkdir()
+    cloud.start()
+    procs: list[Proc] = []
+    walls: list[float] = []
+    try:
+        for page in pages:
+            rel = page.relative_to(corpus).as_posix()
+            kind = "html" if page.suffix == ".html" else "markdown"
+            text = page.read_text(encoding="utf-8")
+            found = sections(text, kind)
+            mine = [Proc(rel, i, title, label_of(labels.get((rel, i))))
+                    for i, (title, _) in enumerate(found)]
+            procs += mine
+            if not found:
+                continue
+            drifts = ["rename" if p.label == "stale" else "" for p in mine]
+            copy = work / "pages" / rel
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_text(test_copy(text, kind, found, cloud.url, drifts, account.login_name))
+            episode = secrets.token_hex(4)
+            prov = seed(cloud.endpoint, account, episode) if seed_sandbox else None
+            try:
+                walls.append(run_page(copy, work / "out" / rel, mine, account.password,
+                                      timeout_s))
+            finally:
+                if prov is not None:
+                    prov.destroy(episode)
+    finally:
+        cloud.stop()
+    return summarize(out, pages, procs, walls)
+
+
+def summarize(out: dict[str, Any], pages: list[Path], procs: list[Proc],
+              walls: list[float]) -> dict[str, Any]:
+    def count(label: str, result: str) -> int:
+        return sum(p.label == label and p.result == result for p in procs)
+    defective = sum(p.label == "defective" for p in procs)
+    out.update({
+        "pages": len(pages), "procedures": len(procs),
+        "by_label": {lab: sum(p.label == lab for p in procs)
+                     for lab in ("correct", "defective", "stale", "unlabelled")},
+        "results": {r: sum(p.result == r for p in procs)
+                    for r in ("PASS", "FAIL", "NO_STEPS", "ERROR")},
+        "defects_found": count("defective", "FAIL"),
+        "defect_recall": round(count("defective", "FAIL") / defective, 3) if defective else None,
+        "false_alarms": count("correct", "FAIL") + count("stale", "FAIL"),
+        "false_alarms_correct": count("correct", "FAIL"),
+        "false_alarms_stale": count("stale", "FAIL"),
+        "s_per_page_p50": round(statistics.median(walls), 1) if walls else None,
+        "s_per_page_max": round(max(walls), 1) if walls else None,
+        "error": None,
+        "per_procedure": [{"page": p.page, "procedure": p.title, "label": p.label,
+                           "result": p.result, "doc_steps": p.doc_steps,
+                           "duration_s": p.duration_s, "failed_step": p.failed_step}
+                          for p in procs],
+    })
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.doc_detective",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--corpus", type=Path, default=ROOT / "docs" / "corpus")
+    ap.add_argument("--labels", type=Path, default=None,
+                    help="labels YAML (default: CORPUS/labels.yaml)")
+    ap.add_argument("--work", type=Path, default=ROOT / "var" / "doc-detective" / "run",
+                    help="prepared pages, the cloud's state and Doc Detective's output")
+    ap.add_argument("--page-timeout", type=float, default=900.0)
+    ap.add_argument("--pages", type=int, default=None, help="only the first N pages")
+    ap.add_argument("--no-sandbox", action="store_true",
+                    help="do not create the staging resources before each page")
+    ap.add_argument("--json", action="store_true", help="one JSON object (the default)")
+    args = ap.parse_args(argv)
+    try:
+        corpus = args.corpus.resolve()
+        out = benchmark(corpus, (args.labels or corpus / "labels.yaml").resolve(),
+                        args.work.resolve(),
+                        args.page_timeout, args.pages, not args.no_sandbox)
+    except (PeerUnavailable, OSError, subprocess.SubprocessError) as exc:
+        out = {"tool": "doc-detective", "error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps(out, indent=1))
+    return 0 if out.get("error") is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
