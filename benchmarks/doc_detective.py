@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,8 @@ class Proc:
     index: int
     title: str
     label: str = "unlabelled"   # correct | defective | stale | unlabelled
+    drift: str = ""
+    defect: str = ""
     result: str = ""            # PASS | FAIL | NO_STEPS | ERROR
     doc_steps: int = 0
     failed_step: str = ""
@@ -222,31 +225,15 @@ def config_for(out_dir: Path) -> dict[str, Any]:
 
 
 # ---- the labels ---------------------------------------------------------------------------
-def load_labels(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    """(page, procedure index) -> its label entry, from docs/corpus/labels.yaml."""
-    data = yaml.safe_load(path.read_text()) if path.exists() else None
-    out: dict[tuple[str, int], dict[str, Any]] = {}
-    if not data:
-        return out
-    pages = data.get("pages", data) if isinstance(data, dict) else data
-    items = pages.items() if isinstance(pages, dict) else (
-        (p.get("page") or p.get("path"), p) for p in pages)
-    for page, entry in items:
-        procs = entry.get("procedures", entry) if isinstance(entry, dict) else entry
-        for i, proc in enumerate(procs or []):
-            out[(str(page), i)] = proc
-    return out
-
-
-def label_of(entry: dict[str, Any] | None) -> str:
-    if not entry:
-        return "unlabelled"
-    raw = str(entry.get("label") or entry.get("kind") or entry.get("status") or "").lower()
-    if raw.startswith("defect") or raw == "broken":
-        return "defective"
-    if "stale" in raw:
-        return "stale"
-    return "correct" if raw in ("correct", "ok", "works") else raw or "unlabelled"
+def load_labels(path: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """(page, procedure title) -> its entry of docs/corpus/labels.yaml (a list of entries with
+    page, title, status correct|defective|stale, drift, defect; see docs/corpus/README.md)."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
+    if data is None:
+        return {}
+    if not isinstance(data, list):
+        raise PeerUnavailable(f"{path}: expected a list of procedure entries")
+    return {(str(e.get("page")), str(e.get("title"))): e for e in data if isinstance(e, dict)}
 
 
 # ---- a run --------------------------------------------------------------------------------
@@ -330,7 +317,7 @@ def corpus_pages(corpus: Path) -> list[Path]:
 
 
 def benchmark(corpus: Path, labels_path: Path, work: Path, timeout_s: float,
-              pages_limit: int | None, seed_sandbox: bool) -> dict[str, Any]:
+              pages_limit: int | None, seed_sandbox: bool, jobs: int) -> dict[str, Any]:
     from consolerl.accounts import load_accounts
     from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
     from infra.local_cloud import LocalCloud
@@ -343,40 +330,56 @@ def benchmark(corpus: Path, labels_path: Path, work: Path, timeout_s: float,
     if not pages:
         raise PeerUnavailable(f"no .md or .html page under {corpus}")
     labels = load_labels(labels_path)
-    account = load_accounts(DEFAULT_ACCOUNTS_FILE)[0]
+    accounts = load_accounts(DEFAULT_ACCOUNTS_FILE)[:max(1, jobs)]
     shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    (work / "cloud").mkdir(parents=True)
     cloud = LocalCloud(work / "cloud", ("--transition", "0.3", "--network-ready", "0.1",
                                         "--lookup-qps", "0"))
-    (work / "cloud").mkdir()
     cloud.start()
-    procs: list[Proc] = []
+    by_page: list[list[Proc]] = []
     walls: list[float] = []
+
+    def one_page(page: Path, account: Any) -> None:
+        rel = page.relative_to(corpus).as_posix()
+        kind = "html" if page.suffix == ".html" else "markdown"
+        text = page.read_text(encoding="utf-8")
+        found = sections(text, kind)
+        mine = []
+        for i, (title, _) in enumerate(found):
+            entry = labels.get((rel, title)) or {}
+            mine.append(Proc(rel, i, title, str(entry.get("status") or "unlabelled"),
+                             str(entry.get("drift") or ""), str(entry.get("defect") or "")))
+        by_page.append(mine)
+        if not found:
+            return
+        copy = work / "pages" / rel
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(test_copy(text, kind, found, cloud.url, [p.drift for p in mine],
+                                  account.login_name))
+        episode = secrets.token_hex(4)
+        prov = seed(cloud.endpoint, account, episode) if seed_sandbox else None
+        try:
+            walls.append(run_page(copy, work / "out" / rel, mine, account.password, timeout_s))
+        finally:
+            if prov is not None:
+                prov.destroy(episode)
+
+    def worker(k: int) -> None:
+        # One account per worker: a page's sandbox and clicks stay out of the other's lists.
+        for page in pages[k::len(accounts)]:
+            one_page(page, accounts[k])
+
     try:
-        for page in pages:
-            rel = page.relative_to(corpus).as_posix()
-            kind = "html" if page.suffix == ".html" else "markdown"
-            text = page.read_text(encoding="utf-8")
-            found = sections(text, kind)
-            mine = [Proc(rel, i, title, label_of(labels.get((rel, i))))
-                    for i, (title, _) in enumerate(found)]
-            procs += mine
-            if not found:
-                continue
-            drifts = ["rename" if p.label == "stale" else "" for p in mine]
-            copy = work / "pages" / rel
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            copy.write_text(test_copy(text, kind, found, cloud.url, drifts, account.login_name))
-            episode = secrets.token_hex(4)
-            prov = seed(cloud.endpoint, account, episode) if seed_sandbox else None
-            try:
-                walls.append(run_page(copy, work / "out" / rel, mine, account.password,
-                                      timeout_s))
-            finally:
-                if prov is not None:
-                    prov.destroy(episode)
+        with ThreadPoolExecutor(len(accounts)) as pool:
+            for fut in [pool.submit(worker, k) for k in range(len(accounts))]:
+                fut.result()
     finally:
         cloud.stop()
+    procs = sorted((p for ps in by_page for p in ps), key=lambda p: (p.page, p.index))
+    missing = [f"{page}: {title}" for page, title in labels
+               if not any(p.page == page and p.title == title for p in procs)]
+    out["labelled_not_found"] = missing
+    out["jobs"] = len(accounts)
     return summarize(out, pages, procs, walls)
 
 
@@ -399,7 +402,12 @@ def summarize(out: dict[str, Any], pages: list[Path], procs: list[Proc],
         "s_per_page_p50": round(statistics.median(walls), 1) if walls else None,
         "s_per_page_max": round(max(walls), 1) if walls else None,
         "error": None,
+        "defects_found_by_kind": {k: sum(p.defect == k and p.result == "FAIL" for p in procs)
+                                  for k in sorted({p.defect for p in procs if p.defect})},
+        "defects_by_kind": {k: sum(p.defect == k for p in procs)
+                            for k in sorted({p.defect for p in procs if p.defect})},
         "per_procedure": [{"page": p.page, "procedure": p.title, "label": p.label,
+                           "defect": p.defect,
                            "result": p.result, "doc_steps": p.doc_steps,
                            "duration_s": p.duration_s, "failed_step": p.failed_step}
                           for p in procs],
@@ -419,13 +427,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pages", type=int, default=None, help="only the first N pages")
     ap.add_argument("--no-sandbox", action="store_true",
                     help="do not create the staging resources before each page")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="pages run side by side, each worker with an account of its own")
     ap.add_argument("--json", action="store_true", help="one JSON object (the default)")
     args = ap.parse_args(argv)
     try:
         corpus = args.corpus.resolve()
         out = benchmark(corpus, (args.labels or corpus / "labels.yaml").resolve(),
                         args.work.resolve(),
-                        args.page_timeout, args.pages, not args.no_sandbox)
+                        args.page_timeout, args.pages, not args.no_sandbox, args.jobs)
     except (PeerUnavailable, OSError, subprocess.SubprocessError) as exc:
         out = {"tool": "doc-detective", "error": f"{type(exc).__name__}: {exc}"}
     print(json.dumps(out, indent=1))
