@@ -33,9 +33,11 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -71,16 +73,33 @@ SANDBOX = [
 ]
 # "Log on to the [RAM console](https://ram.console.aliyun.com/)." (Markdown and HTML), and the
 # HTML counterparts of the shipped Markdown click/find rules.
-EXTRA_MARKDOWN = [{"name": "logOnToConsole", "actions": ["goTo"], "regex": [
-    r"\b(?:[Ll]og on to|[Gg]o to|[Oo]pen)\s+the\s+\[[^\]]+\]\(\s*(https?:\/\/[^\s)]+)\s*\)"]}]
+_CLICK = r"\b(?:[Cc]lick|[Tt]ap|[Ll]eft-click|[Cc]hoose|[Ss]elect|[Cc]heck)\b\s+"
 _TAG = r"<(?:b|strong|span class=\"uicontrol\")>([^<]+)</(?:b|strong|span)>"
-EXTRA_HTML = [
-    {"name": "logOnToConsole", "actions": ["goTo"], "regex": [
-        r"\b(?:[Ll]og on to|[Gg]o to|[Oo]pen)\s+the\s+<a href=\"(https?:\/\/[^\"]+)\">"]},
-    {"name": "clickOnscreenText", "actions": ["click"], "regex": [
-        r"\b(?:[Cc]lick|[Tt]ap|[Cc]hoose|[Ss]elect|[Cc]heck)\b\s+" + _TAG]},
-    {"name": "findOnscreenText", "actions": ["find"], "regex": [_TAG]},
-]
+_LOG_ON = r"\b(?:[Ll]og on to|[Gg]o to|[Oo]pen)\s+the\s+"
+# The shipped rules make every **bold** a find, also the one a click names, so "click **X**"
+# is a click then a find of X on the page the click opened; and **Note** is a find. The tuned
+# markup (what a doc team writes after its first run) finds only bold that no click names.
+_NOT_CLICKED = r"(?<!" + _CLICK + r")"
+_NOT_NOTE = r"(?!(?:Note|Warning|Important)\b)"
+MARKUP = {
+    "shipped": {
+        "markdown": [{"name": "logOnToConsole", "actions": ["goTo"], "regex": [
+            _LOG_ON + r"\[[^\]]+\]\(\s*(https?:\/\/[^\s)]+)\s*\)"]}],
+        "html": [
+            {"name": "logOnToConsole", "actions": ["goTo"], "regex": [
+                _LOG_ON + r"<a href=\"(https?:\/\/[^\"]+)\">"]},
+            {"name": "clickOnscreenText", "actions": ["click"], "regex": [_CLICK + _TAG]},
+            {"name": "findOnscreenText", "actions": ["find"], "regex": [_TAG]}],
+    },
+}
+MARKUP["tuned"] = {
+    "markdown": MARKUP["shipped"]["markdown"] + [
+        {"name": "findOnscreenText", "actions": ["find"], "regex": [
+            _NOT_CLICKED + r"(?<![*\w])\*\*(?!\s)" + _NOT_NOTE + r"((?:(?!\*\*).)+?)(?<!\s)\*\*"]}],
+    "html": MARKUP["shipped"]["html"][:2] + [
+        {"name": "findOnscreenText", "actions": ["find"], "regex": [
+            _NOT_CLICKED + _TAG.replace(">([^<]+)", ">" + _NOT_NOTE + "([^<]+)", 1)]}],
+}
 
 
 class PeerUnavailable(RuntimeError):
@@ -213,14 +232,14 @@ def test_copy(text: str, kind: str, procs: list[tuple[str, str]], cloud_url: str
     return "".join(parts)
 
 
-def config_for(out_dir: Path) -> dict[str, Any]:
+def config_for(out_dir: Path, markup: str) -> dict[str, Any]:
     return {
         "output": str(out_dir), "logLevel": "info", "recursive": False,
         "telemetry": {"send": False}, "autoUpdate": False, "hints": {"enabled": False},
         "browserFallback": "off", "retries": 0,
         "runOn": [{"platforms": ["linux"], "browsers": [{"name": "chrome", "headless": True}]}],
-        "fileTypes": [{"extends": "markdown", "markup": EXTRA_MARKDOWN},
-                      {"extends": "html", "markup": EXTRA_HTML}],
+        "fileTypes": [{"extends": "markdown", "markup": MARKUP[markup]["markdown"]},
+                      {"extends": "html", "markup": MARKUP[markup]["html"]}],
     }
 
 
@@ -238,23 +257,41 @@ def load_labels(path: Path) -> dict[tuple[str, str], dict[str, Any]]:
 
 # ---- a run --------------------------------------------------------------------------------
 SIGNIN_STEPS = 3
+_RUNNING: set[int] = set()   # process groups of the doc-detective runs under way
+_STOP = threading.Event()
+
+
+def _stop_runs(signum: int, _frame: Any) -> None:
+    # Doc Detective starts Appium, chromedriver and Chromium below it: end its whole group.
+    _STOP.set()
+    for pgid in list(_RUNNING):
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    raise SystemExit(128 + signum)
 
 
 def run_page(copy: Path, out_dir: Path, procs: list[Proc], password: str,
-             timeout_s: float) -> float:
+             timeout_s: float, markup: str) -> float:
     """Doc Detective on one prepared page; fills in each procedure's result; returns the wall
     time of the run (Node, Appium and Chromium start included, as a CLI run per page has)."""
     config = out_dir / "config.json"
     out_dir.mkdir(parents=True, exist_ok=True)
-    config.write_text(json.dumps(config_for(out_dir), indent=1))
+    config.write_text(json.dumps(config_for(out_dir, markup), indent=1))
     t0 = time.monotonic()
+    proc = subprocess.Popen([str(DD_BIN), "-c", str(config), "-i", str(copy)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**_env(), "DD_CONSOLE_PASSWORD": password}, cwd=out_dir,
+                            start_new_session=True)
+    _RUNNING.add(proc.pid)
     try:
-        run = subprocess.run([str(DD_BIN), "-c", str(config), "-i", str(copy)],
-                             capture_output=True, text=True, timeout=timeout_s,
-                             env={**_env(), "DD_CONSOLE_PASSWORD": password}, cwd=out_dir)
-        log = run.stdout + run.stderr
-    except subprocess.TimeoutExpired as exc:
-        log = f"timed out after {timeout_s:g} s: {exc}"
+        log, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log = proc.communicate()[0] + f"\ntimed out after {timeout_s:g} s"
+    finally:
+        _RUNNING.discard(proc.pid)
     wall = time.monotonic() - t0
     (out_dir / "run.log").write_text(log)
     results = sorted(out_dir.glob("testResults-*.json"))
@@ -317,13 +354,15 @@ def corpus_pages(corpus: Path) -> list[Path]:
 
 
 def benchmark(corpus: Path, labels_path: Path, work: Path, timeout_s: float,
-              pages_limit: int | None, seed_sandbox: bool, jobs: int) -> dict[str, Any]:
+              pages_limit: int | None, seed_sandbox: bool, jobs: int,
+              markup: str) -> dict[str, Any]:
     from consolerl.accounts import load_accounts
     from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
     from infra.local_cloud import LocalCloud
 
     out: dict[str, Any] = {"tool": "doc-detective", "node": node_version(),
-                           "node_required": ENGINES_NODE}
+                           "node_required": ENGINES_NODE, "markup": markup,
+                           "sandbox": seed_sandbox}
     out["version"] = installed_version()
     out["chromium"] = link_system_browser()
     pages = corpus_pages(corpus)[:pages_limit]
@@ -357,16 +396,23 @@ def benchmark(corpus: Path, labels_path: Path, work: Path, timeout_s: float,
         copy.write_text(test_copy(text, kind, found, cloud.url, [p.drift for p in mine],
                                   account.login_name))
         episode = secrets.token_hex(4)
+        t0 = time.monotonic()
         prov = seed(cloud.endpoint, account, episode) if seed_sandbox else None
+        seeded = time.monotonic() - t0
         try:
-            walls.append(run_page(copy, work / "out" / rel, mine, account.password, timeout_s))
+            walls.append(run_page(copy, work / "out" / rel, mine, account.password, timeout_s,
+                                  markup))
         finally:
             if prov is not None:
                 prov.destroy(episode)
+        print(f"{rel}: {' '.join(p.result for p in mine)} in {walls[-1]:.0f} s "
+              f"(sandbox {seeded:.0f} s)", file=sys.stderr, flush=True)
 
     def worker(k: int) -> None:
         # One account per worker: a page's sandbox and clicks stay out of the other's lists.
         for page in pages[k::len(accounts)]:
+            if _STOP.is_set():
+                return
             one_page(page, accounts[k])
 
     try:
@@ -427,15 +473,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pages", type=int, default=None, help="only the first N pages")
     ap.add_argument("--no-sandbox", action="store_true",
                     help="do not create the staging resources before each page")
+    ap.add_argument("--markup", choices=sorted(MARKUP), default="tuned",
+                    help="shipped: Doc Detective's own Markdown rules (every bold is also a "
+                         "find); tuned: a bold that a click names is not found again")
     ap.add_argument("--jobs", type=int, default=1,
                     help="pages run side by side, each worker with an account of its own")
     ap.add_argument("--json", action="store_true", help="one JSON object (the default)")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_runs)
     try:
         corpus = args.corpus.resolve()
         out = benchmark(corpus, (args.labels or corpus / "labels.yaml").resolve(),
                         args.work.resolve(),
-                        args.page_timeout, args.pages, not args.no_sandbox, args.jobs)
+                        args.page_timeout, args.pages, not args.no_sandbox, args.jobs,
+                        args.markup)
     except (PeerUnavailable, OSError, subprocess.SubprocessError) as exc:
         out = {"tool": "doc-detective", "error": f"{type(exc).__name__}: {exc}"}
     print(json.dumps(out, indent=1))
