@@ -211,7 +211,7 @@ def page_title(text: str, kind: str) -> str:
     return re.sub(r"<[^>]+>", "", found.group(1)).strip() if found else ""
 
 
-def test_copy(text: str, kind: str, procs: list[tuple[str, str]], cloud_url: str,
+def marked_up_copy(text: str, kind: str, procs: list[tuple[str, str]], cloud_url: str,
               drifts: list[str], login: str) -> str:
     """The page as a doc team would mark it up for Doc Detective: each procedure a test that
     starts by signing in (the password comes from $DD_CONSOLE_PASSWORD at run time)."""
@@ -393,7 +393,7 @@ def benchmark(corpus: Path, labels_path: Path, work: Path, timeout_s: float,
             return
         copy = work / "pages" / rel
         copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_text(test_copy(text, kind, found, cloud.url, [p.drift for p in mine],
+        copy.write_text(marked_up_copy(text, kind, found, cloud.url, [p.drift for p in mine],
                                   account.login_name))
         episode = secrets.token_hex(4)
         t0 = time.monotonic()
