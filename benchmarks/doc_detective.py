@@ -354,7 +354,7 @@ def corpus_pages(corpus: Path) -> list[Path]:
 
 
 def benchmark(corpus: Path, labels_path: Path, work: Path, timeout_s: float,
-              pages_limit: int | None, seed_sandbox: bool, jobs: int,
+              pages_limit: int | None, stride: int, seed_sandbox: bool, jobs: int,
               markup: str) -> dict[str, Any]:
     from consolerl.accounts import load_accounts
     from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
@@ -365,7 +365,7 @@ def benchmark(corpus: Path, labels_path: Path, work: Path, timeout_s: float,
                            "sandbox": seed_sandbox}
     out["version"] = installed_version()
     out["chromium"] = link_system_browser()
-    pages = corpus_pages(corpus)[:pages_limit]
+    pages = corpus_pages(corpus)[::stride][:pages_limit]
     if not pages:
         raise PeerUnavailable(f"no .md or .html page under {corpus}")
     labels = load_labels(labels_path)
@@ -471,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="prepared pages, the cloud's state and Doc Detective's output")
     ap.add_argument("--page-timeout", type=float, default=900.0)
     ap.add_argument("--pages", type=int, default=None, help="only the first N pages")
+    ap.add_argument("--stride", type=int, default=1,
+                    help="every K-th page only (a sample across the products)")
     ap.add_argument("--no-sandbox", action="store_true",
                     help="do not create the staging resources before each page")
     ap.add_argument("--markup", choices=sorted(MARKUP), default="tuned",
@@ -485,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
         corpus = args.corpus.resolve()
         out = benchmark(corpus, (args.labels or corpus / "labels.yaml").resolve(),
                         args.work.resolve(),
-                        args.page_timeout, args.pages, not args.no_sandbox, args.jobs,
+                        args.page_timeout, args.pages, max(1, args.stride),
+                        not args.no_sandbox, args.jobs,
                         args.markup)
     except (PeerUnavailable, OSError, subprocess.SubprocessError) as exc:
         out = {"tool": "doc-detective", "error": f"{type(exc).__name__}: {exc}"}
