@@ -117,6 +117,9 @@ class Proc:
     result: str = ""            # PASS | FAIL | NO_STEPS | ERROR
     doc_steps: int = 0
     failed_step: str = ""
+    failed_line: int = 0
+    failed_at: str = ""         # the step number ("3", "4.2", "4.b") of the failed action
+    defective_steps: tuple[str, ...] = ()
     duration_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -232,6 +235,59 @@ def marked_up_copy(text: str, kind: str, procs: list[tuple[str, str]], cloud_url
     return "".join(parts)
 
 
+_MD_ITEM = re.compile(r"^(\s*)(\d+|[a-z])\.\s")
+_HTML_TAG = re.compile(r"<(/?)(ol|ul|li)\b([^>]*)>|\n", re.I)
+
+
+def step_numbers(copy: str, kind: str) -> dict[int, str]:
+    """Line (1-based) of the marked-up copy -> the number of the step it belongs to, as the
+    labels write it ("3", "4.2", "4.b"); lines outside the numbered steps are absent. This is
+    how a failed action is placed at a step of the procedure."""
+    at: dict[int, str] = {}
+    if kind == "html":
+        # A stack of open lists: [tag, items so far, lettered]; only <li> of an <ol> counts.
+        line, stack, steps, current = 1, [], [], ""
+        for m in _HTML_TAG.finditer(copy):
+            tag = m.group(2).lower() if m.group(2) else ""
+            if m.group(0) == "\n":
+                line += 1
+            elif tag in ("ol", "ul") and m.group(1):
+                if stack and stack.pop()[0] == "ol" and steps:
+                    steps.pop()
+                current = ".".join(steps)
+            elif tag in ("ol", "ul"):
+                stack.append([tag, 0, 'type="a"' in m.group(3)])
+                if tag == "ol":
+                    steps.append("")
+            elif tag == "li" and not m.group(1) and stack and stack[-1][0] == "ol":
+                stack[-1][1] += 1
+                n = stack[-1][1]
+                steps[-1] = chr(ord("a") + n - 1) if stack[-1][2] else str(n)
+                current = ".".join(steps)
+            if current:
+                at[line] = current
+        return at
+    top = current = ""
+    for i, text in enumerate(copy.splitlines(), 1):
+        item = _MD_ITEM.match(text)
+        if item and not item.group(1) and item.group(2).isdigit():
+            top = current = item.group(2)
+        elif item and item.group(1) and top:
+            current = f"{top}.{item.group(2)}"
+        elif text.strip() and not text[0].isspace():
+            top = current = ""
+        if current:
+            at[i] = current
+    return at
+
+
+def at_step(failed: str, labelled: tuple[str, ...]) -> bool:
+    """Is a failure at step ``failed`` one at a labelled step (or its sub-step, or its
+    parent)?"""
+    return bool(failed) and any(failed == s or failed.startswith(s + ".")
+                                or s.startswith(failed + ".") for s in labelled)
+
+
 def config_for(out_dir: Path, markup: str) -> dict[str, Any]:
     return {
         "output": str(out_dir), "logLevel": "info", "recursive": False,
@@ -322,6 +378,7 @@ def _read_test(p: Proc, test: dict[str, Any] | None) -> None:
         p.result = "FAIL"
         if failed is not None:
             p.failed_step = _describe(steps[failed])
+            p.failed_line = int((steps[failed].get("location") or {}).get("line") or 0)
     else:
         p.result = "PASS" if test.get("result") in ("PASS", "WARNING") else test.get("result")
 
@@ -333,6 +390,12 @@ def _describe(step: dict[str, Any]) -> str:
         what = what.get("elementText") or what.get("url") or what.get("selector") or what
     line = (step.get("location") or {}).get("line")
     return f"{action} {what!r} (line {line}): {str(step.get('resultDescription'))[:160]}"
+
+
+def place(procs: list[Proc], copy: str, kind: str) -> None:
+    numbers = step_numbers(copy, kind)
+    for p in procs:
+        p.failed_at = numbers.get(p.failed_line, "") if p.failed_line else ""
 
 
 def seed(cloud_endpoint: str, account: Any, episode: str) -> Any:
@@ -387,7 +450,9 @@ def benchmark(corpus: Path, labels_path: Path, work: Path, timeout_s: float,
         for i, (title, _) in enumerate(found):
             entry = labels.get((rel, title)) or {}
             mine.append(Proc(rel, i, title, str(entry.get("status") or "unlabelled"),
-                             str(entry.get("drift") or ""), str(entry.get("defect") or "")))
+                             str(entry.get("drift") or ""), str(entry.get("defect") or ""),
+                             defective_steps=tuple(map(str, entry.get("defective_steps")
+                                                       or ()))))
         by_page.append(mine)
         if not found:
             return
@@ -405,6 +470,7 @@ def benchmark(corpus: Path, labels_path: Path, work: Path, timeout_s: float,
         finally:
             if prov is not None:
                 prov.destroy(episode)
+        place(mine, copy.read_text(encoding="utf-8"), kind)
         print(f"{rel}: {' '.join(p.result for p in mine)} in {walls[-1]:.0f} s "
               f"(sandbox {seeded:.0f} s)", file=sys.stderr, flush=True)
 
@@ -441,6 +507,9 @@ def summarize(out: dict[str, Any], pages: list[Path], procs: list[Proc],
         "results": {r: sum(p.result == r for p in procs)
                     for r in ("PASS", "FAIL", "NO_STEPS", "ERROR")},
         "defects_found": count("defective", "FAIL"),
+        "defects_found_at_step": sum(p.label == "defective" and p.result == "FAIL"
+                                     and at_step(p.failed_at, p.defective_steps)
+                                     for p in procs),
         "defect_recall": round(count("defective", "FAIL") / defective, 3) if defective else None,
         "false_alarms": count("correct", "FAIL") + count("stale", "FAIL"),
         "false_alarms_correct": count("correct", "FAIL"),
@@ -455,9 +524,38 @@ def summarize(out: dict[str, Any], pages: list[Path], procs: list[Proc],
         "per_procedure": [{"page": p.page, "procedure": p.title, "label": p.label,
                            "defect": p.defect,
                            "result": p.result, "doc_steps": p.doc_steps,
-                           "duration_s": p.duration_s, "failed_step": p.failed_step}
+                           "duration_s": p.duration_s, "failed_step": p.failed_step,
+                           "failed_at": p.failed_at,
+                           "defective_steps": list(p.defective_steps)}
                           for p in procs],
     })
+    return out
+
+
+def rescore(previous: Path, work: Path, labels_path: Path) -> dict[str, Any]:
+    """The summary of an earlier run (its JSON and the marked-up copies in ``work``) under the
+    current labels and scoring, without running anything again."""
+    prev = json.loads(previous.read_text(encoding="utf-8"))
+    labels = load_labels(labels_path)
+    procs = []
+    for i, r in enumerate(prev["per_procedure"]):
+        entry = labels.get((r["page"], r["procedure"])) or {}
+        line = re.search(r"\(line (\d+)\)", r.get("failed_step", ""))
+        procs.append(Proc(r["page"], i, r["procedure"], str(entry.get("status") or r["label"]),
+                          str(entry.get("drift") or ""), str(entry.get("defect") or ""),
+                          r["result"], r.get("doc_steps", 0), r.get("failed_step", ""),
+                          int(line.group(1)) if line else 0,
+                          defective_steps=tuple(map(str, entry.get("defective_steps") or ())),
+                          duration_s=r.get("duration_s", 0.0)))
+    for page in {p.page for p in procs}:
+        copy = work / "pages" / page
+        if copy.exists():
+            place([p for p in procs if p.page == page], copy.read_text(encoding="utf-8"),
+                  "html" if page.endswith(".html") else "markdown")
+    keep = {k: v for k, v in prev.items() if k not in ("per_procedure",)}
+    out = summarize(dict(keep), [Path(p.page) for p in procs][:prev["pages"]], procs, [])
+    out.update({k: prev[k] for k in ("pages", "s_per_page_p50", "s_per_page_max")})
+    out["rescored_from"] = str(previous)
     return out
 
 
@@ -480,11 +578,18 @@ def main(argv: list[str] | None = None) -> int:
                          "find); tuned: a bold that a click names is not found again")
     ap.add_argument("--jobs", type=int, default=1,
                     help="pages run side by side, each worker with an account of its own")
+    ap.add_argument("--rescore", type=Path, default=None, metavar="PREVIOUS_JSON",
+                    help="summarize an earlier run's output again (with its --work), run nothing")
     ap.add_argument("--json", action="store_true", help="one JSON object (the default)")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop_runs)
     try:
         corpus = args.corpus.resolve()
+        if args.rescore is not None:
+            out = rescore(args.rescore, args.work.resolve(),
+                          (args.labels or corpus / "labels.yaml").resolve())
+            print(json.dumps(out, indent=1))
+            return 0
         out = benchmark(corpus, (args.labels or corpus / "labels.yaml").resolve(),
                         args.work.resolve(),
                         args.page_timeout, args.pages, max(1, args.stride),
