@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from benchmarks.doc_detective import MARKUP, load_labels, marked_up_copy, sections
+from benchmarks.doc_detective import (MARKUP, at_step, load_labels, marked_up_copy, sections,
+                                      step_numbers)
 
 MD = """# Create a RAM user
 
@@ -68,3 +69,14 @@ def test_tuned_markup_finds_only_bold_that_no_click_names():
           f"console.log(JSON.stringify([...{json.dumps(text)}.matchAll(r)].map(m=>m[1])))")
     out = subprocess.run(["node", "-e", js], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == ["Users", "Protocol", "Logon Name"]
+
+
+def test_a_failed_line_is_placed_at_its_step_markdown_and_html():
+    md = "## P\n\n1. Log on.\n2. Configure:\n   1. Set **A**.\n   b. Set **B**.\n3. Click **OK**.\n\nDone.\n"
+    assert step_numbers(md, "markdown") == {3: "1", 4: "2", 5: "2.1", 6: "2.b", 7: "3", 8: "3"}
+    html = ("<h2>P</h2>\n<ol>\n<li>Log on.</li>\n<li>Configure:\n<ul>\n<li><b>A</b></li>\n</ul>"
+            "</li>\n<li>Delete:<ol type=\"a\">\n<li>x</li>\n</ol></li>\n</ol>\n<p>Done</p>\n")
+    at = step_numbers(html, "html")
+    assert (at[3], at[4], at[6], at[8], at[9]) == ("1", "2", "2", "3", "3.a")
+    assert 12 not in at
+    assert at_step("4.b", ("4",)) and at_step("4", ("4.2",)) and not at_step("5", ("4",))
