@@ -72,7 +72,8 @@ def test_tuned_markup_finds_only_bold_that_no_click_names():
 
 
 def test_a_failed_line_is_placed_at_its_step_markdown_and_html():
-    md = "## P\n\n1. Log on.\n2. Configure:\n   1. Set **A**.\n   b. Set **B**.\n3. Click **OK**.\n\nDone.\n"
+    md = ("## P\n\n1. Log on.\n2. Configure:\n   1. Set **A**.\n   b. Set **B**.\n"
+          "3. Click **OK**.\n\nDone.\n")
     assert step_numbers(md, "markdown") == {3: "1", 4: "2", 5: "2.1", 6: "2.b", 7: "3", 8: "3"}
     html = ("<h2>P</h2>\n<ol>\n<li>Log on.</li>\n<li>Configure:\n<ul>\n<li><b>A</b></li>\n</ul>"
             "</li>\n<li>Delete:<ol type=\"a\">\n<li>x</li>\n</ol></li>\n</ol>\n<p>Done</p>\n")
