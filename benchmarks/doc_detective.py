@@ -2,8 +2,10 @@
 
 ``python -m benchmarks.doc_detective --json`` prints one JSON object: the installed version,
 pages, procedures, per procedure PASS / FAIL (or NO_STEPS when the tool detected no action in
-it), ``defects_found`` (FAIL on a procedure labelled defective), ``false_alarms`` (FAIL on a
-correct or stale one), ``s_per_page_p50`` and ``error`` with the exact reason when it cannot run.
+it) with the step it failed at, ``defects_found`` (FAIL on a procedure labelled defective),
+``defects_found_at_step`` (of those, FAIL at a step the labels mark), ``false_alarms`` (FAIL on
+a correct or stale one), ``s_per_page_p50`` (a whole CLI run per page) and ``error`` with the
+exact reason when it cannot run.
 
 Doc Detective detects actions in the page's markup ("click **X**" -> click the text X, any
 **bold** -> find it, "go to [..](url)" -> open it, `type "x"` -> type it) and replays them
