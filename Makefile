@@ -15,6 +15,7 @@
 #                    jobs_api, train_step, learning, docs (~45 min)
 #   make validate    the reward channels on the labelled validation set (174 episodes, ~15 min)
 #   make setup-vllm  vLLM on CPU in .venv-vllm (part of make setup)
+#   make setup-peer  Doc Detective (npm) and chromium-driver for benchmarks.doc_detective (optional)
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -25,7 +26,7 @@ STATE_DIR ?= var/console_sim
 APT_PACKAGES := redis-server chromium prometheus prometheus-redis-exporter
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup setup-system setup-python setup-vllm demo learning-check secrets-check test test-slow test-faults test-all bench validate cloud serve observe observability clean
+.PHONY: setup setup-system setup-python setup-vllm setup-peer demo learning-check secrets-check test test-slow test-faults test-all bench validate cloud serve observe observability clean
 
 setup: setup-system setup-python setup-vllm
 
@@ -69,6 +70,21 @@ setup-vllm:
 	  ($(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true) && \
 	  $(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"; \
 	fi
+
+# The peer of docs/results/*-doc-detective.md, kept out of `make setup`: doc-detective from npm
+# in var/doc-detective and the heavy npm packages it loads lazily (Appium, WebdriverIO) in its
+# cache; no browser download (Chrome for Testing is not reachable here): the benchmark links the
+# system Chromium and Debian's chromedriver of the same version into that cache.
+DD_DIR ?= var/doc-detective
+DD_VERSION := 4.38.1
+setup-peer:
+	@command -v chromedriver >/dev/null || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium-driver; }
+	mkdir -p $(DD_DIR)
+	[ -f $(DD_DIR)/package.json ] || echo '{"name": "doc-detective-peer", "private": true}' > $(DD_DIR)/package.json
+	cd $(DD_DIR) && DOC_DETECTIVE_AUTOINSTALL=0 npm install -q --no-audit --no-fund doc-detective@$(DD_VERSION)
+	DOC_DETECTIVE_CACHE_DIR=$(abspath $(DD_DIR))/cache $(DD_DIR)/node_modules/.bin/doc-detective install runtime
+	$(DD_DIR)/node_modules/.bin/doc-detective --version
 
 test: $(PY)
 	$(PY) -X faulthandler -m pytest -q
