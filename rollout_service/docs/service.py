@@ -46,10 +46,13 @@ class DocsInputError(ConsoleRLError, ValueError):
     fault (``content``, ``content_type``, ``name``) or ``drift``; ``status``: 413 for a page
     too large, 422 otherwise."""
 
-    def __init__(self, message: str, *, page: int | None = None, field: str = "content",
+    def __init__(self, message: str, page: int | None = None, field: str = "content",
                  status: int = 422):
         self.page, self.field, self.status = page, field, status
         super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.page, self.field, self.status))
 
     @property
     def where(self) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 import oss2
 
 from consolerl.accounts import Account
-from consolerl.errors import CloudAPIError, ConfigError
+from consolerl.errors import ConsoleRLError, CloudAPIError, ConfigError
 from consolerl.resources import fill
 from consolerl.tasks import EventRule, Task, parse_task
 from infra.cloud import CloudClient, CloudConfig, Credentials
@@ -68,7 +68,7 @@ class Validation:
                 and not self.problems)
 
 
-class _TwinError(Exception):
+class _TwinError(ConsoleRLError, RuntimeError):
     """The twin cannot do the operation: ``str`` says why (a drafting error)."""
 
 

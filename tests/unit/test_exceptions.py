@@ -46,6 +46,8 @@ def _plan_rejected():
 # "module.QualName" -> a function returning constructor args with a non-default value for every
 # parameter. Needed for every class whose constructor is not a single message string.
 ARGS: dict[str, Callable[[], tuple]] = {
+    "rollout_service.docs.service.DocsInputError": lambda: (
+        "page 'shot.md' is not text (binary content)", 1, "content", 422),
     "rollout_service.jobs.client.ApiError": lambda: (429, "your team has 3 queued jobs", 30.0),
     "consolerl.errors.CloudAPIError": lambda: (
         "InvalidVpcID.NotFound", "The specified VPC does not exist.", 404, "req-8F2A",
