@@ -544,6 +544,7 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
     if acted_on:
         _name_as_the_doc(b, proc, op.step, acted_on[0], rename)
     _fit_networks(b, proc, where)
+    _fit_zone(b, where)
 
     uncovered = _uncovered(proc, set(b.prereqs))
     if uncovered:
@@ -686,6 +687,16 @@ def _fit_networks(b: _Builder, proc: Procedure, where: Mapping[str, Any]) -> Non
                      if not n.overlaps(inner)), None)
         if free is not None:
             sw["properties"]["cidr_block"] = str(free)
+
+
+def _fit_zone(b: _Builder, where: Mapping[str, Any]) -> None:
+    """A zone the operation sends beside a prerequisite vSwitch (an instance's) is the
+    vSwitch's zone: the vSwitch is declared in it."""
+    sw = b.prereqs.get("vswitch")
+    zone = where.get("requestParameters.ZoneId")
+    if sw is not None and isinstance(zone, str) and "{" not in zone and \
+            where.get("requestParameters.VSwitchId") == "{" + sw["id"] + "}":
+        sw["properties"]["zone"] = zone
 
 
 def _network_ok(text: str) -> bool:

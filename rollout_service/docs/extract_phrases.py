@@ -61,7 +61,7 @@ BARE_PATH = _c(rf"^({PATH})$")
 ROW_LINK = _c(_I(r"click (?:the )?(?:(?:ID|name|hostname) of (?:the |a |an )?(?:[\w-]+(?: [\w-]+)?|"
                  r"⟨c\d+⟩)|[\w-]+(?: [\w-]+)? (?:ID|name)\b(?: (⟨c\d+⟩))?)"))
 ENTER_IN = _c(rf"{_I('(?:enter|type|input|specify|provide|fill in)')}\s+(.+?)\s+"
-              rf"{_I('(?:in|into)')}\s+{_I('the')}\s+({NAME})"
+              rf"{_I('(?:in|into)')}\s+(?:{_I('the')}\s+)?({NAME})"
               rf"(?:\s+{_I('(?:field|text box|box)')})?\s*$")
 SET = _c(rf"{_I('(?:set|change|modify|configure)')}\s+(?:{_I('the value of')}\s+)?"
          rf"(?:{_I('the')}\s+)?({NAME})(?:\s+{_I('(?:field|parameter|option)')})?\s+"
