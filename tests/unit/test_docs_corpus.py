@@ -21,11 +21,11 @@ KEYS = ("page", "title", "status", "drift", "defect", "defective_steps", "stale_
         "operation", "note")
 
 
-def _labels() -> list[dict]:
-    return yaml.safe_load((CORPUS / "labels.yaml").read_text(encoding="utf-8"))
+def load_labels(corpus: Path) -> list[dict]:
+    return yaml.safe_load((corpus / "labels.yaml").read_text(encoding="utf-8"))
 
 
-LABELS = _labels()
+LABELS = load_labels(CORPUS)
 
 
 def _md_steps(text: str, title: str) -> list[list[str]] | None:
@@ -87,16 +87,18 @@ def _html_steps(text: str, title: str) -> list[list[str]] | None:
     return []
 
 
-def _steps(entry: dict) -> list[list[str]] | None:
-    text = (CORPUS / entry["page"]).read_text(encoding="utf-8")
+def _steps(corpus: Path, entry: dict) -> list[list[str]] | None:
+    text = (corpus / entry["page"]).read_text(encoding="utf-8")
     if entry["page"].endswith(".md"):
         return _md_steps(text, entry["title"])
     return _html_steps(text, entry["title"])
 
 
-def test_every_entry_is_well_formed():
+def check_entries(labels: list[dict]) -> None:
+    """Every label entry has the schema's keys, in order, and values that fit together (the
+    held-out corpus's test runs the same checks)."""
     seen = set()
-    for e in LABELS:
+    for e in labels:
         where = f"{e.get('page')}: {e.get('title')}"
         assert tuple(e) == KEYS, where
         assert e["status"] in STATUSES, where
@@ -113,13 +115,18 @@ def test_every_entry_is_well_formed():
         assert e["note"].strip(), where
 
 
-@pytest.mark.parametrize("entry", LABELS, ids=lambda e: f"{e['page']}#{e['title']}")
-def test_procedure_is_a_heading_of_its_page_and_its_steps_exist(entry):
-    path = CORPUS / entry["page"]
+def test_every_entry_is_well_formed():
+    check_entries(LABELS)
+
+
+def check_procedure_entry(corpus: Path, entry: dict) -> None:
+    """The entry's page exists, its title is a heading there with numbered steps under it, and
+    every step number it labels exists."""
+    path = corpus / entry["page"]
     assert path.is_file(), f"no page {entry['page']}"
     assert entry["page"].split("/")[0] in PRODUCTS
     assert path.suffix in (".md", ".html")
-    steps = _steps(entry)
+    steps = _steps(corpus, entry)
     assert steps is not None, f"{entry['title']!r} is not a heading of {entry['page']}"
     assert steps, f"no numbered steps under {entry['title']!r}"
     for number in entry["defective_steps"] + entry["stale_steps"]:
@@ -127,6 +134,11 @@ def test_procedure_is_a_heading_of_its_page_and_its_steps_exist(entry):
         assert 1 <= int(top) <= len(steps), f"step {number} of {entry['title']!r}"
         if sub:
             assert sub in steps[int(top) - 1], f"step {number} of {entry['title']!r}"
+
+
+@pytest.mark.parametrize("entry", LABELS, ids=lambda e: f"{e['page']}#{e['title']}")
+def test_procedure_is_a_heading_of_its_page_and_its_steps_exist(entry):
+    check_procedure_entry(CORPUS, entry)
 
 
 def test_corpus_mix():

@@ -9,126 +9,24 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
-from markdown_it import MarkdownIt
 from selectolax.lexbor import LexborHTMLParser as HTMLParser
 
+from tests.unit.test_docs_corpus import (DEFECTS, PRODUCTS, STATUSES, check_entries,
+                                         check_procedure_entry, load_labels)
+
 CORPUS = Path(__file__).resolve().parents[2] / "docs" / "corpus-heldout"
-PRODUCTS = ("ecs", "vpc", "ram", "oss")
-STATUSES = ("correct", "defective", "stale")
-DEFECTS = ("renamed_control", "missing_step", "out_of_order", "no_such_field", "no_such_option",
-           "refused")
-KEYS = ("page", "title", "status", "drift", "defect", "defective_steps", "stale_steps",
-        "operation", "note")
 
-
-def _labels() -> list[dict]:
-    return yaml.safe_load((CORPUS / "labels.yaml").read_text(encoding="utf-8"))
-
-
-LABELS = _labels()
-
-
-def _md_steps(text: str, title: str) -> list[list[str]] | None:
-    """Top-level steps of the procedure under heading ``title`` (each a list of its sub-step
-    numbers), or None when no heading has that text."""
-    tokens = MarkdownIt("commonmark").enable("table").parse(text)
-    start = level = None
-    for i, tok in enumerate(tokens):
-        if tok.type == "heading_open" and tokens[i + 1].content.strip() == title:
-            start, level = i, int(tok.tag[1])
-            break
-    if start is None:
-        return None
-    steps: list[list[str]] = []
-    depth = None
-    nested: list[str] = []      # the kinds of the lists open inside the current step
-    for tok in tokens[start + 3:]:
-        if tok.type == "heading_open" and int(tok.tag[1]) <= level:
-            break
-        if tok.type == "ordered_list_open" and depth is None:
-            depth = tok.level
-        elif depth is None:
-            continue
-        elif tok.type == "ordered_list_close" and tok.level == depth:
-            break
-        elif tok.type == "list_item_open" and tok.level == depth + 1:
-            steps.append([])
-        elif tok.type in ("ordered_list_open", "bullet_list_open") and tok.level == depth + 2:
-            nested.append(tok.type)
-        elif tok.type in ("ordered_list_close", "bullet_list_close") and tok.level == depth + 2:
-            nested.pop()
-        elif tok.type == "list_item_open" and tok.level == depth + 3 and \
-                nested[-1] == "ordered_list_open":
-            steps[-1].append(str(len(steps[-1]) + 1))
-    return steps
-
-
-def _html_steps(text: str, title: str) -> list[list[str]] | None:
-    tree = HTMLParser(text)
-    nodes = tree.css("h1, h2, h3, ol")
-    for i, node in enumerate(nodes):
-        if node.tag in ("h1", "h2", "h3") and node.text(strip=True) == title:
-            break
-    else:
-        return None
-    for node in nodes[i + 1:]:
-        if node.tag in ("h1", "h2") and int(node.tag[1]) <= int(nodes[i].tag[1]):
-            return []
-        if node.tag == "ol":
-            steps = []
-            for li in (c for c in node.iter() if c.tag == "li"):
-                subs: list[str] = []
-                for ol in (c for c in li.iter() if c.tag == "ol"):
-                    lettered = ol.attributes.get("type") == "a"
-                    count = sum(c.tag == "li" for c in ol.iter())
-                    subs += [chr(ord("a") + k) if lettered else str(k + 1) for k in range(count)]
-                steps.append(subs)
-            return steps
-    return []
-
-
-def _steps(entry: dict) -> list[list[str]] | None:
-    text = (CORPUS / entry["page"]).read_text(encoding="utf-8")
-    if entry["page"].endswith(".md"):
-        return _md_steps(text, entry["title"])
-    return _html_steps(text, entry["title"])
+LABELS = load_labels(CORPUS)
 
 
 def test_every_entry_is_well_formed():
-    seen = set()
-    for e in LABELS:
-        where = f"{e.get('page')}: {e.get('title')}"
-        assert tuple(e) == KEYS, where
-        assert e["status"] in STATUSES, where
-        assert (e["page"], e["title"]) not in seen, f"labelled twice: {where}"
-        seen.add((e["page"], e["title"]))
-        assert e["drift"] == ("rename" if e["status"] == "stale" else ""), where
-        if e["status"] == "defective":
-            assert e["defect"] in DEFECTS and e["defective_steps"], where
-        else:
-            assert e["defect"] == "" and e["defective_steps"] == [], where
-        assert bool(e["stale_steps"]) == (e["status"] == "stale"), where
-        assert e["operation"] == "" or re.fullmatch(r"(Ecs|Vpc|Ram|Oss):[A-Z][A-Za-z]+",
-                                                   e["operation"]), where
-        assert e["note"].strip(), where
+    check_entries(LABELS)
 
 
 @pytest.mark.parametrize("entry", LABELS, ids=lambda e: f"{e['page']}#{e['title']}")
 def test_procedure_is_a_heading_of_its_page_and_its_steps_exist(entry):
-    path = CORPUS / entry["page"]
-    assert path.is_file(), f"no page {entry['page']}"
-    assert entry["page"].split("/")[0] in PRODUCTS
-    assert path.suffix in (".md", ".html")
-    steps = _steps(entry)
-    assert steps is not None, f"{entry['title']!r} is not a heading of {entry['page']}"
-    assert steps, f"no numbered steps under {entry['title']!r}"
+    check_procedure_entry(CORPUS, entry)
     assert "log on to the" in _first_step_text(entry).lower(), entry["title"]
-    for number in entry["defective_steps"] + entry["stale_steps"]:
-        top, _, sub = str(number).partition(".")
-        assert 1 <= int(top) <= len(steps), f"step {number} of {entry['title']!r}"
-        if sub:
-            assert sub in steps[int(top) - 1], f"step {number} of {entry['title']!r}"
 
 
 def _first_step_text(entry: dict) -> str:
