@@ -38,6 +38,9 @@ class Trajectory:
     started_at: float = 0.0
     ended_at: float = 0.0
     end_detail: str = ""              # why it ended, where end_reason alone does not say
+    # The pages the agent saw (:func:`page_seen`): pages[i] before turn i, the last one after
+    # the final turn; what the evidence channel checks an infeasibility claim against.
+    pages: tuple[str, ...] = ()
 
     @property
     def versions(self) -> tuple[int, ...]:
@@ -46,6 +49,25 @@ class Trajectory:
     @property
     def actions(self) -> list[str]:
         return [t.action_text or f"(invalid: {t.action_error})" for t in self.turns]
+
+
+MAX_PAGES = 64                        # a trajectory keeps at most this many pages
+MAX_PAGE_CHARS = 30_000
+
+
+def page_seen(url: str, text: str) -> str:
+    """One page as a trajectory keeps it: the URL on the first line, then the observation's
+    text (cut to :data:`MAX_PAGE_CHARS`)."""
+    return f"{url}\n{text[:MAX_PAGE_CHARS]}"
+
+
+def keep_pages(pages: list[str]) -> tuple[str, ...]:
+    """At most :data:`MAX_PAGES`: the first and the last ones (where an episode starts and
+    where it gave up)."""
+    if len(pages) <= MAX_PAGES:
+        return tuple(pages)
+    head = MAX_PAGES // 4
+    return tuple(pages[:head] + pages[len(pages) - (MAX_PAGES - head):])
 
 
 FORMAT_VERSION = 1

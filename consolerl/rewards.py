@@ -1,6 +1,7 @@
 """What the reward service answers for one episode, as it crosses the Ray boundary to the
-orchestrator and the HTTP API: the rule channel's outcome, the judge channel's votes and
-verdict, and their fusion into one :class:`RewardResult` (policy in :mod:`reward_service.fusion`).
+orchestrator and the HTTP API: the rule channel's outcome, the evidence channel's check of an
+infeasibility claim, the judge channel's votes and verdict, and their fusion into one
+:class:`RewardResult` (policy in :mod:`reward_service.fusion`).
 """
 from __future__ import annotations
 
@@ -36,6 +37,54 @@ class RuleOutcome:
         object.__setattr__(self, "reasons", tuple(self.reasons))
 
 
+CLAIM_KINDS = ("confirmed", "refused", "contradicted", "unsupported", "not_reported", "no_claim",
+               "unchecked")
+
+
+@dataclass(frozen=True)
+class EvidenceOutcome:
+    """The evidence channel's check of how an episode ended (:mod:`reward_service.evidence`).
+
+    ``verdict``: success | failure | undetermined. ``kind`` says why:
+
+    - ``confirmed``: the agent reported the procedure infeasible, and what its reason names as
+      missing is on no page it saw (nor in the console's inventory), with nothing done;
+    - ``refused``: it reported the console's refusal, and the audit log has that refusal of the
+      documented values;
+    - ``contradicted``: what the reason names was on a page the agent saw (or in the inventory),
+      or the operation happened after all;
+    - ``unsupported``: the reason names nothing the procedure names;
+    - ``not_reported``: the procedure is known not to work, and the agent ended otherwise;
+    - ``no_claim``: nothing to check (the agent did not report the task infeasible);
+    - ``unchecked``: a claim the channel can neither confirm nor contradict.
+
+    ``missing``: the names the evidence shows absent; ``present``: those it found, each with where
+    (``"Create User" on /console/ram/users``); ``events``: deciding audit event ids."""
+
+    verdict: str
+    kind: str
+    reasons: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    present: tuple[str, ...] = ()
+    events: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.verdict not in OUTCOMES:
+            raise ConfigError(f"EvidenceOutcome.verdict: must be one of {', '.join(OUTCOMES)}, "
+                              f"got {self.verdict!r}")
+        if self.kind not in CLAIM_KINDS:
+            raise ConfigError(f"EvidenceOutcome.kind: must be one of {', '.join(CLAIM_KINDS)}, "
+                              f"got {self.kind!r}")
+        for name in ("reasons", "missing", "present", "events"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    @property
+    def confirms_claim(self) -> bool:
+        """The agent's infeasibility claim is backed by evidence (a doc defect, not the agent's
+        failure)."""
+        return self.kind in ("confirmed", "refused")
+
+
 @dataclass(frozen=True)
 class JudgeVote:
     """One judge's vote: ``verdict`` is success | failure | invalid (an abstention: bad reply,
@@ -62,9 +111,10 @@ class JudgeVerdict:
 @dataclass(frozen=True)
 class RewardResult:
     """The reward of one episode. ``verdict``: success | failure | undetermined (``failure``
-    also for env errors, with ``trainable=False``); ``decided_by``: rule | judges | none |
-    env_error; ``rule_verdict`` / ``judge_verdict``: both channels as they came (``None`` when
-    a channel did not run); ``evidence``: audit event ids; ``reasons``: why, in order."""
+    also for env errors, with ``trainable=False``); ``decided_by``: rule | evidence | judges |
+    none | env_error; ``rule_verdict`` / ``evidence_verdict`` / ``judge_verdict``: the channels
+    as they came (``None`` when a channel did not run); ``evidence``: audit event ids;
+    ``reasons``: why, in order."""
 
     reward: float
     trainable: bool
@@ -75,3 +125,4 @@ class RewardResult:
     evidence: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
     env_error: EnvError | None = None
+    evidence_verdict: EvidenceOutcome | None = None

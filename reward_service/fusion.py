@@ -1,5 +1,6 @@
-"""Fusion: the rule channel's and the judge channel's verdicts, and the episode's env error,
-into one :class:`RewardResult` (what crosses the Ray boundary to the orchestrator).
+"""Fusion: the rule channel's, the evidence channel's and the judge channel's verdicts, and the
+episode's env error, into one :class:`RewardResult` (what crosses the Ray boundary to the
+orchestrator).
 
 Policy, first match wins:
 
@@ -9,26 +10,33 @@ Policy, first match wins:
    failure). For an ``infeasible`` task a rule *success* is not decisive: the rule cannot
    witness that the agent correctly reported the procedure infeasible (its rule usually only
    forbids side effects), so only a rule failure decides there.
-3. Otherwise the judges decide (for infeasible tasks they judge the agent's report_infeasible
-   reason) when their verdict is success or failure.
-4. Otherwise ``undetermined``: :attr:`RewardConfig.undetermined_reward`, trainable only when
+3. The evidence channel (:mod:`reward_service.evidence`: an infeasibility claim checked against
+   the audit log and the pages the agent saw) decides next. On an ``infeasible`` task a
+   confirmed claim is a success and a contradicted or unsupported one (or no report at all) a
+   failure. On a task expected to succeed only its failures decide (a claim contradicted by
+   the pages): a confirmed claim there says the documentation is wrong for this console, which
+   the task's author did not expect, so it is recorded and left to the next channel.
+4. Otherwise the judges decide (for infeasible tasks they judge the agent's report_infeasible
+   reason) when their verdict is success or failure: only where both channels above abstain, so
+   a judge can never flip a decisive verdict.
+5. Otherwise ``undetermined``: :attr:`RewardConfig.undetermined_reward`, trainable only when
    :attr:`RewardConfig.undetermined_trainable`.
 
 A trainable result pays ``forbidden_penalty`` per forbidden audit event on top (never below
-``min_reward``). Both channels' outcomes are recorded whichever decided.
+``min_reward``). Every channel's outcome is recorded whichever decided.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from consolerl.errors import ConfigError
-from consolerl.rewards import JudgeVerdict, RewardResult, RuleOutcome
+from consolerl.rewards import EvidenceOutcome, JudgeVerdict, RewardResult, RuleOutcome
 from consolerl.types import EnvError
 
 from .rules import RuleVerdict
 
 EXPECTED = ("success", "infeasible")
-DECIDERS = ("rule", "judges", "none", "env_error")
+DECIDERS = ("rule", "evidence", "judges", "none", "env_error")
 
 
 @dataclass(frozen=True)
@@ -71,30 +79,45 @@ def rule_outcome_from(rule_verdict: RuleVerdict, *, decisive: bool,
                        forbidden_hits)
 
 
+def evidence_decides(task_expected: str, evidence: EvidenceOutcome | None) -> bool:
+    """Whether the evidence channel's verdict decides the episode (step 3 of the policy)."""
+    if evidence is None or evidence.verdict not in ("success", "failure"):
+        return False
+    return task_expected == "infeasible" or evidence.verdict == "failure"
+
+
 def fuse(task_expected: str, rule: RuleOutcome | None, judges: JudgeVerdict | None,
-         env_error: EnvError | None, config: RewardConfig | None = None) -> RewardResult:
+         env_error: EnvError | None, config: RewardConfig | None = None, *,
+         evidence: EvidenceOutcome | None = None) -> RewardResult:
     """Combine the channels into one reward (policy in the module docstring)."""
     cfg = config or RewardConfig()
     if task_expected not in EXPECTED:
         raise ConfigError(f"fuse.task_expected: must be one of {', '.join(EXPECTED)}, "
                           f"got {task_expected!r}")
-    evidence = rule.evidence if rule else ()
-    both = dict(rule_verdict=rule, judge_verdict=judges, evidence=evidence)
+    events = rule.evidence if rule else ()
+    both = dict(rule_verdict=rule, judge_verdict=judges, evidence_verdict=evidence)
     if env_error is not None:
         return RewardResult(0.0, False, "failure", "env_error", env_error=env_error,
                             reasons=(f"env_error {env_error.kind}: {env_error.message}",),
-                            **both)
+                            evidence=events, **both)
     rule_decides = rule is not None and (
         rule.verdict == "failure" or (rule.verdict == "success" and task_expected == "success"))
     if rule_decides:
         verdict, by = rule.verdict, "rule"
         reasons = rule.reasons or ("rule passed",)
+    elif evidence_decides(task_expected, evidence):
+        assert evidence is not None
+        verdict, by = evidence.verdict, "evidence"
+        reasons = tuple(f"evidence ({evidence.kind}): {r}" for r in evidence.reasons) or \
+            (f"evidence: {evidence.kind}",)
+        events = tuple(dict.fromkeys((*events, *evidence.events)))
     elif judges is not None and judges.verdict in ("success", "failure"):
         verdict, by, reasons = judges.verdict, "judges", (f"judges: {judges.reason}",)
     else:
         verdict, by = "undetermined", "none"
-        reasons = ("neither channel decided"
+        reasons = ("no channel decided"
                    + (f"; rule: {rule.verdict}" if rule else "; no rule")
+                   + (f"; evidence: {evidence.kind}" if evidence else "")
                    + (f"; judges: {judges.reason}" if judges else "; no judges"),)
     if verdict == "undetermined":
         reward, trainable = cfg.undetermined_reward, cfg.undetermined_trainable
@@ -105,4 +128,5 @@ def fuse(task_expected: str, rule: RuleOutcome | None, judges: JudgeVerdict | No
     if trainable and hits:
         reward = max(reward + cfg.forbidden_penalty * hits, cfg.min_reward)
         reasons = (*reasons, f"{hits} forbidden event(s): {cfg.forbidden_penalty * hits:+.2f}")
-    return RewardResult(float(reward), trainable, verdict, by, reasons=tuple(reasons), **both)
+    return RewardResult(float(reward), trainable, verdict, by, reasons=tuple(reasons),
+                        evidence=events, **both)

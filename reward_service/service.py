@@ -45,12 +45,15 @@ from infra.http_errors import field_error, install_validation_handler
 from consolerl.accounts import Account
 from consolerl.tasks import Task
 
+from consolerl.experience import MAX_PAGE_CHARS, MAX_PAGES
+
 from .actiontrail import LOOKUP_MAX_WINDOW_S, TrailClient, TrailConfig, TrailMetrics, \
     is_retryable
-from .fusion import RewardConfig, fuse
+from .evidence import check_claim
+from .fusion import RewardConfig, evidence_decides, fuse
 from consolerl.rewards import RewardResult
 from .judges import JudgeChannel
-from consolerl.rewards import JudgeVerdict
+from consolerl.rewards import CLAIM_KINDS, JudgeVerdict
 from .verifier import EpisodeRecord, RuleVerifier
 
 
@@ -62,6 +65,7 @@ MAX_VALUE_CHARS = 2_000
 _Name = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 _Value = Annotated[str, StringConstraints(max_length=MAX_VALUE_CHARS)]
 _Action = Annotated[str, StringConstraints(max_length=MAX_ACTION_CHARS)]
+_Page = Annotated[str, StringConstraints(max_length=MAX_PAGE_CHARS + 4_000)]
 
 
 class ScoreRequest(BaseModel):
@@ -83,6 +87,11 @@ class ScoreRequest(BaseModel):
     final_observation: str = Field(default="", max_length=200_000)
     answer: str | None = Field(default=None, max_length=4_000)
     infeasible_reason: str | None = Field(default=None, max_length=4_000)
+    pages: list[_Page] = Field(
+        default_factory=list, max_length=MAX_PAGES,
+        description="the pages the agent saw, each its URL on the first line and then the "
+                    "observation text: pages[i] before actions[i], the last after the final "
+                    "action (what an infeasibility claim is checked against)")
     env_error: str | None = Field(default=None, min_length=1, max_length=2_000,
                                   description="the episode failed for infrastructure reasons")
 
@@ -122,8 +131,9 @@ class RewardMetrics:
 
     def __init__(self, registry: CollectorRegistry):
         self.scores = Counter("consolerl_reward_scores_total", "Episodes scored, by verdict "
-                              "(success, failure, undetermined) and decided_by (rule, judges, "
-                              "none, env_error).", ["verdict", "decided_by"], registry=registry)
+                              "(success, failure, undetermined) and decided_by (rule, "
+                              "evidence, judges, none, env_error).", ["verdict", "decided_by"],
+                              registry=registry)
         self.latency = Histogram("consolerl_reward_score_seconds", "Time to score one episode "
                                  "(scores that returned a result).", registry=registry,
                                  buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
@@ -138,6 +148,15 @@ class RewardMetrics:
                               "kind (unknown_name, bad_request, cloud_error: a cloud outage, "
                               "cloud_refused: the cloud refused the service's call, internal).",
                               ["kind"], registry=registry)
+        self.evidence = Counter("consolerl_reward_evidence_total", "Episodes the evidence "
+                                "channel checked, by what it found (confirmed, refused, "
+                                "contradicted, unsupported, not_reported, no_claim, unchecked).",
+                                ["kind"], registry=registry)
+        self.evidence_latency = Histogram("consolerl_reward_evidence_seconds", "Time to check "
+                                          "one episode's ending against the evidence.",
+                                          registry=registry, buckets=(0.0005, 0.001, 0.0025,
+                                                                      0.005, 0.01, 0.025, 0.05,
+                                                                      0.1, 0.25, 1))
         self.judge_votes = Counter("consolerl_reward_judge_votes_total", "Judge votes, by "
                                    "verdict (success, failure, invalid).", ["verdict"],
                                    registry=registry)
@@ -155,7 +174,8 @@ class RewardMetrics:
                                              "cloud_refused", "internal")),
                               (self.judge_votes, ("success", "failure", "invalid")),
                               (self.judge_verdicts, ("success", "failure", "undetermined")),
-                              (self.judge_agreement, ("unanimous", "split"))):
+                              (self.judge_agreement, ("unanimous", "split")),
+                              (self.evidence, CLAIM_KINDS)):
             for value in values:
                 child.labels(value)
 
@@ -212,6 +232,7 @@ class RewardService:
     def __init__(self, tasks: list[Task], accounts: list[Account], endpoint: str | None,
                  trail_config: TrailConfig | None = None, reward_config: RewardConfig | None = None,
                  judges: JudgeChannel | None = None,
+                 console_labels: Mapping[str, frozenset[str]] | None = None,
                  client_factory: Callable[[Account], CloudClient] | None = None,
                  registry: CollectorRegistry | None = None):
         self.tasks = {t.id: t for t in tasks}
@@ -219,6 +240,9 @@ class RewardService:
         self.trail_config = trail_config or TrailConfig()
         self.reward_config = reward_config or RewardConfig()
         self.judges = judges
+        # drift profile -> every label of that console's UI inventory (normalised): where a
+        # task's console has one, the evidence channel checks claims against all of it.
+        self.console_labels = dict(console_labels or {})
         self._factory = client_factory or (lambda a: CloudClient(
             CloudConfig(endpoint=endpoint), Credentials(a.access_key_id, a.access_key_secret)))
         self._setup(registry if registry is not None else CollectorRegistry())
@@ -233,7 +257,8 @@ class RewardService:
 
     def __getstate__(self) -> dict[str, Any]:
         # Registries, locks and thread-local clients do not pickle (nor belong in a copy).
-        keep = ("tasks", "accounts", "trail_config", "reward_config", "judges", "_factory")
+        keep = ("tasks", "accounts", "trail_config", "reward_config", "judges",
+                "console_labels", "_factory")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -284,15 +309,27 @@ class RewardService:
         self._check(request, task)
         episode = EpisodeRecord(account.account_id, request.started_at, request.ended_at,
                                 tuple(sorted(request.values.items())))
-        rule = RuleVerifier(self._trail(account), self._client(account)).verify(task, episode)
+        rule, events = RuleVerifier(self._trail(account), self._client(account)) \
+            .verify_with_events(task, episode)
+        evidence = None
+        if not rule.pending:
+            with self.metrics.evidence_latency.time():
+                evidence = check_claim(
+                    task, request.values, infeasible_reason=request.infeasible_reason,
+                    answer=request.answer, pages=request.pages, actions=request.actions,
+                    events=events, console_labels=self.console_labels.get(task.drift))
+            self.metrics.evidence.labels(evidence.kind).inc()
+        rule_decides = rule.verdict == "failure" or (
+            rule.verdict == "success" and task.expected == "success")
         verdict = None
-        if rule.verdict == "undetermined" and self.judges is not None:
+        if not rule_decides and not evidence_decides(task.expected, evidence) \
+                and self.judges is not None:
             verdict = self.judges.judge(
                 task.title, task.procedure, request.actions, request.final_observation,
                 request.answer, request.infeasible_reason, expected=task.expected,
                 reference_reason=task.infeasible_reason)
             self.metrics.record_judges(verdict)
-        return fuse(task.expected, rule, verdict, None, self.reward_config)
+        return fuse(task.expected, rule, verdict, None, self.reward_config, evidence=evidence)
 
     def _check(self, request: ScoreRequest, task: Task) -> None:
         """What the rule channel needs of a request beyond its shape."""

@@ -29,7 +29,7 @@ from typing import Protocol
 
 from consolerl.config import check_int
 from consolerl.errors import ConfigError
-from consolerl.experience import Trajectory, Turn
+from consolerl.experience import Trajectory, Turn, keep_pages, page_seen
 from consolerl.types import Observation, StepResult
 from env_workers.actions import ACTION_HELP
 
@@ -227,6 +227,7 @@ class AgentLoop:
         history: list[_Step] = []
         used = 0
         end, answer, infeasible, env_error = "max_steps", None, None, None
+        pages = [page_seen(observation.url, observation.text)]
         for index in range(cfg.max_steps):
             ids = self.prompt_ids(title, procedure, recent_history(history, cfg.history_turns),
                                   observation)
@@ -245,6 +246,7 @@ class AgentLoop:
                               result.action_text, entry.error))
             history.append(entry)
             observation = result.observation
+            pages.append(page_seen(observation.url, observation.text))
             if result.env_error is not None:
                 end, env_error = "env_error", result.env_error
                 break
@@ -257,7 +259,7 @@ class AgentLoop:
                     end = "env_limit"
                 break
         return Trajectory(tid, task_id, tuple(turns), end, answer, infeasible, env_error,
-                          observation.text, started, time.time())
+                          observation.text, started, time.time(), pages=keep_pages(pages))
 
 
 def _short(text: str, limit: int = 120) -> str:

@@ -38,7 +38,7 @@ import ray.exceptions
 
 from consolerl.accounts import Account, lease_agent
 from consolerl.errors import CloudAPIError, ConsoleRLError, EpisodeCancelled
-from consolerl.experience import Trajectory, Turn
+from consolerl.experience import MAX_PAGES, Trajectory, Turn, keep_pages, page_seen
 from consolerl.resources import fill
 from consolerl.rewards import RewardResult
 from consolerl.tasks import Task
@@ -128,19 +128,22 @@ def scripted_policy(script: Script) -> EpisodePolicy:
         started = time.time()
         turns: list[Turn] = []
         last = [observation]
+        pages = [page_seen(observation.url, observation.text)]
 
         async def recorded(text: str) -> StepResult:
             result = await step(text)
             turns.append(Turn((), (), (), (), -1, text, result.action_text,
                               result.observation.last_action_error))
             last[0] = result.observation
+            pages.append(page_seen(result.observation.url, result.observation.text))
             return result
         try:
             final = await script(task, values, recorded, observation)
         except DriverError as exc:
             return Trajectory(trajectory_id, task.id, tuple(turns), "stuck",
                               final_observation=last[0].text, started_at=started,
-                              ended_at=time.time(), end_detail=str(exc)[:300])
+                              ended_at=time.time(), end_detail=str(exc)[:300],
+                              pages=keep_pages(pages))
         if final.env_error is not None:
             end = "env_error"
         elif final.infeasible is not None:
@@ -151,7 +154,7 @@ def scripted_policy(script: Script) -> EpisodePolicy:
             end = final.truncated or "env_limit"
         return Trajectory(trajectory_id, task.id, tuple(turns), end, final.answer,
                           final.infeasible, final.env_error, last[0].text, started,
-                          time.time())
+                          time.time(), pages=keep_pages(pages))
     return policy
 
 
@@ -611,7 +614,8 @@ class EpisodeRunner:
                 actions=[a[:MAX_ACTION_CHARS] for a in traj.actions[:MAX_ACTIONS]],
                 final_observation=traj.final_observation[:200_000],
                 answer=None if traj.answer is None else traj.answer[:4000],
-                infeasible_reason=None if traj.infeasible is None else traj.infeasible[:4000])
+                infeasible_reason=None if traj.infeasible is None else traj.infeasible[:4000],
+                pages=list(traj.pages[:MAX_PAGES]))
             try:
                 outcome.reward = await self._score(request, task)
             except CloudAPIError as exc:

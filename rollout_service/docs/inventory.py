@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from consolerl.errors import ConsoleRLError
+from reward_service.evidence import norm
 
 from .model import (INVENTORY_SCHEMA, Control, Form, FormField, Inventory, PageEntry, dumps,
                     from_json, to_json)
@@ -145,6 +146,29 @@ def default_inventories() -> dict[str, Path]:
     ``"rename"``); files that are not there are left out."""
     return {drift: INVENTORY_DIR / name for drift, name in DEFAULT_FILES.items()
             if (INVENTORY_DIR / name).is_file()}
+
+
+def console_labels(inv: Inventory) -> frozenset[str]:
+    """Every name the console shows a user, normalised as the evidence channel compares them
+    (:func:`reward_service.evidence.norm`): page titles, menu entries, controls, tabs, table
+    columns, form titles, fields, their options, and submit, next and cancel labels and wizard
+    steps; with the products' titles."""
+    names: set[str] = {title for _, title in inv.products}
+    for page in inv.pages:
+        names.update((page.title, *page.menu_path, *page.tabs, *page.columns))
+        names.update(c.label for c in page.controls)
+        for form in page.forms:
+            names.update((form.title, form.submit, form.next_label, form.cancel, *form.steps))
+            for f in form.fields:
+                names.update((f.label, *f.options))
+    return frozenset(n for n in (norm(x) for x in names) if n)
+
+
+def labels_by_drift(files: dict[str, Path] | None = None) -> dict[str, frozenset[str]]:
+    """drift profile -> :func:`console_labels` of its inventory (the committed crawls of the
+    local console by default)."""
+    return {drift: console_labels(load(path))
+            for drift, path in (default_inventories() if files is None else files).items()}
 
 
 # ---- look-ups ----------------------------------------------------------------------------------
@@ -408,4 +432,5 @@ main = diff_main
 
 __all__ = ["Change", "InventoryError", "load", "parse", "save", "version_of",
            "default_inventories", "diff", "diff_main", "pages_for_product", "page_by_menu",
-           "controls_named", "target_page", "form_by_action", "INVENTORY_DIR"]
+           "controls_named", "target_page", "form_by_action", "INVENTORY_DIR", "console_labels",
+           "labels_by_drift"]
