@@ -50,10 +50,13 @@ import argparse
 import asyncio
 import json
 import re
+import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from contextlib import ExitStack
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -69,11 +72,13 @@ from env_workers.accounts import PoolConfig, load_pool_accounts
 from env_workers.driver import DriverError, StepFn, find_bid
 from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
-from reward_service.fusion import fuse
+from reward_service.evidence import steps_of
+from reward_service.fusion import evidence_decides, fuse
 from reward_service.judges import JudgeChannel, JudgeConfig, judge_clients
 from reward_service.service import RewardService
 from rollout_service.episode import EpisodeOutcome, EpisodeRunner, scripted_policy
 from rollout_service.episode import Script as EpisodeScript
+from rollout_service.docs.inventory import labels_by_drift
 from rollout_service.oracle import FAMILIES, OracleDriver
 
 MAX_STEPS = 40
@@ -245,17 +250,46 @@ async def _forbidden(a: Agent) -> None:
     await a.driver.act('stop("Done: the task is complete.")')
 
 
+def _report(reason: str) -> str:
+    return 'report_infeasible("' + reason.replace('"', "'").replace("\\", "/")[:500] + '")'
+
+
+def _named(task: Task, values: Mapping[str, str], last: bool = True) -> str:
+    """A control the procedure names (its last step's first name, or its first step's), as
+    the procedure writes it."""
+    steps = [s for s in steps_of(task.procedure, values) if s.anchors]
+    step = steps[-1] if last else steps[0]
+    return step.anchors[0]
+
+
 async def _infeasible_on_feasible(a: Agent) -> None:
-    await a.driver.act('report_infeasible("The console has no button for this step.")')
+    """The agent's own failure reported as a broken doc: it names a control of the procedure
+    that the console has (a page it saw, or the inventory, shows it)."""
+    await a.driver.act(_report(f"The console has no {_named(a.task, a.values)!r} here; the "
+                               "procedure cannot be done as written."))
 
 
 async def _infeasible_right(a: Agent) -> None:
-    reason = a.task.infeasible_reason.replace('"', "'").replace("\\", "/")[:500]
-    await a.driver.act(f'report_infeasible("{reason}")')
+    """The oracle: it follows the procedure as far as the console allows, then reports."""
+    if a.task.oracle_family in FAMILIES:
+        await a.solve()
+    else:
+        await a.driver.act(_report(a.task.infeasible_reason))
+
+
+async def _infeasible_lazy(a: Agent) -> None:
+    """The right reason at once, from the start page, without looking."""
+    await a.driver.act(_report(a.task.infeasible_reason))
 
 
 async def _infeasible_wrong_reason(a: Agent) -> None:
-    await a.driver.act('report_infeasible("The page took too long to load.")')
+    await a.driver.act(_report("The page took too long to load."))
+
+
+async def _infeasible_names_present(a: Agent) -> None:
+    """Reports missing a control that the console has (the procedure's first one)."""
+    await a.driver.act(_report(f"There is no {_named(a.task, a.values, last=False)!r} in the "
+                               "console."))
 
 
 @dataclass(frozen=True)
@@ -285,6 +319,12 @@ BEHAVIOURS: dict[str, Behaviour] = {b.name: b for b in (
     Behaviour("infeasible_claim_done", _stop_early, "failure",
               lambda t: t.expected == "infeasible"),
     Behaviour("infeasible_wrong_reason", _infeasible_wrong_reason, "failure",
+              lambda t: t.expected == "infeasible"),
+    # The claim is true: the inventory shows the console has no such thing, wherever the
+    # agent looked (without an inventory the evidence channel leaves it unchecked).
+    Behaviour("infeasible_lazy", _infeasible_lazy, "success",
+              lambda t: t.expected == "infeasible"),
+    Behaviour("infeasible_names_present", _infeasible_names_present, "failure",
               lambda t: t.expected == "infeasible"),
 )}
 _WRONG = ("undo", "forbidden", "wrong_region", "half", "stop_early", "infeasible_on_feasible")
@@ -443,11 +483,15 @@ class Scored:
     steps: int = 0
     leaked: int = 0
     script_error: str = ""           # the scripted agent could not carry out its behaviour
+    evidence: str = "undetermined"   # the evidence channel's verdict
+    evidence_kind: str = ""          # what it found (confirmed, contradicted, ...)
+    evidence_decisive: bool = False  # whether fusion lets it decide (reward_service.fusion)
+    judge_s: float = 0.0             # how long the judge channel took
 
 
 
 
-def score_case(case: Case, outcome: EpisodeOutcome, channel: JudgeChannel) -> Scored:
+def score_case(case: Case, outcome: EpisodeOutcome, channel: JudgeChannel | None) -> Scored:
     env_error = outcome.status == "env_error"
     traj = outcome.trajectory
     answer = traj.answer if traj is not None else None
@@ -457,14 +501,21 @@ def score_case(case: Case, outcome: EpisodeOutcome, channel: JudgeChannel) -> Sc
     # to be: kept out of the metrics and reported.
     script_error = "" if env_error or answer is not None or \
         infeasible is not None else "; ".join(outcome.reasons)[:300] or "no answer"
+    evidence = outcome.reward.evidence_verdict if outcome.reward is not None else None
     verdict: JudgeVerdict | None = None
     result: RewardResult | None = None
+    judge_s = 0.0
     if not env_error and traj is not None:
-        verdict = channel.judge(case.task.title, case.task.procedure, traj.actions,
-                                traj.final_observation, answer, infeasible,
-                                expected=case.task.expected,
-                                reference_reason=case.task.infeasible_reason)
-        result = fuse(case.task.expected, rule, verdict, None)
+        if channel is not None:
+            # Every case is judged, so that the channel's own accuracy is measured; fusion
+            # listens to it only where the rule and the evidence abstain.
+            t0 = time.perf_counter()
+            verdict = channel.judge(case.task.title, case.task.procedure, traj.actions,
+                                    traj.final_observation, answer, infeasible,
+                                    expected=case.task.expected,
+                                    reference_reason=case.task.infeasible_reason)
+            judge_s = time.perf_counter() - t0
+        result = fuse(case.task.expected, rule, verdict, None, evidence=evidence)
     return Scored(case.task.id, case.behaviour, case.label, env_error,
                   rule.verdict if rule else "undetermined",
                   verdict.verdict if verdict else "undetermined",
@@ -472,7 +523,10 @@ def score_case(case: Case, outcome: EpisodeOutcome, channel: JudgeChannel) -> Sc
                   result.decided_by if result else "env_error",
                   result.reward if result else 0.0,
                   list(result.reasons if result else outcome.reasons)[:4],
-                  len(traj.turns) if traj is not None else 0, len(outcome.leaked), script_error)
+                  len(traj.turns) if traj is not None else 0, len(outcome.leaked), script_error,
+                  evidence.verdict if evidence else "undetermined",
+                  evidence.kind if evidence else "",
+                  evidence_decides(case.task.expected, evidence), round(judge_s, 3))
 
 
 def _rule_decisive(s: Scored, expected: str) -> bool:
@@ -500,15 +554,23 @@ def report(scored: Sequence[Scored], tasks: Mapping[str, Task]) -> dict:
         }
 
     rule = channel(lambda s: s.rule, lambda s: _rule_decisive(s, tasks[s.task_id].expected))
+    evidence = channel(lambda s: s.evidence, lambda s: s.evidence_decisive)
     judge = channel(lambda s: s.judges, lambda s: s.judges in ("success", "failure"))
     fused = channel(lambda s: s.fused, lambda s: True)
+    # Rule and evidence together, as fusion would without judges.
+    both = channel(lambda s: s.rule if _rule_decisive(s, tasks[s.task_id].expected)
+                   else s.evidence,
+                   lambda s: _rule_decisive(s, tasks[s.task_id].expected)
+                   or s.evidence_decisive)
     by_behaviour: dict[str, dict[str, int]] = {}
     for s in ok:
         row = by_behaviour.setdefault(s.behaviour, {"n": 0, "fused_right": 0,
-                                                     "rule_decisive": 0})
+                                                     "rule_decisive": 0,
+                                                     "evidence_decisive": 0})
         row["n"] += 1
         row["fused_right"] += s.fused == s.label
         row["rule_decisive"] += _rule_decisive(s, tasks[s.task_id].expected)
+        row["evidence_decisive"] += s.evidence_decisive
     return {
         "n": len(ok),
         "env_errors": sum(s.env_error for s in scored),
@@ -516,16 +578,30 @@ def report(scored: Sequence[Scored], tasks: Mapping[str, Task]) -> dict:
                           if s.script_error],
         "labels": {"success": sum(s.label == "success" for s in ok),
                    "failure": sum(s.label == "failure" for s in ok)},
+        "infeasible_cases": sum(tasks[s.task_id].expected == "infeasible" for s in ok),
         "rule_accuracy_decisive": rule["accuracy"],
         "rule_coverage": rule["coverage"],
+        "evidence_accuracy_decisive": evidence["accuracy"],
+        "evidence_coverage": evidence["coverage"],
+        "rule_evidence_accuracy": both["accuracy"],
+        "rule_evidence_coverage": both["coverage"],
         "judge_accuracy": judge["accuracy"],
         "judge_coverage": judge["coverage"],
         "fused_accuracy": fused["accuracy"],
-        "rule": rule, "judge": judge, "fused": fused,
+        "undetermined_rate": round(sum(s.fused == "undetermined" for s in ok) / len(ok), 4)
+        if ok else None,
+        "decided_by": dict(Counter(s.decided_by for s in ok)),
+        "judge_seconds_median": round(statistics.median(s.judge_s for s in ok), 3)
+        if ok and any(s.judge_s for s in ok) else None,
+        "rule": rule, "evidence": evidence, "rule_evidence": both, "judge": judge,
+        "fused": fused,
         "by_behaviour": by_behaviour,
         "leaked_resources": sum(s.leaked for s in scored),
         "rule_errors": [asdict(s) for s in ok
                         if _rule_decisive(s, tasks[s.task_id].expected) and s.rule != s.label],
+        "evidence_errors": [f"{s.task_id}/{s.behaviour}: {s.evidence_kind} -> {s.evidence}; "
+                            f"{'; '.join(s.reasons)[:300]}"
+                            for s in ok if s.evidence_decisive and s.evidence != s.label],
         "fused_errors": [f"{s.task_id}/{s.behaviour}: {s.fused} by {s.decided_by}"
                          for s in ok if s.fused != s.label],
     }
@@ -536,12 +612,16 @@ def _progress(msg: str) -> None:
 
 
 async def run_cases(cases: Sequence[Case], url: str, endpoint: str, redis_url: str,
-                    channel: JudgeChannel, workers: int = 2) -> list[Scored]:
+                    channel: JudgeChannel | None, workers: int = 2,
+                    console_labels: Mapping[str, frozenset[str]] | None = None
+                    ) -> list[Scored]:
     pool = PoolConfig(redis_url=redis_url, key_prefix="validate:pool")
     accounts = load_pool_accounts(pool)
     tasks = list({c.task.id: c.task for c in cases}.values())
-    runner = EpisodeRunner(accounts, endpoint, RewardService(tasks, accounts, endpoint).score,
-                           ready_timeout_s=60)
+    # The service scores the rule and evidence channels; the judges are asked here, on every
+    # case, so that their own accuracy is measured too.
+    service = RewardService(tasks, accounts, endpoint, console_labels=console_labels)
+    runner = EpisodeRunner(accounts, endpoint, service.score, ready_timeout_s=60)
     queue: asyncio.Queue[tuple[int, Case]] = asyncio.Queue()
     for item in enumerate(cases):
         queue.put_nowait(item)
@@ -562,7 +642,8 @@ async def run_cases(cases: Sequence[Case], url: str, endpoint: str, redis_url: s
                 done[0] += 1
                 mark = "ok" if scored.fused == scored.label else "WRONG"
                 _progress(f"{done[0]}/{len(cases)} {case.task.id} {case.behaviour}: label "
-                          f"{case.label}, rule {scored.rule}, judges {scored.judges}, fused "
+                          f"{case.label}, rule {scored.rule}, evidence {scored.evidence} "
+                          f"({scored.evidence_kind or '-'}), judges {scored.judges}, fused "
                           f"{scored.fused} [{mark}] ({time.monotonic() - t0:.0f} s)")
         finally:
             await env.drain()
@@ -582,9 +663,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", type=Path, default=TASKS_DIR)
     parser.add_argument("--workers", type=int, default=2,
                         help="browsers (and accounts) in parallel")
-    parser.add_argument("--judge", choices=("scripted", "openai"), default="scripted")
+    parser.add_argument("--judge", choices=("none", "live", "openai", "scripted"),
+                        default="none",
+                        help="none: no judge channel; live: serve --judge-model (a model "
+                             "folder, or 'default') as a PolicyServer replica behind the "
+                             "OpenAI-compatible API and judge with it; openai: an endpoint "
+                             "already running (--judge-url, --judge-model); scripted: the "
+                             "deterministic stand-ins of the unit tests")
     parser.add_argument("--judge-url", default="")
     parser.add_argument("--judge-model", default="")
+    parser.add_argument("--judge-deadline", type=float, default=120.0,
+                        help="seconds the judge channel may take per case")
+    parser.add_argument("--no-inventory", action="store_true",
+                        help="check claims without the console's inventory (pages seen only)")
     parser.add_argument("--judges", type=int, default=3, help="k for --judge openai")
     parser.add_argument("--consensus", choices=("unanimous", "majority"), default="unanimous")
     parser.add_argument("--out", type=Path, default=None,
@@ -598,19 +689,38 @@ def main(argv: list[str] | None = None) -> int:
     cases = build_cases(tasks, sample=args.sample)
     if not cases:
         parser.error(f"no validation case for tasks matching {args.tasks!r}")
-    channel = scripted_channel() if args.judge == "scripted" else JudgeChannel(
-        judge_clients(args.judge_url, args.judge_model,
-                      [(0.0, 0.5, 1.0)[i % 3] for i in range(args.judges)]),
-        JudgeConfig(k=args.judges, consensus=args.consensus))
+    if args.judge == "live" and not args.judge_model:
+        parser.error("--judge live needs --judge-model (a model folder, or 'default')")
+    labels = None if args.no_inventory else labels_by_drift()
     started = time.monotonic()
-    with cloud_and_redis("validate-", ("--transition", "1", "--network-ready", "0.3")) as (
-            cloud, redis_server):
+    with ExitStack() as stack:
+        judge_model = ""
+        if args.judge == "scripted":
+            channel: JudgeChannel | None = scripted_channel()
+        elif args.judge in ("openai", "live"):
+            url, judge_model = args.judge_url, args.judge_model
+            if args.judge == "live":
+                _progress(f"serving the judge model {args.judge_model!r}")
+                url, judge_model = stack.enter_context(live_judge(args.judge_model))
+            channel = JudgeChannel(
+                judge_clients(url, judge_model,
+                              [(0.0, 0.5, 1.0)[i % 3] for i in range(args.judges)],
+                              api_key_env=None if args.judge == "live" else "OPENAI_API_KEY",
+                              timeout_s=args.judge_deadline, max_tokens=96),
+                JudgeConfig(k=args.judges, consensus=args.consensus,
+                            deadline_s=args.judge_deadline))
+        else:
+            channel = None
+        cloud, redis_server = stack.enter_context(
+            cloud_and_redis("validate-", ("--transition", "1", "--network-ready", "0.3")))
         _progress(f"{len(cases)} cases over {len({c.task.id for c in cases})} tasks against "
                   f"{cloud.url}, {args.workers} browsers")
         scored = asyncio.run(run_cases(cases, cloud.url, cloud.endpoint, redis_server.url,
-                                       channel, args.workers))
+                                       channel, args.workers, labels))
     summary = report(scored, {t.id: t for t in tasks})
     summary["judge_kind"] = args.judge
+    summary["judge_model"] = judge_model or None
+    summary["inventory"] = sorted(labels) if labels is not None else None
     summary["wall_s"] = round(time.monotonic() - started, 1)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,14 +14,16 @@ In order:
    the time works). ``works_text_stale`` when a step's label differs from the console's (the
    evidence names each stale step and the console's label).
 3. **broken, confirmed infeasible**: no sample passed, and a sample the agent reported
-   infeasible carries the console's refusal in its deciding audit events (an event of the task's
-   operation with an error code); or, for a catalogue task known not to work as written
-   (``known_defect``), the judges accepted the agent's infeasibility report against that known
-   reason (a positive reward).
+   infeasible has its claim confirmed by the reward service's evidence channel
+   (:mod:`reward_service.evidence`): what its reason names as missing is on no page it saw nor
+   in the console's inventory, or the console refused the documented values as it reported.
+   Neither the agent's word nor a judge's makes ``broken``: a claim the pages contradict, one
+   that names nothing of the procedure, or one the channel could not check is listed as
+   evidence of the agent, and decides nothing.
 4. **inconclusive**: otherwise: too few samples completed (fewer than ``min_completed`` of the
    ``samples`` asked for; rollouts the environment failed never count), or the agent did not
-   complete it and nothing shows the doc is wrong. Refusals of the console seen without an
-   infeasibility claim are listed as evidence but decide nothing (the agent may have typed a
+   complete it and nothing shows the doc is wrong. Refusals of the console seen without a
+   confirmed claim are listed as evidence but decide nothing (the agent may have typed a
    wrong value itself).
 
 With no samples at all (``samples == 0``: the static check alone), the verdict is ``broken``
@@ -106,21 +108,21 @@ def procedure_verdict(checks: Sequence[StepCheck], rollouts: Sequence[Rollout], 
         return Verdict("works_text_stale" if stale else "works", (proof, *stale), **counts)
     claimed = [r for r in done if r.verdict == "infeasible"]
     for r in claimed:
-        refused = _refusals(r, operations)
-        if refused:
+        if r.claim is not None and r.claim.confirmed:
             reason = r.infeasible_reason or "no reason given"
-            return Verdict("broken", (*refused, Evidence(
+            known = f" (the catalogue's known defect: {known_defect})" if known_defect else ""
+            return Verdict("broken", (*_refusals(r, operations), Evidence(
                 "infeasibility", f"sample {r.sample}: the agent reported it cannot be done as "
-                                 f"written: {reason}", r.id)), **counts)
-    if known_defect:
-        for r in claimed:
-            if (r.reward or 0.0) > 0.0:
-                return Verdict("broken", (Evidence(
-                    "infeasibility", f"sample {r.sample}: the agent reported it cannot be done "
-                                     f"({r.infeasible_reason or 'no reason given'}), and the "
-                                     f"judges matched the known defect: {known_defect}",
-                    r.id),), **counts)
-    seen = [e for r in done for e in _refusals(r, operations)]
+                                 f"written: {reason}; confirmed: "
+                                 f"{'; '.join(r.claim.reasons) or r.claim.kind}{known}",
+                r.id)), **counts)
+    unconfirmed = [Evidence("agent", f"sample {r.sample}: the agent reported it cannot be done "
+                                     f"({r.infeasible_reason or 'no reason given'}), not "
+                                     f"confirmed: {r.claim.kind if r.claim else 'unchecked'}"
+                                     + (f" ({r.claim.reasons[0]})" if r.claim and
+                                        r.claim.reasons else ""), r.id)
+                   for r in claimed]
+    seen = [e for r in done for e in _refusals(r, operations)] + unconfirmed
     if len(done) < max(1, min_completed * samples):
         lost = sum(r.state == "failed" for r in rollouts)
         why = (f"only {len(done)} of {samples} samples completed"

@@ -129,6 +129,8 @@ def build_report(job: Job, tasks: Mapping[str, Task], rollouts: list[Rollout],
                 "rollout_id": worst.id,
                 "step": failed_step(task, worst) if task else None,
                 "infeasible_reason": worst.infeasible_reason,
+                "claim": worst.claim.model_dump() if worst.claim else None,
+                "decided_by": worst.decided_by,
                 "end_reason": worst.end_reason,
                 "audit_events": [e.model_dump() for e in worst.deciding_events],
                 "reasons": worst.reasons[:3],
@@ -195,6 +197,11 @@ def _failure_html(f: dict[str, Any]) -> str:
             f"{_e(f['step']['text'])}</p>" if f.get("step") else "")
     reason = (f"<p><b>Agent's reason:</b> {_e(f['infeasible_reason'])}</p>"
               if f["infeasible_reason"] else "")
+    claim = f.get("claim")
+    if claim:
+        said = "; ".join(claim["reasons"]) or claim["kind"]
+        reason += (f"<p><b>Checked against the evidence:</b> {_e(claim['kind'])} — "
+                   f"{_e(said)}</p>")
     why = "".join(f"<li>{_e(r)}</li>" for r in f["reasons"])
     why = f"<p><b>Why:</b></p><ul>{why}</ul>" if why else ""
     return (f"<div class=detail>{step}{reason}{why}<p><b>Deciding audit events:</b></p>"

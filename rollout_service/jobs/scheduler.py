@@ -36,10 +36,10 @@ from consolerl.types import StepResult
 
 from ..agent import AgentConfig, AgentLoop
 from ..episode import EpisodeOutcome, EpisodeRunner, model_policy
-from .schema import (TERMINAL, Attempt, AuditEvent, EpisodeCounts, Job, JobCompletedEvent,
-                     JobStatusEvent, Rollout, RolloutCompletedEvent, RolloutStartedEvent,
-                     RolloutStepEvent, Step, TaskSummaryEvent, Usage, VerdictCounts,
-                     spec_tasks)
+from .schema import (TERMINAL, Attempt, AuditEvent, ClaimCheck, EpisodeCounts, Job,
+                     JobCompletedEvent, JobStatusEvent, Rollout, RolloutCompletedEvent,
+                     RolloutStartedEvent, RolloutStepEvent, Step, TaskSummaryEvent, Usage,
+                     VerdictCounts, spec_tasks)
 from .store import JobStore
 
 log = logging.getLogger("rollout_service.jobs.scheduler")
@@ -423,6 +423,15 @@ class JobScheduler:
             rollout.state = "completed"
             rollout.verdict = verdict_of(outcome)   # type: ignore[assignment]
             rollout.reward = outcome.reward.reward if outcome.reward else None
+            if outcome.reward is not None:
+                rollout.reward_verdict = outcome.reward.verdict   # type: ignore[assignment]
+                rollout.decided_by = outcome.reward.decided_by
+                ev = outcome.reward.evidence_verdict
+                if ev is not None and ev.kind != "no_claim":
+                    rollout.claim = ClaimCheck(
+                        kind=ev.kind, verdict=ev.verdict,   # type: ignore[arg-type]
+                        reasons=[r[:500] for r in ev.reasons[:5]],
+                        missing=list(ev.missing[:10]), present=[p[:300] for p in ev.present[:10]])
             if traj is not None:
                 rollout.end_reason = traj.end_reason
                 rollout.answer = traj.answer

@@ -211,8 +211,30 @@ class AuditEvent(BaseModel):
     error_code: str = ""
 
 
+class ClaimCheck(BaseModel):
+    """The reward service's evidence channel on how the episode ended
+    (:class:`consolerl.rewards.EvidenceOutcome`): ``kind`` confirmed | refused (the agent's
+    infeasibility claim is backed by evidence) | contradicted | unsupported | not_reported |
+    no_claim | unchecked; ``missing``: what the evidence shows absent; ``present``: what it
+    found, with where."""
+
+    kind: str
+    verdict: Literal["success", "failure", "undetermined"]
+    reasons: list[str] = Field(default_factory=list)
+    missing: list[str] = Field(default_factory=list)
+    present: list[str] = Field(default_factory=list)
+
+    @property
+    def confirmed(self) -> bool:
+        return self.kind in ("confirmed", "refused")
+
+
 class Rollout(BaseModel):
-    """One episode of a job: its state, and (once completed) its verdict and trajectory."""
+    """One episode of a job: its state, and (once completed) its verdict and trajectory.
+    ``verdict`` is what the agent's episode amounts to (``infeasible``: it reported the
+    procedure cannot be done as written); ``reward_verdict`` and ``decided_by`` are the reward
+    service's fused verdict and the channel that decided it (rule, evidence, judges, none);
+    ``claim``: the evidence channel's check of an infeasibility claim."""
 
     id: str
     job_id: str
@@ -221,6 +243,9 @@ class Rollout(BaseModel):
     state: Literal["queued", "running", "completed", "failed", "cancelled"] = "queued"
     verdict: Literal["success", "failure", "infeasible", "undetermined"] | None = None
     reward: float | None = None
+    reward_verdict: Literal["success", "failure", "undetermined"] | None = None
+    decided_by: str | None = None
+    claim: ClaimCheck | None = None
     end_reason: str | None = None
     answer: str | None = None
     infeasible_reason: str | None = None

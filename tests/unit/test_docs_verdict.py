@@ -1,6 +1,6 @@
 """Every branch of a procedure's verdict, on hand-built static checks and rollouts: broken only
-with evidence (a static defect, or an infeasibility claim the audit log or the catalogue
-confirms), works with the pass rate (no flaky), works_text_stale naming each stale step, and
+with evidence (a static defect, or an infeasibility claim the evidence channel confirmed),
+works with the pass rate (no flaky), works_text_stale naming each stale step, and
 inconclusive when the agent failed with nothing to show or too few samples completed."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from rollout_service.docs.model import StepCheck
 from rollout_service.docs.verdict import NO_EVIDENCE, NOT_RUN, procedure_verdict
-from rollout_service.jobs.schema import AuditEvent, Rollout
+from rollout_service.jobs.schema import AuditEvent, ClaimCheck, Rollout
 
 OK = [StepCheck("1", "ok"), StepCheck("2", "ok"), StepCheck("3", "ok")]
 STALE = [StepCheck("1", "ok"), StepCheck("2", "label_differs", mention="Create User",
@@ -66,9 +66,14 @@ def test_static_only_without_a_defect_is_inconclusive_and_says_not_run():
     assert v.verdict == "inconclusive" and [e.ref for e in v.evidence[1:]] == ["2"]
 
 
+def checked(kind: str, verdict: str = "success", *reasons: str) -> ClaimCheck:
+    return ClaimCheck(kind=kind, verdict=verdict, reasons=list(reasons))
+
+
 def test_an_infeasibility_claim_the_console_refusal_confirms_is_broken():
     claim = run("infeasible", infeasible_reason="the console refuses the name",
-                deciding_events=[event("CreateUser", "InvalidUserName.Malformed")])
+                deciding_events=[event("CreateUser", "InvalidUserName.Malformed")],
+                claim=checked("refused", "success", "the console refused CreateUser"))
     v = procedure_verdict(OK, [claim, run("failure", 1)], samples=2,
                           operations={"CreateUser"})
     assert v.verdict == "broken"
@@ -76,6 +81,29 @@ def test_an_infeasibility_claim_the_console_refusal_confirms_is_broken():
     assert kinds == ["audit", "infeasibility"]
     assert "InvalidUserName.Malformed" in v.evidence[0].detail and v.evidence[0].ref == \
         "CreateUser"
+    assert "confirmed: the console refused CreateUser" in v.evidence[1].detail
+
+
+def test_a_refusal_in_the_log_without_the_channel_confirming_the_claim_is_not_broken():
+    claim = run("infeasible", infeasible_reason="it failed",
+                deciding_events=[event("CreateUser", "InvalidUserName.Malformed")],
+                claim=checked("unsupported", "failure", "names nothing of the procedure"))
+    v = procedure_verdict(OK, [claim], samples=1, operations={"CreateUser"})
+    assert v.verdict == "inconclusive"
+    assert any("not confirmed: unsupported" in e.detail for e in v.evidence)
+
+
+def test_a_missing_control_confirmed_is_broken_and_a_contradicted_one_is_not():
+    gone = run("infeasible", infeasible_reason="no Create AccessKey button",
+               claim=checked("confirmed", "success", "'create accesskey' is on no page"))
+    v = procedure_verdict(OK, [gone], samples=1)
+    assert v.verdict == "broken" and v.evidence[-1].kind == "infeasibility"
+    there = run("infeasible", infeasible_reason="no Create User button",
+                claim=checked("contradicted", "failure", "'create user' on /console/ram/users"))
+    v = procedure_verdict(OK, [there], samples=1)
+    assert v.verdict == "inconclusive"
+    assert any("contradicted" in e.detail and "/console/ram/users" in e.detail
+               for e in v.evidence)
 
 
 def test_a_refusal_of_another_operation_or_without_a_claim_decides_nothing():
@@ -94,11 +122,18 @@ def test_an_unconfirmed_infeasibility_claim_is_inconclusive():
     assert v.verdict == "inconclusive" and v.evidence[0].kind == "agent"
 
 
-def test_a_known_defect_the_judges_matched_is_broken():
-    claim = run("infeasible", reward=1.0, infeasible_reason="no Modify Bandwidth action")
+def test_a_known_defect_is_broken_only_with_the_claim_confirmed():
+    claim = run("infeasible", reward=1.0, infeasible_reason="no Modify Bandwidth action",
+                claim=checked("confirmed", "success", "'modify bandwidth' is on no page"))
     v = procedure_verdict((), [claim], samples=1,
                           known_defect="The console offers no Modify Bandwidth action.")
     assert v.verdict == "broken" and v.evidence[0].kind == "infeasibility"
+    assert "known defect" in v.evidence[0].detail
+    # A positive reward from the judges alone (no confirmed claim) is not evidence.
+    judged = run("infeasible", reward=1.0, infeasible_reason="no Modify Bandwidth action",
+                 claim=checked("unchecked", "undetermined"))
+    assert procedure_verdict((), [judged], samples=1, known_defect="x").verdict == \
+        "inconclusive"
     wrong = run("infeasible", reward=0.0, infeasible_reason="I am tired")
     assert procedure_verdict((), [wrong], samples=1, known_defect="x").verdict == "inconclusive"
 

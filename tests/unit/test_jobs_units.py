@@ -20,7 +20,7 @@ from rollout_service.jobs.auth import TeamQuota, TokenBook, hash_token
 from rollout_service.jobs.report import (build_report, failed_step, procedure_steps,
                                          procedure_verdict, render_html)
 from rollout_service.jobs.client import StreamEvent
-from rollout_service.jobs.schema import (EVENT_MODELS, EVENT_TYPES, JOB_STATES, TERMINAL,
+from rollout_service.jobs.schema import (ClaimCheck, EVENT_MODELS, EVENT_TYPES, JOB_STATES, TERMINAL,
                                          TRANSITIONS, EpisodeCounts, Job, JobCompletedEvent,
                                          JobStatusEvent, Rollout, RolloutCompletedEvent,
                                          RolloutStartedEvent, RolloutStepEvent, Sampling, Step,
@@ -102,15 +102,23 @@ def test_report_html_escapes_what_it_shows_and_embeds_the_screenshot():
     assert 'src="/v1/artifacts' not in render_html(report)
 
 
-def test_a_catalogue_task_known_infeasible_is_broken_when_the_judges_match_the_claim():
+def test_a_catalogue_task_known_infeasible_is_broken_only_when_the_evidence_confirms_it():
     tid = "ecs-instance-bandwidth-wrongdoc"
     job = Job(id="j", team="a", state="completed", created_at=1.0, model="live",
               samples_per_task=1, sampling=Sampling(), priority=5, task_ids=[tid])
-    row = rollout("infeasible", reward=1.0, infeasible_reason="no Modify Bandwidth").model_copy(
-        update={"task_id": tid})
+    confirmed = ClaimCheck(kind="confirmed", verdict="success",
+                           reasons=["'modify bandwidth' is on no page the agent saw"])
+    row = rollout("infeasible", reward=1.0, infeasible_reason="no Modify Bandwidth",
+                  claim=confirmed, reward_verdict="success", decided_by="evidence"
+                  ).model_copy(update={"task_id": tid})
     (proc,) = build_report(job, SUITE, [row])["procedures"]
     assert proc["verdict"] == "broken" and proc["evidence"][0]["kind"] == "infeasibility"
     assert SUITE[tid].infeasible_reason in proc["evidence"][0]["detail"]
+    assert "on no page the agent saw" in proc["evidence"][0]["detail"]
+    # The same report with a positive reward but no confirmed claim: not broken.
+    judged = row.model_copy(update={"claim": None, "decided_by": "judges"})
+    (proc,) = build_report(job, SUITE, [judged])["procedures"]
+    assert proc["verdict"] == "inconclusive"
 
 
 def outcome(answer=None, infeasible=None, verdict="success") -> EpisodeOutcome:
