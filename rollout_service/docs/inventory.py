@@ -34,7 +34,9 @@ from .model import (INVENTORY_SCHEMA, Control, Form, FormField, Inventory, PageE
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY_DIR = ROOT / "docs" / "inventory"
 # drift profile -> committed crawl of the local console
-DEFAULT_FILES = {"": "local.json", "rename": "local-rename.json"}
+DEFAULT_FILES = {"": "local.json", "rename": "local-rename.json",
+                 "more_menu": "local-more_menu.json", "wizard": "local-wizard.json",
+                 "nav": "local-nav.json"}
 CHANGE_KINDS = ("added", "removed", "renamed", "changed")
 MAX_FILE_BYTES = 64 * 2 ** 20
 
@@ -142,8 +144,10 @@ def version_of(pages: Iterable[PageEntry]) -> str:
 
 
 def default_inventories() -> dict[str, Path]:
-    """drift profile -> the committed crawl of the local console for it (``""`` and
-    ``"rename"``); files that are not there are left out."""
+    """drift profile -> the committed crawl of the local console for it (``""``, ``rename``,
+    ``more_menu``, ``wizard``, ``nav``; the crawler cannot confirm ``extra_confirm``'s typed
+    deletions, so that profile and ``all`` have none); files that are not there are left
+    out."""
     return {drift: INVENTORY_DIR / name for drift, name in DEFAULT_FILES.items()
             if (INVENTORY_DIR / name).is_file()}
 

@@ -140,3 +140,12 @@ def test_a_fresh_rename_crawl_matches_the_committed_one(crawl_cloud, accounts):
     assert "Add User" in labels and "Create User" not in labels
     assert renamed.page("/console/ram/users/create").forms[0].action == "Ram:CreateUser"
     assert renamed.version == load(default_inventories()["rename"]).version
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drift", ["more_menu", "wizard", "nav"])
+def test_a_fresh_crawl_of_each_other_drift_matches_the_committed_one(crawl_cloud, accounts,
+                                                                       drift):
+    fresh = _crawl(crawl_cloud, accounts[CRAWL_ACCOUNT], drift)
+    committed = load(default_inventories()[drift])
+    assert diff(committed, fresh) == [] and fresh.version == committed.version

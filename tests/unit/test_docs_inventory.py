@@ -166,7 +166,7 @@ def test_change_reads_as_a_line():
 
 def test_committed_inventories_load_and_match_their_version():
     files = default_inventories()
-    assert set(files) == {"", "rename"}
+    assert set(files) == {"", "rename", "more_menu", "wizard", "nav"}
     for drift, path in files.items():
         inv = load(path)
         assert inv.drift == drift and inv.version == version_of(inv.pages)
