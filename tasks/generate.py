@@ -309,12 +309,12 @@ def oss_tasks() -> list[dict]:
     out.append(wrongdoc(
         "oss-create-bucket-zrs-wrongdoc", "oss", "Create a zone-redundant OSS bucket",
         ["Open the OSS console and choose Buckets.", "Click Create Bucket.",
-         "Enter {bucket} as the bucket name.", "Turn on Zone-redundant Storage.", "Click OK."],
+         "Enter {bucket} as the bucket name.", "Select Zone-Redundant Storage.", "Click OK."],
         "/console/oss/buckets", 2, params={"bucket": "zrs-{episode}"}, kind="field",
         split="heldout",
         oracle={"steps": "press:Create Bucket; field:Bucket Name|{bucket}",
-                "absent": "Zone-redundant Storage"},
-        reason="The Create Bucket form has no Zone-redundant Storage field; its redundancy "
+                "absent": "Zone-Redundant Storage"},
+        reason="The Create Bucket form has no Zone-Redundant Storage option; its redundancy "
                "cannot be chosen in this console.",
         forbidden=[ev("PutBucket", "Oss", **{"requestParameters.BucketName": "{bucket}"})]))
     out.append(wrongdoc(
