@@ -8,7 +8,10 @@ the documented procedure was carried out, or correctly reported infeasible).
 
 Figures: the success rate per run, pooled over runs with a bootstrap 95% confidence interval
 (resampling episodes), and, for two models evaluated on the same tasks, the difference with a
-paired bootstrap interval (resampling tasks).
+paired bootstrap interval (resampling tasks). ``by_expected`` gives the same figures separately
+for the tasks expected to succeed and the tasks whose documentation is wrong (expected
+infeasible: success is reporting them infeasible for a confirmed reason), for each model and
+in the comparison.
 """
 from __future__ import annotations
 
@@ -50,8 +53,49 @@ def episode_pairs(before: dict[str, list[list[float]]], after: dict[str, list[li
     return pairs
 
 
+EXPECTED = ("success", "infeasible")
+
+
+def success_by_expected(per_task: dict[str, list[float]], expected: dict[str, str]
+                        ) -> dict[str, dict[str, Any]]:
+    """Pooled success (with its bootstrap 95% interval) of the tasks expected to succeed and
+    of those expected infeasible, separately; a group without episodes has ``success``
+    ``None``."""
+    out: dict[str, dict[str, Any]] = {}
+    for group in EXPECTED:
+        runs = {t: ws for t, ws in per_task.items() if expected.get(t, "success") == group}
+        pooled = [w for ws in runs.values() for w in ws]
+        lo, hi = bootstrap_ci(pooled) if pooled else (None, None)
+        out[group] = {"tasks": len(runs), "episodes": len(pooled),
+                      "success": sum(pooled) / len(pooled) if pooled else None,
+                      "success_ci95": [lo, hi]}
+    return out
+
+
 def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """The difference between two :func:`evaluate` results on the same tasks."""
+    """The difference between two :func:`evaluate` results on the same tasks, over all of
+    them and (``by_expected``) over the tasks expected to succeed and those expected
+    infeasible separately."""
+    out = _difference(before, after)
+    expected = {**before.get("expected", {}), **after.get("expected", {})}
+    if expected:
+        out["by_expected"] = {}
+        for group in EXPECTED:
+            keep = {t for t in set(before["per_task"]) & set(after["per_task"])
+                    if expected.get(t, "success") == group}
+            if keep:
+                out["by_expected"][group] = _difference(_only(before, keep),
+                                                        _only(after, keep))
+    return out
+
+
+def _only(result: dict[str, Any], tasks: set[str]) -> dict[str, Any]:
+    return {"per_task": {t: w for t, w in result["per_task"].items() if t in tasks},
+            "per_task_runs": {t: r for t, r in result.get("per_task_runs", {}).items()
+                              if t in tasks}}
+
+
+def _difference(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     diff, (lo, hi) = stratified_bootstrap_diff(before["per_task"], after["per_task"])
     by_task, (tlo, thi) = paired_bootstrap_diff(before["per_task"], after["per_task"])
     out = {"success_diff": diff, "success_diff_ci95": [lo, hi],
@@ -137,9 +181,11 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
     if runs < 1:
         raise ConfigError("evaluate: runs must be >= 1")
     pattern = re.compile(tasks) if tasks else None
-    selected = [t.id for t in load_suite(TASKS_DIR)
-                if (split == "all" or t.split == split) and (pattern is None or
-                                                              pattern.search(t.id))]
+    chosen = [t for t in load_suite(TASKS_DIR)
+              if (split == "all" or t.split == split) and (pattern is None or
+                                                            pattern.search(t.id))]
+    selected = [t.id for t in chosen]
+    expected = {t.id: t.expected for t in chosen}
     if not selected:
         raise ConfigError(f"evaluate: no {split} task matches {tasks!r}")
     key = {"label": label, "model": str(model_path), "split": split, "tasks": tasks or "",
@@ -182,11 +228,14 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
             stop_actors(servers)
     pooled = [w for ws in by_task.values() for w in ws]
     lo, hi = bootstrap_ci(pooled) if pooled else (0.0, 0.0)
+    per_task_wins = {t: ws for t, ws in by_task.items() if ws}
     return {"model": model_path, "split": split, "tasks": len(selected), "runs": runs,
             "temperature": temp, "episodes": len(pooled),
             "success": sum(pooled) / len(pooled) if pooled else 0.0,
             "success_ci95": [lo, hi], "success_per_run": per_run,
-            "per_task": {t: ws for t, ws in by_task.items() if ws},
+            "by_expected": success_by_expected(per_task_wins, expected),
+            "expected": expected,
+            "per_task": per_task_wins,
             "per_task_runs": {t: rs for t, rs in by_task_run.items() if any(rs)},
             "env_errors": env_errors, "leaked_resources": leaked}
 

@@ -1,7 +1,8 @@
 """The oracle agent: a scripted policy that completes a task through the env worker's action
 space (reading bids from observations, sending action strings), following the session's UI
-drift, and reporting tasks whose documented procedure is wrong as infeasible. It is the upper
-bound in evaluation and the teacher for SFT trajectories.
+drift, and reporting tasks whose documented procedure is wrong as infeasible once it has seen
+the page that lacks what the procedure names (or the console's refusal of the documented
+values). It is the upper bound in evaluation and the teacher for SFT trajectories.
 
 Each task names its oracle ``family`` and ``args`` (``{placeholders}`` filled per episode);
 a family is a short async script over :class:`OracleDriver`.
@@ -305,19 +306,120 @@ def _option_containing(text: str, combobox: str, needle: str) -> str:
     raise DriverError(f"no option with {needle!r} in {combobox!r}")
 
 
+# ---- wrong documentation --------------------------------------------------------------------
+# A wrong-documentation task's oracle follows the documented steps as far as the console
+# allows, so that it has seen the page where the documented thing should be (or the console's
+# error for a refused step), checks that the page really lacks it, and only then reports. Its
+# args (data in the task's YAML):
+#   steps   documented steps as far as the console allows, ';'-separated, each verb:operands
+#           ('|'-separated): link:NAME (click a link or a row's name), row:ROW TEXT|ACTION, press:LABEL,
+#           field:LABEL|VALUE, select:LABEL|OPTION, choose:OPTION (a radio), submit:LABEL,
+#           confirm:ID (finish a confirmation dialog), reveal:ROLE|NAME (go to the next wizard
+#           step until that control shows). Labels are the documentation's; the driver
+#           follows the session's drift.
+#   absent  (missing, field) '|'-separated names the procedure writes that the page reached
+#           must not show (case-insensitive).
+#   option, field (option) the documented choice and the select or radio group it should be in.
+#   code    (refused) the error code the console must show after the last step.
+# run_oracle then reports the task's infeasible_reason (which names the missing thing as the
+# procedure writes it, or quotes the code).
+
+async def _walk(d: OracleDriver, steps: str) -> None:
+    for step in (s.strip() for s in steps.split(";")):
+        if not step:
+            continue
+        verb, _, rest = step.partition(":")
+        ops = [o.strip() for o in rest.split("|")]
+        if verb == "link":                # a link on the page, or a table row's name link
+            if d.has("link", ops[0]):
+                await d.click("link", ops[0])
+            else:
+                await d.click_in_row(ops[0], ops[0])
+        elif verb == "row":
+            await d.row(ops[0], ops[1])
+        elif verb == "press":
+            await d.press(ops[0])
+        elif verb == "field":
+            await d.field(ops[0], ops[1])
+        elif verb == "select":
+            await d.field(ops[0], ops[1], role="combobox")
+        elif verb == "choose":
+            await d.choose(ops[0])
+        elif verb == "submit":
+            await d.submit(ops[0])
+        elif verb == "confirm":
+            await d.confirm(ops[0])
+        elif verb == "reveal":
+            for _ in range(6):
+                if d.has(ops[0], ops[1]):
+                    break
+                await d.click("button", d.t("Next"))
+            else:
+                raise DriverError(f"no {ops[0]} {ops[1]!r} on {d.observation.url}")
+        else:
+            raise DriverError(f"unknown wrong-doc oracle step {step!r}")
+
+
+def _shown(d: OracleDriver, name: str) -> bool:
+    text = f"{d.observation.text}\n{d.observation.last_action_error}".lower()
+    return name.lower() in text
+
+
+@family("wrongdoc_missing")
+@family("wrongdoc_field")
+async def _wrongdoc_missing(d: OracleDriver, a: Mapping[str, str]) -> None:
+    """A button, tab, menu entry or form field the console does not have."""
+    await _walk(d, a.get("steps", ""))
+    names = [n.strip() for n in a["absent"].split("|") if n.strip()]
+    shown = [n for n in names if _shown(d, n)]
+    if shown:
+        raise DriverError(f"{', '.join(map(repr, shown))} is on {d.observation.url}: the "
+                          "documentation is not wrong there")
+
+
+@family("wrongdoc_option")
+async def _wrongdoc_option(d: OracleDriver, a: Mapping[str, str]) -> None:
+    """A choice the form's select or radio group does not offer: open the form, read its
+    options."""
+    await _walk(d, a.get("steps", ""))
+    text = d.observation.text
+    field = d.t(a["field"])
+    has_select = find_bid(text, "combobox", field) is not None
+    if not has_select and not re.search(r'\] radio "', text):
+        raise DriverError(f"no {field!r} select or radio group on {d.observation.url}")
+    if d.has("radio", a["option"]) or _shown(d, a["option"]):
+        raise DriverError(f"{a['option']!r} is offered on {d.observation.url}")
+
+
+@family("wrongdoc_refused")
+async def _wrongdoc_refused(d: OracleDriver, a: Mapping[str, str]) -> None:
+    """A step the console refuses: the documented values are sent, the page shows the
+    error."""
+    await _walk(d, a.get("steps", ""))
+    if not _shown(d, a["code"]):
+        raise DriverError(f"the console did not answer {a['code']} on {d.observation.url}:\n"
+                          f"{d.observation.text[:2000]}")
+
+
 # ---- running it -----------------------------------------------------------------------------
 async def run_oracle(task: Task, values: Mapping[str, str], step_fn: StepFn,
                      observation: Observation) -> StepResult:
     """Solve ``task`` from ``observation``; ends the episode with stop() or
     report_infeasible(). Raises :class:`DriverError` when the scripted flow cannot go on."""
     driver = OracleDriver(step_fn, observation, Drift(parse_drift(task.drift)))
-    if task.expected == "infeasible":
-        reason = task.infeasible_reason.replace('"', "'").replace("\\", "/")[:500]
-        return await driver.act(f'report_infeasible("{reason}")')
+    if task.expected == "infeasible" and not task.oracle_family:
+        return await _report(driver, task)      # nothing to follow: report from the start page
     script = FAMILIES.get(task.oracle_family)
     if script is None:
         raise DriverError(f"task {task.id}: no oracle family {task.oracle_family!r}; known: "
                           f"{', '.join(sorted(FAMILIES))}")
     args = {k: fill(v, values) for k, v in task.oracle_args}
     await script(driver, args)
+    if task.expected == "infeasible":
+        return await _report(driver, task)
     return await driver.act('stop("done")')
+
+
+async def _report(driver: OracleDriver, task: Task) -> StepResult:
+    reason = task.infeasible_reason.replace('"', "'").replace("\\", "/")[:500]
+    return await driver.act(f'report_infeasible("{reason}")')

@@ -4,7 +4,9 @@
 only saves typing the variants by hand). Every family is a documented console procedure with
 its prerequisites (Resource META), its success rule over audit events and end state, and the
 oracle script that solves it; variants change names, options and UI drift; every fourth task
-is held out. Wrong-documentation tasks describe console features that do not exist.
+is held out. Wrong-documentation tasks (:func:`wrongdoc`) describe a button, field or option
+the console does not have, or a step it refuses; their oracle walks the documented steps to the
+page that shows it, then reports the task infeasible.
 """
 from __future__ import annotations
 
@@ -62,6 +64,21 @@ def task(tid: str, product: str, title: str, steps: list[str], start: str, diffi
     if family:
         doc["oracle"] = {"family": family, "args": args or {}}
     return doc
+
+
+def wrongdoc(tid: str, product: str, title: str, steps: list[str], start: str, difficulty: int,
+             *, kind: str, oracle: dict, reason: str, split: str = "", **kw) -> dict:
+    """A procedure that is wrong for this console (``expected: infeasible``). ``kind`` is the
+    wrongness (``missing``: a button, tab or menu entry the console does not have; ``field``: a
+    form field it does not have; ``option``: a choice its select or radio group does not offer;
+    ``refused``: a step whose documented values the console rejects with an error). ``oracle``
+    is the ``wrongdoc_<kind>`` family's args: ``steps`` the documented steps as far as the
+    console allows (see rollout_service/oracle.py), then ``absent`` (names that must not be on
+    the page reached), ``option`` or ``code`` (the error the console shows). ``reason`` names
+    the missing thing exactly as the procedure writes it, or quotes the error code."""
+    assert kind in ("missing", "field", "option", "refused"), kind
+    return task(tid, product, title, steps, start, difficulty, expected="infeasible",
+                reason=reason, family=f"wrongdoc_{kind}", args=oracle, split=split, **kw)
 
 
 def ram_tasks() -> list[dict]:
@@ -158,14 +175,73 @@ def ram_tasks() -> list[dict]:
                                     "params": {"UserName": "{dev}"},
                                     "expect_error": "EntityNotExist.User"}],
                         family="ram_delete_user", args={"user_name": "{dev}"}))
-    out.append(task("ram-create-accesskey-wrongdoc", "ram", "Create an AccessKey for a RAM user",
-                    ["Open the RAM console and choose Users.", "Click user {dev}.",
-                     "On the Authentication tab, click Create AccessKey.",
-                     "Save the AccessKey secret."],
-                    "/console/ram/users", 3, prereq=user, expected="infeasible",
-                    reason="The user page has no Authentication tab and no Create AccessKey "
-                           "button; AccessKeys cannot be created in this console.",
-                    forbidden=[ev("DeleteUser", "Ram", **{"requestParameters.UserName": "{dev}"})]))
+    out.append(wrongdoc(
+        "ram-create-accesskey-wrongdoc", "ram", "Create an AccessKey for a RAM user",
+        ["Open the RAM console and choose Users.", "Click user {dev}.",
+         "On the Authentication tab, click Create AccessKey.", "Save the AccessKey secret."],
+        "/console/ram/users", 3, prereq=user, kind="missing",
+        oracle={"steps": "link:{dev}", "absent": "Authentication|Create AccessKey"},
+        reason="The user's page has no Authentication tab and no Create AccessKey button; "
+               "AccessKeys cannot be created in this console.",
+        forbidden=[ev("DeleteUser", "Ram", **{"requestParameters.UserName": "{dev}"})]))
+    # Later wrong-documentation families (explicit splits).
+    out.append(wrongdoc(
+        "ram-deactivate-user-wrongdoc", "ram", "Deactivate a RAM user",
+        ["Open the RAM console and choose Users.",
+         "Click Deactivate in the row of user {dev}.", "Confirm."],
+        "/console/ram/users", 2, prereq=user, kind="missing", split="train",
+        # The row's Delete is another thing (it removes the user): the doc's button is gone.
+        oracle={"steps": "", "absent": "Deactivate"},
+        reason="The Users list has no Deactivate action in the user's row; the console can "
+               "only delete a user, which is not what the procedure does.",
+        forbidden=[ev("DeleteUser", "Ram", **{"requestParameters.UserName": "{dev}"})]))
+    out.append(wrongdoc(
+        "ram-user-groups-wrongdoc", "ram", "Create a RAM user group",
+        ["Open the RAM console and choose Identities > User Groups.",
+         "Click Create User Group.", "Enter {group} as the group name and click OK."],
+        "/console/ram/users", 2, params={"group": "ops-{episode}"}, kind="missing",
+        split="heldout", oracle={"steps": "", "absent": "User Groups|Create User Group"},
+        reason="The RAM console has no User Groups page and no Create User Group button; "
+               "its navigation lists only users.",
+        forbidden=[ev("CreateUser", "Ram", **{"requestParameters.UserName": "{group}"})]))
+    out.append(wrongdoc(
+        "ram-create-user-console-password-wrongdoc", "ram",
+        "Create a RAM user with console access",
+        ["Open the RAM console and choose Users.", "Click Create User.",
+         "Enter {user_name} as the logon name.",
+         "Select Console Access and enter a password in the Console Password field.",
+         "Click Create."],
+        "/console/ram/users", 3, params={"user_name": "web-{episode}"}, kind="field",
+        split="heldout",
+        oracle={"steps": "press:Create User; field:Logon Name|{user_name}",
+                "absent": "Console Access|Console Password"},
+        reason="The Create User form has no Console Access option and no Console Password "
+               "field; a user with console logon cannot be created as documented.",
+        # A user without the documented console access is not what the procedure makes.
+        forbidden=[ev("CreateUser", "Ram", **{"requestParameters.UserName": "{user_name}"})]))
+    out.append(wrongdoc(
+        "ram-grant-slb-policy-wrongdoc", "ram", "Grant AliyunSLBFullAccess to a RAM user",
+        ["Open the RAM console and choose Users.",
+         "Find user {dev} and click Add Permissions in its row.",
+         "Select the system policy AliyunSLBFullAccess.", "Click OK."],
+        "/console/ram/users", 2, prereq=user, drift="rename", kind="option", split="train",
+        oracle={"steps": "row:{dev}|Add Permissions", "field": "System Policy",
+                "option": "AliyunSLBFullAccess", "reveal": "radio|ReadOnlyAccess"},
+        reason="The system policy AliyunSLBFullAccess is not offered: the policy list of the "
+               "permissions form does not include it.",
+        forbidden=[ev("DeleteUser", "Ram", **{"requestParameters.UserName": "{dev}"}),
+                   ev("AttachPolicyToUser", "Ram", **{"requestParameters.UserName": "{dev}"})]))
+    out.append(wrongdoc(
+        "ram-delete-user-with-policy-wrongdoc", "ram", "Delete a RAM user",
+        ["Open the RAM console and choose Users.",
+         "Click Delete in the row of user {dev}.", "Confirm the deletion."],
+        "/console/ram/users", 2, prereq=granted, kind="refused", split="train",
+        oracle={"steps": "row:{dev}|Delete; confirm:{dev}",
+                "code": "DeleteConflict.User.Policy"},
+        reason="The console refuses the step with DeleteConflict.User.Policy: the user still "
+               "has an attached policy, which the procedure never detaches.",
+        forbidden=[ev("DetachPolicyFromUser", "Ram", **{"requestParameters.UserName": "{dev}"}),
+                   ev("DeleteUser", "Ram", **{"requestParameters.UserName": "{dev}"})]))
     return out
 
 
@@ -220,13 +296,51 @@ def oss_tasks() -> list[dict]:
                                     "params": {"BucketName": "{b}"},
                                     "expect_error": "NoSuchBucket"}],
                         family="oss_delete_bucket", args={"bucket": "{b}"}))
-    out.append(task("oss-enable-versioning-wrongdoc", "oss", "Enable versioning on a bucket",
-                    ["Open the OSS console and click bucket {b}.",
-                     "Choose Redundancy for Versioning > Versioning.",
-                     "Click Enable and confirm."],
-                    "/console/oss/buckets", 3, prereq=bucket, expected="infeasible",
-                    reason="The bucket page has no Versioning settings in this console.",
-                    forbidden=[ev("DeleteBucket", "Oss", **{"requestParameters.BucketName": "{b}"})]))
+    out.append(wrongdoc(
+        "oss-enable-versioning-wrongdoc", "oss", "Enable versioning on a bucket",
+        ["Open the OSS console and click bucket {b}.",
+         "Choose Redundancy for Versioning > Versioning.", "Click Enable and confirm."],
+        "/console/oss/buckets", 3, prereq=bucket, kind="missing",
+        oracle={"steps": "link:{b}", "absent": "Redundancy for Versioning|Versioning"},
+        reason="The bucket's page has no Redundancy for Versioning menu and no Versioning "
+               "settings in this console.",
+        forbidden=[ev("DeleteBucket", "Oss", **{"requestParameters.BucketName": "{b}"})]))
+    # Later wrong-documentation families (explicit splits).
+    out.append(wrongdoc(
+        "oss-create-bucket-zrs-wrongdoc", "oss", "Create a zone-redundant OSS bucket",
+        ["Open the OSS console and choose Buckets.", "Click Create Bucket.",
+         "Enter {bucket} as the bucket name.", "Select Zone-Redundant Storage.", "Click OK."],
+        "/console/oss/buckets", 2, params={"bucket": "zrs-{episode}"}, kind="field",
+        split="heldout",
+        oracle={"steps": "press:Create Bucket; field:Bucket Name|{bucket}",
+                "absent": "Zone-Redundant Storage"},
+        reason="The Create Bucket form has no Zone-Redundant Storage option; its redundancy "
+               "cannot be chosen in this console.",
+        forbidden=[ev("PutBucket", "Oss", **{"requestParameters.BucketName": "{bucket}"})]))
+    out.append(wrongdoc(
+        "oss-set-acl-authenticated-read-wrongdoc", "oss", "Make a bucket Authenticated Read",
+        ["Open the OSS console and choose Buckets.",
+         "Click Change ACL in the row of bucket {b}.", "Select Authenticated Read.",
+         "Click Save."],
+        "/console/oss/buckets", 2, prereq=bucket, drift="rename", kind="option", split="train",
+        oracle={"steps": "row:{b}|Change ACL", "field": "Bucket ACL",
+                "option": "Authenticated Read"},
+        reason="The bucket ACL form does not offer Authenticated Read; only private, public "
+               "read and public read/write are listed.",
+        forbidden=[ev("DeleteBucket", "Oss", **{"requestParameters.BucketName": "{b}"}),
+                   ev("PutBucketAcl", "Oss", **{"requestParameters.BucketName": "{b}"})]))
+    out.append(wrongdoc(
+        "oss-create-bucket-invalid-name-wrongdoc", "oss", "Create a bucket for team backups",
+        ["Open the OSS console and choose Buckets.", "Click Create Bucket.",
+         "Enter {bucket} as the bucket name.", "Click OK."],
+        "/console/oss/buckets", 2, params={"bucket": "Team_Backups-{episode}"},
+        kind="refused", split="train",
+        oracle={"steps": "press:Create Bucket; field:Bucket Name|{bucket}; submit:OK",
+                "code": "InvalidBucketName"},
+        reason="The console refuses the documented bucket name with InvalidBucketName: "
+               "uppercase letters and underscores are not allowed in a bucket name.",
+        forbidden=[ev("PutBucket", "Oss", **{"requestParameters.BucketName": {
+            "contains": "{episode}"}})]))
     return out
 
 
@@ -287,20 +401,77 @@ def vpc_tasks() -> list[dict]:
                         required=[ev("DeleteVpc", "Vpc", **{"requestParameters.VpcId":
                                                            "{net}"})],
                         family="vpc_delete_vpc", args={"vpc": "{net}"}))
-    out.append(task("vpc-resize-vswitch-wrongdoc", "vpc", "Enlarge a vSwitch CIDR block",
-                    ["Open the VPC console and choose vSwitches.",
-                     "Click Edit next to the IPv4 CIDR block of vSwitch {sw}.",
-                     "Enter 192.168.0.0/20 and click OK."],
-                    "/console/vpc/vswitches", 3, prereq=NET + SW, expected="infeasible",
-                    reason="A vSwitch's CIDR block cannot be edited; the console offers no "
-                           "Edit action for it.", forbidden=[ev("DeleteVSwitch", "Vpc", **{"requestParameters.VSwitchId": "{sw}"})]))
-    out.append(task("vpc-tag-vpc-wrongdoc", "vpc", "Add a tag to a VPC",
-                    ["Open the VPC console and choose VPCs.",
-                     "Click Edit Tags in the row of VPC {net}.",
-                     "Add the tag env=prod and click OK."],
-                    "/console/vpc/vpcs", 2, prereq=NET, expected="infeasible",
-                    reason="The VPC list has no Edit Tags action in this console.",
-                    forbidden=[ev("DeleteVpc", "Vpc", **{"requestParameters.VpcId": "{net}"})]))
+    out.append(wrongdoc(
+        "vpc-resize-vswitch-wrongdoc", "vpc", "Enlarge a vSwitch CIDR block",
+        ["Open the VPC console and choose vSwitches.",
+         "Click Edit next to the IPv4 CIDR block of vSwitch {sw}.",
+         "Enter 192.168.0.0/20 and click OK."],
+        "/console/vpc/vswitches", 3, prereq=NET + SW, kind="missing",
+        oracle={"steps": "link:{sw}", "absent": "Edit"},
+        reason="The vSwitch's page has no Edit button next to its CIDR block: a vSwitch's "
+               "CIDR block cannot be changed in this console.",
+        forbidden=[ev("DeleteVSwitch", "Vpc", **{"requestParameters.VSwitchId": "{sw}"})]))
+    out.append(wrongdoc(
+        "vpc-tag-vpc-wrongdoc", "vpc", "Add a tag to a VPC",
+        ["Open the VPC console and choose VPCs.", "Click Edit Tags in the row of VPC {net}.",
+         "Add the tag env=prod and click OK."],
+        "/console/vpc/vpcs", 2, prereq=NET, kind="missing",
+        oracle={"steps": "", "absent": "Edit Tags"},
+        reason="The VPC list has no Edit Tags action in the VPC's row in this console.",
+        forbidden=[ev("DeleteVpc", "Vpc", **{"requestParameters.VpcId": "{net}"})]))
+    # Later wrong-documentation families (explicit splits).
+    out.append(wrongdoc(
+        "vpc-create-vswitch-outside-cidr-wrongdoc", "vpc", "Create a vSwitch in a VPC",
+        ["Open the VPC console and choose VPCs.",
+         "Click Create vSwitch in the row of VPC {net}.",
+         "Choose zone cn-hangzhou-h and enter 10.0.1.0/24 as the IPv4 CIDR block.",
+         "Click Create."],
+        "/console/vpc/vpcs", 3, prereq=NET, kind="refused", split="heldout",
+        oracle={"steps": "row:{net}|Create vSwitch; select:Zone|cn-hangzhou-h; "
+                         "field:IPv4 CIDR Block|10.0.1.0/24; submit:Create",
+                "code": "InvalidCidrBlock.Malformed"},
+        reason="The console refuses 10.0.1.0/24 with InvalidCidrBlock.Malformed: a vSwitch's "
+               "block must lie inside the VPC's 192.168.0.0/16.",
+        forbidden=[ev("DeleteVpc", "Vpc", **{"requestParameters.VpcId": "{net}"}),
+                   ev("CreateVSwitch", "Vpc", **{"requestParameters.VpcId": "{net}"})]))
+    out.append(wrongdoc(
+        "vpc-delete-vpc-with-vswitch-wrongdoc", "vpc", "Delete a VPC",
+        ["Open the VPC console and choose VPCs.",
+         "Click Delete in the row of VPC {net}.", "Confirm."],
+        "/console/vpc/vpcs", 2, prereq=NET + SW, kind="refused", split="train",
+        oracle={"steps": "row:{net}|Delete; confirm:{net}",
+                "code": "DependencyViolation.VSwitch"},
+        reason="The console refuses the step with DependencyViolation.VSwitch: the VPC still "
+               "holds a vSwitch, which the procedure never removes.",
+        forbidden=[ev("DeleteVSwitch", "Vpc", **{"requestParameters.VSwitchId": "{sw}"}),
+                   ev("DeleteVpc", "Vpc", **{"requestParameters.VpcId": "{net}"})]))
+    out.append(wrongdoc(
+        "vpc-create-vswitch-zone-wrongdoc", "vpc", "Create a vSwitch in zone A",
+        ["Open the VPC console and choose VPCs.",
+         "Click Create vSwitch in the row of VPC {net}.",
+         "Enter {name} as the name, choose zone cn-hangzhou-a, enter 192.168.5.0/24.",
+         "Click Create."],
+        "/console/vpc/vpcs", 3, params={"name": "vswa-{episode}"}, prereq=NET,
+        drift="rename", kind="option", split="heldout",
+        oracle={"steps": "row:{net}|Create vSwitch", "field": "Zone",
+                "option": "cn-hangzhou-a"},
+        reason="Zone cn-hangzhou-a is not offered: the vSwitch form's zone list does not "
+               "include it.",
+        forbidden=[ev("DeleteVpc", "Vpc", **{"requestParameters.VpcId": "{net}"}),
+                   ev("CreateVSwitch", "Vpc", **{"requestParameters.VpcId": "{net}"})]))
+    out.append(wrongdoc(
+        "vpc-create-vpc-ipv6-wrongdoc", "vpc", "Create a dual-stack VPC",
+        ["Open the VPC console and choose VPCs.", "Click Create VPC.",
+         "Enter {name} as the name and 192.168.0.0/16 as the IPv4 CIDR block.",
+         "Select Enable IPv6 and choose an IPv6 CIDR Block.", "Click Create."],
+        "/console/vpc/vpcs", 3, params={"name": "dual-{episode}"}, kind="field",
+        split="train",
+        oracle={"steps": "press:Create VPC; field:VPC Name|{name}; "
+                         "field:IPv4 CIDR Block|192.168.0.0/16",
+                "absent": "Enable IPv6|IPv6 CIDR Block"},
+        reason="The Create VPC form has no Enable IPv6 option and no IPv6 CIDR Block field; "
+               "only an IPv4 block can be given.",
+        forbidden=[ev("CreateVpc", "Vpc", **{"requestParameters.VpcName": "{name}"})]))
     return out
 
 
@@ -477,21 +648,76 @@ def ecs_tasks() -> list[dict]:
                         family="ecs_create_instance",
                         args={"instance_type": itype, "image": image, "vpc": "{net}",
                               "vswitch": "{sw}", "sg": "{sg}", "name": "{name}"}))
-    out.append(task("ecs-instance-bandwidth-wrongdoc", "ecs", "Raise an instance's bandwidth",
-                    ["Open the ECS console and choose Instances.",
-                     "Click More > Network and Security Group > Modify Bandwidth for {vm}.",
-                     "Set the peak bandwidth to 100 Mbit/s and confirm."],
-                    "/console/ecs/instances", 3, prereq=instance("Running"),
-                    expected="infeasible",
-                    reason="The console offers no Modify Bandwidth action for instances.",
-                    forbidden=[ev("DeleteInstance", "Ecs", **{"requestParameters.InstanceId": "{vm}"})]))
-    out.append(task("ecs-sg-clone-wrongdoc", "ecs", "Clone a security group",
-                    ["Open the ECS console and choose Security Groups.",
-                     "Click Clone in the row of security group {sg}.",
-                     "Enter a name and click OK."],
-                    "/console/ecs/security-groups", 2, prereq=NET + SG, expected="infeasible",
-                    reason="Security groups have no Clone action in this console.",
-                    forbidden=[ev("DeleteSecurityGroup", "Ecs", **{"requestParameters.SecurityGroupId": "{sg}"})]))
+    out.append(wrongdoc(
+        "ecs-instance-bandwidth-wrongdoc", "ecs", "Raise an instance's bandwidth",
+        ["Open the ECS console and choose Instances.",
+         "Click More > Network and Security Group > Modify Bandwidth for {vm}.",
+         "Set the peak bandwidth to 100 Mbit/s and confirm."],
+        "/console/ecs/instances", 3, prereq=instance("Running"), kind="missing",
+        # No More menu in the row: the oracle also opens the instance's page.
+        oracle={"steps": "row:{vm}|Manage",
+                "absent": "Network and Security Group|Modify Bandwidth"},
+        reason="The console has no Network and Security Group menu and no Modify Bandwidth "
+               "action for instances, in the row or on the instance's page.",
+        forbidden=[ev("DeleteInstance", "Ecs", **{"requestParameters.InstanceId": "{vm}"})]))
+    out.append(wrongdoc(
+        "ecs-sg-clone-wrongdoc", "ecs", "Clone a security group",
+        ["Open the ECS console and choose Security Groups.",
+         "Click Clone in the row of security group {sg}.", "Enter a name and click OK."],
+        "/console/ecs/security-groups", 2, prereq=NET + SG, kind="missing",
+        oracle={"steps": "", "absent": "Clone"},
+        reason="The security group's row has no Clone action in this console.",
+        forbidden=[ev("DeleteSecurityGroup", "Ecs", **{
+            "requestParameters.SecurityGroupId": "{sg}"})]))
+    # Later wrong-documentation families (explicit splits).
+    out.append(wrongdoc(
+        "ecs-instance-reset-password-wrongdoc", "ecs", "Reset an instance's password",
+        ["Open the ECS console and choose Instances.", "Click Manage for instance {vm}.",
+         "Click Reset Instance Password.", "Enter the new password twice and click OK."],
+        "/console/ecs/instances", 3, prereq=instance("Running"), kind="missing",
+        split="heldout", oracle={"steps": "row:{vm}|Manage", "absent": "Reset Instance Password"},
+        reason="The instance's page has no Reset Instance Password button in this console.",
+        forbidden=[ev("DeleteInstance", "Ecs", **{"requestParameters.InstanceId": "{vm}"})]))
+    out.append(wrongdoc(
+        "ecs-create-instance-type-wrongdoc", "ecs", "Create an ECS instance of type g8i",
+        ["Open the ECS console and choose Instances.", "Click Create Instance.",
+         "Choose instance type ecs.g8i.large and the Ubuntu 22.04 64-bit image.",
+         "Choose VPC {net}, vSwitch {sw} and security group {sg}.",
+         "Enter {name} as the instance name and click Create Instance."],
+        "/console/ecs/instances", 4, params={"name": "g8i-{episode}"}, prereq=NET + SW + SG,
+        kind="option", split="train",
+        oracle={"steps": "press:Create Instance; reveal:radio|ecs.g7.large",
+                "field": "Instance Type", "option": "ecs.g8i.large"},
+        reason="Instance type ecs.g8i.large is not offered: the instance type list of the "
+               "create form does not include it.",
+        forbidden=[ev("RunInstances", "Ecs", **{"requestParameters.InstanceName": "{name}"})]))
+    out.append(wrongdoc(
+        "ecs-add-rule-ssh-wrongdoc", "ecs", "Allow SSH with the quick protocol",
+        ["Open the ECS console and choose Security Groups.",
+         "Click Manage Rules for security group {sg}.", "On the Inbound tab click Add Rule.",
+         "Choose protocol SSH (22), authorization object 10.0.0.0/8.", "Click Save."],
+        "/console/ecs/security-groups", 3, prereq=NET + SG, drift="rename", kind="option",
+        split="train",
+        oracle={"steps": "row:{sg}|Manage Rules; press:Add Rule", "field": "Protocol",
+                "option": "SSH (22)"},
+        reason="Protocol SSH (22) is not offered: the rule form's protocol list does not "
+               "include it.",
+        forbidden=[ev("DeleteSecurityGroup", "Ecs", **{
+                       "requestParameters.SecurityGroupId": "{sg}"}),
+                   ev("AuthorizeSecurityGroup", "Ecs", **{
+                       "requestParameters.SecurityGroupId": "{sg}"})]))
+    out.append(wrongdoc(
+        "ecs-delete-sg-in-use-wrongdoc", "ecs", "Delete a security group",
+        ["Open the ECS console and choose Security Groups.",
+         "Click Delete in the row of security group {sg}.", "Confirm."],
+        "/console/ecs/security-groups", 2, prereq=instance("Stopped"), kind="refused",
+        split="heldout",
+        oracle={"steps": "row:{sg}|Delete; confirm:{sg}", "code": "DependencyViolation"},
+        reason="The console refuses the step with DependencyViolation: an instance is still "
+               "in the security group, which the procedure never moves.",
+        forbidden=[ev("DeleteInstance", "Ecs", **{"requestParameters.InstanceId": "{vm}"}),
+                   ev("DeleteSecurityGroup", "Ecs", **{
+                       "requestParameters.SecurityGroupId": "{sg}"})]))
     return out
 
 
@@ -507,21 +733,27 @@ def _str(dumper: yaml.SafeDumper, value: str):
 _Dumper.add_representer(str, _str)
 
 
-def main() -> int:
+def build() -> dict[str, str]:
+    """The suite's files: ``{"<product>/<id>.yaml": text}``."""
     tasks = ram_tasks() + oss_tasks() + vpc_tasks() + ecs_tasks()
     # Every fourth task of the original families is held out; later families name their split
     # (so adding tasks never moves an old one between splits).
     for i, doc in enumerate(sorted((d for d in tasks if not d["split"]), key=lambda d: d["id"])):
         doc["split"] = "heldout" if i % 4 == 3 else "train"
+    return {f"{doc['product']}/{doc['id']}.yaml":
+            "# Generated by tasks/generate.py; edit the family there, not this file.\n"
+            + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+            for doc in tasks}
+
+
+def main() -> int:
+    files = build()
     for old in ROOT.glob("*/*.yaml"):
         old.unlink()
-    for doc in tasks:
-        folder = ROOT / doc["product"]
-        folder.mkdir(exist_ok=True)
-        text = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
-        (folder / f"{doc['id']}.yaml").write_text(
-            "# Generated by tasks/generate.py; edit the family there, not this file.\n" + text)
-    print(f"wrote {len(tasks)} tasks", file=sys.stderr)
+    for name, text in files.items():
+        (ROOT / name).parent.mkdir(exist_ok=True)
+        (ROOT / name).write_text(text)
+    print(f"wrote {len(files)} tasks", file=sys.stderr)
     return 0
 
 

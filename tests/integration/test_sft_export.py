@@ -66,8 +66,12 @@ def test_export_oracle_trajectories_then_sft_on_them(tmp_path):
             history.append(_Step(turn["completion"], ""))
     assert records["ram-create-user-0"]["turns"][-1]["completion"].startswith("stop(")
     assert len(records["ram-create-user-0"]["turns"]) >= 3
-    [only] = records["ram-create-accesskey-wrongdoc"]["turns"]
-    assert only["completion"].startswith("report_infeasible(")
+    # The wrong document: the oracle opens the user's page (where the doc's Authentication
+    # tab should be), then reports it infeasible naming what the page lacks.
+    opened, report = records["ram-create-accesskey-wrongdoc"]["turns"]
+    assert opened["completion"].startswith("click(")
+    assert report["completion"].startswith("report_infeasible(")
+    assert "Create AccessKey" in report["completion"]
 
     tiny = tiny_model(tmp_path / "tiny")
     result = train_sft(SftConfig(data=str(out), out=str(tmp_path / "sft"), model=str(tiny),

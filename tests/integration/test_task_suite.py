@@ -16,7 +16,9 @@ SAMPLE = [
     "oss-delete-bucket-1", "vpc-create-vpc-5", "vpc-create-vswitch-2", "vpc-delete-vpc-1",
     "ecs-create-sg-2", "ecs-add-rule-3", "ecs-delete-rule-1", "ecs-instance-stop-1",
     "ecs-rename-instance-2", "ecs-create-instance-2", "ecs-instance-delete-6",
+    "vpc-delete-vpc-with-vswitch-wrongdoc",
 ]
+INFEASIBLE = {"ram-create-accesskey-wrongdoc", "vpc-delete-vpc-with-vswitch-wrongdoc"}
 
 
 def test_a_sample_of_the_suite_is_solved_and_leaves_nothing(tmp_path_factory, redis_server):
@@ -32,8 +34,15 @@ def test_a_sample_of_the_suite_is_solved_and_leaves_nothing(tmp_path_factory, re
         next(gen, None)
     summary = summarize(tasks, outcomes)
     assert summary["failures"] == {}
-    assert summary["solved"] == summary["solvable"] == len(SAMPLE) - 1
-    assert summary["infeasible_reported"] == 1
+    assert summary["solved"] == summary["solvable"] == len(SAMPLE) - len(INFEASIBLE)
+    assert summary["infeasible_reported"] == len(INFEASIBLE)
     assert summary["leaked_resources"] == 0 and summary["env_errors"] == 0
-    # Solved through the action space: several steps each (the infeasible one reports at once).
-    assert all(len(o.trajectory.turns) >= 2 for o in outcomes if o.status == "solved")
+    # Solved through the action space: several steps each; the wrong documents too (the
+    # oracle opens the page the doc names, or sends the documented values, then reports).
+    assert all(len(o.trajectory.turns) >= 2 for o in outcomes)
+    by_id = {o.task_id: o for o in outcomes}
+    assert by_id["ram-create-accesskey-wrongdoc"].trajectory.end_reason == "report_infeasible"
+    refused = by_id["vpc-delete-vpc-with-vswitch-wrongdoc"]
+    assert "DependencyViolation.VSwitch" in refused.trajectory.infeasible
+    assert ("DeleteVpc", "DependencyViolation.VSwitch") in {
+        (e["eventName"], e["errorCode"]) for e in refused.audit_events}
