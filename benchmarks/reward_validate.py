@@ -273,8 +273,7 @@ async def _infeasible_right(a: Agent) -> None:
     """The oracle: it follows the procedure as far as the console allows, then reports."""
     if a.task.oracle_family in FAMILIES:
         await a.solve()
-    else:
-        await a.driver.act(_report(a.task.infeasible_reason))
+    await a.driver.act(_report(a.task.infeasible_reason))
 
 
 async def _infeasible_lazy(a: Agent) -> None:
@@ -287,9 +286,18 @@ async def _infeasible_wrong_reason(a: Agent) -> None:
 
 
 async def _infeasible_names_present(a: Agent) -> None:
-    """Reports missing a control that the console has (the procedure's first one)."""
-    await a.driver.act(_report(f"There is no {_named(a.task, a.values, last=False)!r} in the "
-                               "console."))
+    """Reports missing a control that the console has: the first name of the procedure that
+    the start page shows."""
+    page = a.driver.observation.text.lower()
+    names = [n for s in steps_of(a.task.procedure, a.values) for n in s.anchors
+             if _shows(page, n)]
+    if not names:
+        raise DriverError("the start page shows nothing the procedure names")
+    await a.driver.act(_report(f"There is no {names[0]!r} in the console."))
+
+
+def _shows(page: str, name: str) -> bool:
+    return re.search(rf"(?<![a-z0-9]){re.escape(name)}(?![a-z0-9])", page) is not None
 
 
 @dataclass(frozen=True)
@@ -322,8 +330,9 @@ BEHAVIOURS: dict[str, Behaviour] = {b.name: b for b in (
               lambda t: t.expected == "infeasible"),
     # The claim is true: the inventory shows the console has no such thing, wherever the
     # agent looked (without an inventory the evidence channel leaves it unchecked).
+    # (Not for a refusal: without the attempt there is no refusal to quote.)
     Behaviour("infeasible_lazy", _infeasible_lazy, "success",
-              lambda t: t.expected == "infeasible"),
+              lambda t: t.expected == "infeasible" and t.oracle_family != "wrongdoc_refused"),
     Behaviour("infeasible_names_present", _infeasible_names_present, "failure",
               lambda t: t.expected == "infeasible"),
 )}
