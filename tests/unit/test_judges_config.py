@@ -44,7 +44,7 @@ def test_overrides_reach_the_section():
 
 
 @pytest.mark.parametrize("overrides, field", [
-    (["reward.judges.enabled=true"], "reward.judges.endpoint"),
+    (["reward.judges.enabled=true", "reward.judges.endpoint=\"\""], "reward.judges.endpoint"),
     (["reward.judges.endpoint=ftp://x"], "reward.judges.endpoint"),
     (["reward.judges.endpoint=policy:"], "reward.judges.endpoint"),
     (["reward.judges.enabled=true", "reward.judges.endpoint=http://h:1"], "reward.judges.model"),
@@ -107,3 +107,14 @@ def test_a_policy_endpoint_needs_its_served_url():
         build_judge_channel(section)
     channel = build_judge_channel(section, base_url="http://127.0.0.1:9", model="smol")
     assert channel.clients[0].model == "smol"
+
+
+@pytest.mark.parametrize("name, endpoint", [("cpu.yaml", "policy:default"),
+                                            ("serve.yaml", "policy:default"),
+                                            ("gpu-cluster.yaml", "https://")])
+def test_shipped_configs_carry_the_section_off_and_ready(name, endpoint):
+    config = load_config(JobConfig, CONFIGS / name)
+    assert not config.reward.judges.active
+    assert config.reward.judges.endpoint.startswith(endpoint)
+    on = load_config(JobConfig, CONFIGS / name, ["reward.judges.enabled=true"])
+    assert on.reward.judges.active
