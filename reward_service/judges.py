@@ -317,6 +317,7 @@ CALL_OUTCOMES = ("ok", "invalid_reply", "http_error", "transport_error", "timeou
 FAILURE_KINDS = ("transport_error", "timeout", "http_5xx", "http_429", "http_4xx",
                  "malformed_response", "invalid_reply", "overloaded", "deadline", "client_error")
 AGREEMENT = ("agree", "disagree", "undetermined")
+_MIN_CALL_S = 0.05          # a call with less time left than this is not started
 _RETRYABLE = ("transport_error", "http_5xx", "http_429")
 _OUTCOME_OF = {"transport_error": "transport_error", "timeout": "timeout",
                "http_5xx": "http_error", "http_429": "http_error", "http_4xx": "http_error",
@@ -396,6 +397,7 @@ class _Call:
         self.started = time.monotonic()
         self._lock = threading.Lock()
         self.done = False
+        self.queued = True              # still waiting for a slot under the concurrency limit
 
     def finish(self, outcome: str) -> bool:
         with self._lock:
@@ -540,6 +542,12 @@ class JudgeChannel:
             for i, future in enumerate(futures):
                 if future.done():
                     votes.append(future.result())
+                elif calls[i].queued:            # never got a slot
+                    calls[i].fail("overloaded")
+                    calls[i].finish("overloaded")
+                    votes.append(JudgeVote(names[i], "invalid", "overloaded: no free judge "
+                                           f"slot (of {self.config.concurrency}) before the "
+                                           "deadline"))
                 else:
                     calls[i].fail("deadline")
                     calls[i].finish("timeout")
@@ -569,11 +577,16 @@ class JudgeChannel:
         cfg = self.config
         if self._slots is not None:
             wait_s = deadline - time.monotonic()
-            if not self._slots.acquire(timeout=None if wait_s == math.inf else max(wait_s, 0)):
+            got = self._slots.acquire(timeout=None if wait_s == math.inf else max(wait_s, 0))
+            if got and deadline - time.monotonic() < _MIN_CALL_S:     # a slot, but no time
+                self._slots.release()
+                got = False
+            if not got:
                 call.fail("overloaded")
                 call.finish("overloaded")
                 return JudgeVote(name, "invalid", f"overloaded: no free judge slot (of "
                                                   f"{cfg.concurrency}) before the deadline")
+        call.queued = False
         try:
             attempt = 0
             while True:
@@ -590,7 +603,7 @@ class JudgeChannel:
                     call.fail(kind)
                     backoff = cfg.retry_backoff_s * 2 ** attempt
                     if kind in _RETRYABLE and attempt < cfg.retries and \
-                            deadline - time.monotonic() > backoff + 0.05:
+                            deadline - time.monotonic() > backoff + _MIN_CALL_S:
                         log.info("%s: %s, retrying in %.2fs", name, kind, backoff)
                         time.sleep(backoff)
                         attempt += 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import select
 import socket
 import threading
 import time
@@ -48,16 +49,25 @@ class Judge:
                     n = judge.requests
                     judge.in_flight += 1
                     judge.max_in_flight = max(judge.max_in_flight, judge.in_flight)
+                gone = self._wait(judge.delay_s)
+                with judge.lock:                # before the answer: its client goes on
+                    judge.in_flight -= 1
+                if gone:
+                    return
                 try:
-                    if judge.delay_s:
-                        time.sleep(judge.delay_s)
-                    mode = judge.mode if n > judge.fail_first else judge.fail_mode
-                    self._answer(mode)
+                    self._answer(judge.mode if n > judge.fail_first else judge.fail_mode)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
-                finally:
-                    with judge.lock:
-                        judge.in_flight -= 1
+
+            def _wait(self, seconds: float) -> bool:
+                """Work for ``seconds``, or until the client hangs up (True), as a server
+                that aborts a request whose client left."""
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    readable, _, _ = select.select([self.connection], [], [], 0.02)
+                    if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                        return True
+                return False
 
             def _answer(self, mode: str) -> None:
                 if mode in ("500", "429"):
