@@ -5,7 +5,8 @@ announcement) filled in here and nowhere else.
 
 - :func:`env_pool`: the env workers' pool (``config.env`` is the pool's own config);
 - :func:`rollout_spec`: everything the rollout side is built from
-  (:class:`cluster.rollout.RolloutSide`), for the training job and the jobs API alike;
+  (:class:`cluster.rollout.RolloutSide`), for the training job, evaluation and the jobs API
+  alike, the reward service's judges (:func:`judge_section`) included;
 - :func:`jobs_api_specs`: the jobs API's scheduler and HTTP side;
 - :func:`trainer_algo`: the trainer's algorithm section with the sampling temperature.
 """
@@ -16,10 +17,12 @@ from pathlib import Path
 
 from cluster.config import JobConfig
 from cluster.jobs_api import HttpSpec, SchedulerSpec
+from cluster.judges import POLICY_PREFIX, JudgeSection
 from cluster.rollout import RolloutSpec
 from consolerl.tasks import TASKS_DIR
 from env_workers.pool import EnvPoolConfig
 from infra.observability.discovery import PublishConfig
+from rollout_service.models import resolve_model
 from rollout_service.policy import PolicyConfig
 from trainer.algo import AlgoConfig
 
@@ -46,7 +49,18 @@ def rollout_spec(config: JobConfig, policy: PolicyConfig, metrics: PublishConfig
                        agent=config.agent, endpoint=config.cloud.endpoint,
                        accounts_file=config.cloud.accounts_path, trail=config.trail,
                        reward=config.reward, suite_dir=suite_dir or str(TASKS_DIR),
-                       metrics=metrics)
+                       metrics=metrics, judges=judge_section(config))
+
+
+def judge_section(config: JobConfig) -> JudgeSection | None:
+    """``reward.judges`` when it is on (None: the rule alone), a ``policy:`` endpoint's model
+    resolved to its folder here, once (a wrong folder fails before anything starts)."""
+    judges = config.reward.judges
+    if not judges.active:
+        return None
+    if judges.policy_model:
+        judges = replace(judges, endpoint=POLICY_PREFIX + resolve_model(judges.policy_model))
+    return judges
 
 
 def jobs_api_specs(config: JobConfig, policy: PolicyConfig, metrics: PublishConfig | None,

@@ -12,6 +12,7 @@ from consolerl.errors import ConfigError
 from env_workers.pool import EnvPoolConfig
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from infra.observability.discovery import PublishConfig
+from cluster.judges import JudgeSection
 from reward_service.actiontrail import TrailConfig
 from reward_service.fusion import RewardConfig
 from rollout_service.agent import AgentConfig
@@ -41,6 +42,15 @@ class CloudSection:
     @property
     def accounts_path(self) -> str:
         return self.accounts_file or str(DEFAULT_ACCOUNTS_FILE)
+
+
+@dataclass(frozen=True)
+class RewardSection(RewardConfig):
+    """``reward``: the rewards per verdict (:class:`~reward_service.fusion.RewardConfig`'s
+    fields; ``fuse`` takes this section as it is) plus the reward service's channels:
+    ``judges`` (:class:`cluster.judges.JudgeSection`, off by default)."""
+
+    judges: JudgeSection = field(default_factory=JudgeSection)
 
 
 @dataclass(frozen=True)
@@ -138,7 +148,7 @@ class JobConfig:
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     trail: TrailConfig = field(default_factory=TrailConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
+    reward: RewardSection = field(default_factory=RewardSection)
     # Training, evaluation and the run itself:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SftSection = field(default_factory=SftSection)

@@ -541,10 +541,15 @@ def _gpus(config: JobConfig, cluster: Cluster) -> list[Row]:
     engine, policy, env = config.trainer.engine, config.policy, config.env
     trainer = engine.workers * engine.num_gpus_per_worker if engine.device == "cuda" else 0.0
     per_replica = _replica_gpus(config)
-    need = trainer + policy.replicas * per_replica
+    # A judge served in the cluster (reward.judges.endpoint policy:<model>) is one more
+    # replica with the policy's settings.
+    judge = 1 if config.reward.judges.active and config.reward.judges.policy_model else 0
+    replicas = policy.replicas + judge
+    judged = " (one of them the judge)" if judge else ""
+    need = trainer + replicas * per_replica
     rows = [_row("GPUs", need, cluster.gpus, "GPUs",
                  f"trainer {engine.workers} x {engine.num_gpus_per_worker:g} + vLLM "
-                 f"{policy.replicas} x {per_replica:g}; offered by {cluster.gpu_pods} GPU "
+                 f"{replicas} x {per_replica:g}{judged}; offered by {cluster.gpu_pods} GPU "
                  f"pod(s) x {cluster.gpus_per_pod or 0:g}")]
     per_pod = cluster.gpus_per_pod
     if need and per_pod is not None:
@@ -558,11 +563,11 @@ def _gpus(config: JobConfig, cluster: Cluster) -> list[Row]:
             rows.append(_row("GPUs per vLLM replica", per_replica, per_pod, "GPUs",
                              "a replica's tensor-parallel ranks share one node"))
     cpus = (env.workers * env.num_cpus_per_worker + engine.workers * engine.num_cpus_per_worker
-            + policy.replicas * policy.num_cpus_per_replica)
+            + replicas * policy.num_cpus_per_replica)
     rows.append(_row("CPUs", cpus, cluster.cpus, "CPUs",
                      f"env {env.workers} x {env.num_cpus_per_worker:g} + trainer "
                      f"{engine.workers} x {engine.num_cpus_per_worker:g} + policy "
-                     f"{policy.replicas} x {policy.num_cpus_per_replica:g}"))
+                     f"{replicas} x {policy.num_cpus_per_replica:g}{judged}"))
     return rows
 
 

@@ -18,6 +18,7 @@ from consolerl.accounts import load_accounts
 from consolerl.tasks import TASKS_DIR, load_suite
 from env_workers.leases import AccountPool
 from env_workers.pool import EnvPool, EnvPoolConfig
+from cluster.judges import JudgeSection, start_judges
 from infra.observability.discovery import PublishConfig, publish
 from reward_service.actiontrail import TrailConfig
 from reward_service.fusion import RewardConfig
@@ -81,7 +82,8 @@ class RolloutSpec:
     """What the rollout side is built from (component configs, never the root config): the
     env pool, the policy (its model resolved; started here when the caller gives no
     servers), the agent's prompt and sampling, and the reward service's cloud endpoint,
-    accounts, ActionTrail and reward settings."""
+    accounts, ActionTrail and reward settings, and its judges (``judges``: ``reward.judges``
+    when on, else None; a ``policy:`` judge is served with ``policy``'s settings)."""
 
     env_pool: EnvPoolConfig
     policy: PolicyConfig
@@ -92,13 +94,14 @@ class RolloutSpec:
     reward: RewardConfig
     suite_dir: str = str(TASKS_DIR)
     metrics: PublishConfig | None = None     # announce the metrics for discovery
+    judges: JudgeSection | None = None
 
 
 class RolloutSide:
     """The parts every user of episodes needs, on the current Ray cluster: the accounts and
     tasks, the env workers, the policy replicas and their router, the tokenizer, the reward
-    service. :meth:`drain` releases every account and stops the workers (and the replicas it
-    started)."""
+    service and its judges (a served judge's replica and API started here). :meth:`drain`
+    releases every account and stops the workers (and the replicas and judges it started)."""
 
     def __init__(self, spec: RolloutSpec, servers: list[Any] | None = None):
         """``servers``: PolicyServer actors started by the caller (the training job, which
@@ -113,14 +116,23 @@ class RolloutSide:
         else:
             self.servers, self.router = start_policy(spec.policy, spec.metrics)
         self.tokenizer = HFChatTokenizer(spec.policy.model)
+        try:
+            judges, self.stop_judges = start_judges(spec.judges, spec.policy, spec.metrics)
+        except BaseException:
+            self.drain_started()
+            raise
         self.reward = RewardService(self.tasks, self.accounts, spec.endpoint, spec.trail,
-                                    spec.reward)
+                                    spec.reward, judges=judges)
 
     def agent(self, config: AgentConfig | None = None) -> AgentLoop:
         """The agent loop over the served policy (``config``: the spec's agent by default)."""
         return AgentLoop(self.router, self.tokenizer, config or self.spec.agent)
 
     def drain(self) -> None:
+        self.drain_started()
+        self.stop_judges()
+
+    def drain_started(self) -> None:
         self.pool.drain()
         if self.own_servers:
             for server in self.servers:

@@ -20,7 +20,17 @@ log = logging.getLogger(__name__)
 
 
 class ChatError(ConsoleRLError, RuntimeError):
-    """The chat endpoint failed (transport, HTTP status, or a malformed response)."""
+    """The chat endpoint failed. ``kind``: ``transport`` (no connection, reset), ``timeout``
+    (no answer in time), ``http`` (an error status, in ``status``), ``malformed`` (a 200
+    without a text completion), or "" (not said); ``status``: the HTTP status, 0 when there
+    was no HTTP answer. Callers retry on ``transport``, 5xx and 429 (the judge channel does)."""
+
+    def __init__(self, message: str, status: int = 0, kind: str = ""):
+        super().__init__(message)
+        self.message, self.status, self.kind = message, status, kind
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.status, self.kind))
 
 
 class ChatClient(Protocol):
@@ -68,22 +78,29 @@ class OpenAIChatClient:
     def close(self) -> None:
         self._http.close()
 
-    def complete(self, messages: Sequence[Mapping[str, str]]) -> str:
+    def complete(self, messages: Sequence[Mapping[str, str]],
+                 timeout_s: float | None = None) -> str:
+        """The assistant's text; ``timeout_s``: this call's timeout (default: the client's)."""
         body = {"model": self.model, "messages": [dict(m) for m in messages],
                 "temperature": self.temperature, "max_tokens": self.max_tokens}
         log.debug("chat request to %s (model %s, %d messages)", self.url, self.model,
                   len(messages))
+        extra = {} if timeout_s is None else {"timeout": timeout_s}
         try:
-            response = self._http.post(self.url, json=body)
+            response = self._http.post(self.url, json=body, **extra)
+        except httpx.TimeoutException as exc:
+            raise ChatError(f"{self.url}: {type(exc).__name__}: {exc}", 0, "timeout") from None
         except httpx.HTTPError as exc:
-            raise ChatError(f"{self.url}: {type(exc).__name__}: {exc}") from None
+            raise ChatError(f"{self.url}: {type(exc).__name__}: {exc}", 0, "transport") from None
         if response.status_code != 200:
-            raise ChatError(f"{self.url}: HTTP {response.status_code}: {response.text[:300]}")
+            raise ChatError(f"{self.url}: HTTP {response.status_code}: {response.text[:300]}",
+                            response.status_code, "http")
         try:
             content = response.json()["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
             raise ChatError(f"{self.url}: response has no choices[0].message.content: "
-                            f"{response.text[:300]}") from None
+                            f"{response.text[:300]}", 200, "malformed") from None
         if not isinstance(content, str):
-            raise ChatError(f"{self.url}: choices[0].message.content is not text")
+            raise ChatError(f"{self.url}: choices[0].message.content is not text", 200,
+                            "malformed")
         return content

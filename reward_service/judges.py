@@ -22,16 +22,33 @@ strict majority of the k judges must cast a valid vote, else ``undetermined``):
 - ``majority``: the verdict with strictly more valid votes than the other wins; a tie ->
   undetermined.
 
+In the training loop (:class:`JudgeChannel`): every episode's verdict comes within
+:attr:`JudgeConfig.deadline_s` whatever the endpoint does (refuses connections, hangs, answers
+garbage or 5xx): such a judge is an invalid vote. Calls over the whole channel are limited to
+:attr:`JudgeConfig.concurrency` (a call that gets no slot before the deadline is an invalid
+vote, ``overloaded``, never queued for ever); transport errors, 5xx and 429 are retried with a
+short backoff while the deadline leaves room. :class:`JudgeMetrics` count the calls by
+outcome, their latency, the failed attempts by kind, and the judges' agreement with the rule
+on audited episodes (``consolerl_reward_judge_*``).
+
 The model's text is only parsed as JSON, never executed.
 """
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 import logging
+import math
 import re
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from consolerl.errors import ConfigError
 from consolerl.rewards import JudgeVerdict, JudgeVote
@@ -76,6 +93,15 @@ class JudgeConfig:
     ``max_reply_chars``: longer replies are invalid votes; ``max_json_chars``: the final JSON
     object must fit in this tail of the reply; ``deadline_s``: judges that have not answered by
     then abstain (``None``: wait for the clients' own timeouts).
+
+    Bounds for a judge in the training loop: ``timeout_s``: one call's timeout (``None``: the
+    client's own; never past the deadline for clients that take one); ``concurrency``: calls
+    in flight over the whole channel, every episode together (``None``: no limit; a call that
+    gets no slot before the deadline is an invalid vote, ``overloaded``); ``retries``: more
+    attempts after a transport error, a 5xx or a 429, ``retry_backoff_s`` apart (doubling),
+    only while the deadline leaves room; ``audit_fraction``: the share of episodes that the
+    rule decided which the caller also sends to the judges, only to measure their agreement
+    with the rule (:meth:`JudgeChannel.audits`).
     """
 
     k: int = 3
@@ -87,6 +113,11 @@ class JudgeConfig:
     max_json_chars: int = 4_000
     max_reason_chars: int = 500
     deadline_s: float | None = None
+    timeout_s: float | None = None
+    concurrency: int | None = None
+    retries: int = 0
+    retry_backoff_s: float = 0.25
+    audit_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         for name, low in (("k", 1), ("max_trajectory_chars", 400), ("max_reply_chars", 1),
@@ -111,6 +142,27 @@ class JudgeConfig:
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise ConfigError(f"JudgeConfig.deadline_s: must be > 0 or null, "
                               f"got {self.deadline_s!r}")
+        for name in ("timeout_s", "retry_backoff_s"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, (int, float)) or not value >= (0 if name == "retry_backoff_s"
+                                                           else 1e-9) or value == float("inf")):
+                raise ConfigError(f"JudgeConfig.{name}: must be a finite number "
+                                  f"{'>= 0' if name == 'retry_backoff_s' else '> 0 or null'}, "
+                                  f"got {value!r}")
+        if self.concurrency is not None and (isinstance(self.concurrency, bool)
+                                             or not isinstance(self.concurrency, int)
+                                             or self.concurrency < 1):
+            raise ConfigError(f"JudgeConfig.concurrency: must be an integer >= 1 or null, "
+                              f"got {self.concurrency!r}")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) \
+                or not 0 <= self.retries <= 10:
+            raise ConfigError(f"JudgeConfig.retries: must be an integer in 0..10, "
+                              f"got {self.retries!r}")
+        if isinstance(self.audit_fraction, bool) or not isinstance(
+                self.audit_fraction, (int, float)) or not 0 <= self.audit_fraction <= 1:
+            raise ConfigError(f"JudgeConfig.audit_fraction: must be a number in 0..1, "
+                              f"got {self.audit_fraction!r}")
 
     @property
     def quorum(self) -> int:
@@ -259,17 +311,190 @@ def consensus(votes: Sequence[JudgeVote], config: JudgeConfig) -> JudgeVerdict:
     return JudgeVerdict("success" if yes > no else "failure", votes, f"majority ({tally})")
 
 
+# One judge call's outcome (retries included) and one failed attempt's kind.
+CALL_OUTCOMES = ("ok", "invalid_reply", "http_error", "transport_error", "timeout", "overloaded",
+                 "client_error")
+FAILURE_KINDS = ("transport_error", "timeout", "http_5xx", "http_429", "http_4xx",
+                 "malformed_response", "invalid_reply", "overloaded", "deadline", "client_error")
+AGREEMENT = ("agree", "disagree", "undetermined")
+_MIN_CALL_S = 0.05          # a call with less time left than this is not started
+_RETRYABLE = ("transport_error", "http_5xx", "http_429")
+_OUTCOME_OF = {"transport_error": "transport_error", "timeout": "timeout",
+               "http_5xx": "http_error", "http_429": "http_error", "http_4xx": "http_error",
+               "malformed_response": "invalid_reply", "client_error": "client_error"}
+
+
+class JudgeMetrics:
+    """The judge channel's Prometheus metrics (``consolerl_reward_judge_*``; the reward
+    service's vote and verdict counters are in its own :class:`RewardMetrics`)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.calls = Counter(
+            "consolerl_reward_judge_calls_total", "Judge calls (one per judge and episode, "
+            "its retries included), by outcome: ok (a reply that is a vote), invalid_reply "
+            "(an answer that is not a vote), http_error (an error status, after the retries), "
+            "transport_error (no connection, after the retries), timeout (no answer within "
+            "the call's timeout or the episode's deadline), overloaded (no free slot under "
+            "the channel's concurrency limit before the deadline), client_error (the client "
+            "failed otherwise).", ["outcome"], registry=registry)
+        self.seconds = Histogram(
+            "consolerl_reward_judge_call_seconds", "Time of one judge call, from asking for a "
+            "slot to its outcome (retries included).", registry=registry,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300))
+        self.failures = Counter(
+            "consolerl_reward_judge_failures_total", "Failed judge attempts (every retry "
+            "counts), by kind: transport_error, timeout, http_5xx, http_429, http_4xx, "
+            "malformed_response (a 200 without a completion), invalid_reply (a completion "
+            "that is not a vote), overloaded, deadline (still running at the episode's "
+            "deadline), client_error.", ["kind"], registry=registry)
+        self.agreement = Counter(
+            "consolerl_reward_judge_rule_agreement_total", "Episodes the rule decided that "
+            "the judges also judged (audits), by the judges' verdict against the rule's: "
+            "agree, disagree, or undetermined (the judges gave none).", ["with_rule"],
+            registry=registry)
+        for counter, values in ((self.calls, CALL_OUTCOMES), (self.failures, FAILURE_KINDS),
+                                (self.agreement, AGREEMENT)):
+            for value in values:
+                counter.labels(value)
+
+    def record_call(self, outcome: str, seconds: float) -> None:
+        self.calls.labels(outcome).inc()
+        self.seconds.observe(seconds)
+
+    def record_failure(self, kind: str) -> None:
+        self.failures.labels(kind).inc()
+
+    def record_agreement(self, rule_verdict: str, judge_verdict: str) -> None:
+        """One audited episode: ``rule_verdict`` (success | failure; anything else is not an
+        audit and is not counted) against the judges' verdict."""
+        if rule_verdict not in ("success", "failure"):
+            return
+        if judge_verdict not in ("success", "failure"):
+            self.agreement.labels("undetermined").inc()
+        else:
+            self.agreement.labels("agree" if judge_verdict == rule_verdict else "disagree").inc()
+
+
+def _failure_kind(exc: ChatError) -> str:
+    kind, status = getattr(exc, "kind", ""), getattr(exc, "status", 0)
+    if kind == "timeout":
+        return "timeout"
+    if kind == "transport":
+        return "transport_error"
+    if kind == "malformed":
+        return "malformed_response"
+    if kind == "http" or status:
+        return "http_429" if status == 429 else "http_5xx" if status >= 500 else "http_4xx"
+    return "client_error"
+
+
+class _Call:
+    """One judge call's bookkeeping: its outcome is recorded once, by the call's thread or by
+    the episode's deadline, whichever comes first."""
+
+    def __init__(self, metrics: JudgeMetrics | None):
+        self.metrics = metrics
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
+        self.done = False
+        self.queued = True              # still waiting for a slot under the concurrency limit
+
+    def finish(self, outcome: str) -> bool:
+        with self._lock:
+            if self.done:
+                return False
+            self.done = True
+        if self.metrics is not None:
+            self.metrics.record_call(outcome, time.monotonic() - self.started)
+        return True
+
+    def fail(self, kind: str) -> None:
+        if self.metrics is not None and not self.done:
+            self.metrics.record_failure(kind)
+
+
 class JudgeChannel:
     """k judges over one or k chat clients (one client is reused with the k system prompts).
-    :meth:`judge` calls them concurrently, so k slow endpoints cost about one round trip."""
+    :meth:`judge` calls them concurrently, so k slow endpoints cost about one round trip.
 
-    def __init__(self, clients: Sequence[ChatClient], config: JudgeConfig | None = None):
+    Safe in the training loop: with :attr:`JudgeConfig.deadline_s` set, :meth:`judge` returns
+    within about that time whatever the endpoint does (down, slow, garbage, 5xx): a judge
+    without a vote by then abstains, and too many abstentions make the verdict
+    ``undetermined``; it never raises for an endpoint's failure. Calls over the whole channel
+    (every episode scored at once) are limited to :attr:`JudgeConfig.concurrency`.
+
+    ``clients``: the chat clients; or ``client_factory``: a picklable callable returning them,
+    called on first use, so that a channel crosses into a Ray actor as its recipe (HTTP
+    clients do not pickle) and reads its API key there. ``registry``: where its
+    :class:`JudgeMetrics` go (:meth:`bind_metrics`; the reward service binds its own)."""
+
+    def __init__(self, clients: Sequence[ChatClient] | None = None,
+                 config: JudgeConfig | None = None, *,
+                 client_factory: Callable[[], Sequence[ChatClient]] | None = None,
+                 registry: CollectorRegistry | None = None):
         self.config = config or JudgeConfig()
-        clients = list(clients)
+        if (clients is None) == (client_factory is None):
+            raise ConfigError("JudgeChannel.clients: give either clients or client_factory")
+        self.client_factory = client_factory
+        self._clients = self._check(list(clients)) if clients is not None else None
+        self._registry: CollectorRegistry | None = None
+        self.metrics: JudgeMetrics | None = None
+        self._init_runtime()
+        if registry is not None:
+            self.bind_metrics(registry)
+
+    def _init_runtime(self) -> None:
+        self._lock = threading.Lock()
+        limit = self.config.concurrency
+        self._slots = threading.BoundedSemaphore(limit) if limit is not None else None
+
+    def _check(self, clients: list[ChatClient]) -> list[ChatClient]:
         if len(clients) not in (1, self.config.k):
             raise ConfigError(f"JudgeChannel.clients: give 1 or k ({self.config.k}) clients, "
                               f"got {len(clients)}")
-        self.clients = clients * self.config.k if len(clients) == 1 else clients
+        return clients * self.config.k if len(clients) == 1 else clients
+
+    @property
+    def clients(self) -> list[ChatClient]:
+        """The k clients (built by the factory on first use)."""
+        with self._lock:
+            if self._clients is None:
+                self._clients = self._check(list(self.client_factory()))
+            return self._clients
+
+    def bind_metrics(self, registry: CollectorRegistry) -> JudgeMetrics:
+        """Count the channel's calls in ``registry`` from now on (once per registry)."""
+        if self._registry is not registry:
+            self.metrics, self._registry = JudgeMetrics(registry), registry
+        return self.metrics
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Locks, semaphores and registries do not pickle, nor do HTTP clients: a copy made
+        # from a factory builds its clients again where it runs.
+        state = {"config": self.config, "client_factory": self.client_factory,
+                 "_clients": None if self.client_factory is not None else self._clients}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._registry, self.metrics = None, None
+        self._init_runtime()
+
+    def audits(self, key: str) -> bool:
+        """Whether an episode the rule decided (``key``: any stable id of it, e.g. task,
+        account and start time) is also judged, to measure agreement: a deterministic draw
+        at :attr:`JudgeConfig.audit_fraction`."""
+        fraction = self.config.audit_fraction
+        if fraction <= 0:
+            return False
+        draw = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2.0 ** 64
+        return draw < fraction
+
+    def record_agreement(self, rule_verdict: str, judge_verdict: str) -> None:
+        """An audited episode: the rule's decisive verdict against the judges' (see
+        :meth:`JudgeMetrics.record_agreement`)."""
+        if self.metrics is not None:
+            self.metrics.record_agreement(rule_verdict, judge_verdict)
 
     def messages(self, index: int, rendered: str, expected: str = "success",
                  reference_reason: str = "") -> list[dict[str, str]]:
@@ -289,36 +514,123 @@ class JudgeChannel:
               reference_reason: str = "") -> JudgeVerdict:
         """Render the episode, ask the k judges, apply the consensus rule. ``expected``: the
         task's expected outcome; for ``infeasible`` tasks the judges check the agent's
-        report_infeasible reason against ``reference_reason`` (the task's known reason)."""
+        report_infeasible reason against ``reference_reason`` (the task's known reason).
+        Returns within about :attr:`JudgeConfig.deadline_s`; an endpoint's failure is an
+        invalid vote, never an exception."""
         rendered = render_trajectory(task_title, procedure, actions, final_observation_text,
                                      answer, infeasible_reason,
                                      self.config.max_trajectory_chars)
-        requests = [self.messages(i, rendered, expected, reference_reason)
-                    for i in range(self.config.k)]
-        names = [f"judge-{i}" for i in range(self.config.k)]
-        pool = ThreadPoolExecutor(max_workers=self.config.k, thread_name_prefix="judge")
+        k = self.config.k
+        requests = [self.messages(i, rendered, expected, reference_reason) for i in range(k)]
+        names = [f"judge-{i}" for i in range(k)]
+        deadline_s = self.config.deadline_s
+        deadline = time.monotonic() + deadline_s if deadline_s is not None else math.inf
         try:
-            futures = [pool.submit(self._ask, names[i], self.clients[i], requests[i])
-                       for i in range(self.config.k)]
-            wait(futures, timeout=self.config.deadline_s)
-            votes = [f.result() if f.done() else
-                     JudgeVote(names[i], "invalid", f"no answer within {self.config.deadline_s}s")
-                     for i, f in enumerate(futures)]
+            clients = self.clients
+        except Exception as exc:  # noqa: BLE001 - e.g. the API key's variable is not set here
+            log.warning("judge clients could not be built: %s", exc)
+            votes = [JudgeVote(n, "invalid", f"no client: {_middle(str(exc), 300)}")
+                     for n in names]
+            return consensus(votes, self.config)
+        calls = [_Call(self.metrics) for _ in range(k)]
+        pool = ThreadPoolExecutor(max_workers=k, thread_name_prefix="judge")
+        try:
+            futures = [pool.submit(self._ask, names[i], clients[i], requests[i], deadline,
+                                   calls[i]) for i in range(k)]
+            wait(futures, timeout=deadline_s)
+            votes = []
+            for i, future in enumerate(futures):
+                if future.done():
+                    votes.append(future.result())
+                elif calls[i].queued:            # never got a slot
+                    calls[i].fail("overloaded")
+                    calls[i].finish("overloaded")
+                    votes.append(JudgeVote(names[i], "invalid", "overloaded: no free judge "
+                                           f"slot (of {self.config.concurrency}) before the "
+                                           "deadline"))
+                else:
+                    calls[i].fail("deadline")
+                    calls[i].finish("timeout")
+                    votes.append(JudgeVote(names[i], "invalid",
+                                           f"no answer within {deadline_s}s"))
         finally:
-            # Do not wait for judges past the deadline; their threads end with their clients'
-            # own timeouts.
+            # Do not wait for judges past the deadline: their calls end by their own timeout
+            # (at most the deadline for clients that take one).
             pool.shutdown(wait=False, cancel_futures=True)
         return consensus(votes, self.config)
 
-    def _ask(self, name: str, client: ChatClient, messages: Sequence[Mapping[str, str]]
-             ) -> JudgeVote:
+    def _ask(self, name: str, client: ChatClient, messages: Sequence[Mapping[str, str]],
+             deadline: float, call: _Call) -> JudgeVote:
+        """One judge's vote: a slot under the concurrency limit, then attempts (retries of
+        transport errors, 5xx and 429 while the deadline leaves room). Never raises."""
         try:
-            reply = client.complete(messages)
-        except ChatError as exc:
-            log.warning("%s: chat error: %s", name, exc)
-            return JudgeVote(name, "invalid", f"chat error: {_middle(str(exc), 300)}")
+            return self._attempts(name, client, messages, deadline, call)
         except Exception as exc:  # noqa: BLE001 - a broken judge abstains, scoring goes on
             log.warning("%s: client raised %s", name, type(exc).__name__, exc_info=True)
+            call.fail("client_error")
+            call.finish("client_error")
             return JudgeVote(name, "invalid",
                              f"client error: {type(exc).__name__}: {_middle(str(exc), 300)}")
-        return parse_vote(name, reply, self.config)
+
+    def _attempts(self, name: str, client: ChatClient, messages: Sequence[Mapping[str, str]],
+                  deadline: float, call: _Call) -> JudgeVote:
+        cfg = self.config
+        if self._slots is not None:
+            wait_s = deadline - time.monotonic()
+            got = self._slots.acquire(timeout=None if wait_s == math.inf else max(wait_s, 0))
+            if got and deadline - time.monotonic() < _MIN_CALL_S:     # a slot, but no time
+                self._slots.release()
+                got = False
+            if not got:
+                call.fail("overloaded")
+                call.finish("overloaded")
+                return JudgeVote(name, "invalid", f"overloaded: no free judge slot (of "
+                                                  f"{cfg.concurrency}) before the deadline")
+        call.queued = False
+        try:
+            attempt = 0
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    call.fail("deadline")
+                    call.finish("timeout")
+                    return JudgeVote(name, "invalid", f"no answer within {cfg.deadline_s}s")
+                try:
+                    reply = self._complete(client, messages, min(cfg.timeout_s or math.inf,
+                                                                 left))
+                except ChatError as exc:
+                    kind = _failure_kind(exc)
+                    call.fail(kind)
+                    backoff = cfg.retry_backoff_s * 2 ** attempt
+                    if kind in _RETRYABLE and attempt < cfg.retries and \
+                            deadline - time.monotonic() > backoff + _MIN_CALL_S:
+                        log.info("%s: %s, retrying in %.2fs", name, kind, backoff)
+                        time.sleep(backoff)
+                        attempt += 1
+                        continue
+                    log.warning("%s: chat error: %s", name, exc)
+                    call.finish(_OUTCOME_OF[kind])
+                    return JudgeVote(name, "invalid", f"chat error: {_middle(str(exc), 300)}")
+                vote = parse_vote(name, reply, cfg)
+                if vote.verdict == "invalid":
+                    call.fail("invalid_reply")
+                call.finish("ok" if vote.verdict != "invalid" else "invalid_reply")
+                return vote
+        finally:
+            if self._slots is not None:
+                self._slots.release()
+
+    @staticmethod
+    def _complete(client: ChatClient, messages: Sequence[Mapping[str, str]],
+                  timeout_s: float) -> str:
+        """``client.complete``, with this call's timeout where the client takes one."""
+        if timeout_s != math.inf and _takes_timeout(client):
+            return client.complete(messages, timeout_s=timeout_s)
+        return client.complete(messages)
+
+
+def _takes_timeout(client: ChatClient) -> bool:
+    try:
+        return "timeout_s" in inspect.signature(client.complete).parameters
+    except (TypeError, ValueError):
+        return False

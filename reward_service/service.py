@@ -251,6 +251,8 @@ class RewardService:
         self.registry = registry
         self.metrics = RewardMetrics(registry)
         self.trail_metrics = TrailMetrics(registry)
+        if self.judges is not None:         # its calls, failures, agreement (JudgeMetrics)
+            self.judges.bind_metrics(registry)
         self._local = threading.local()
         self._trails: dict[str, TrailClient] = {}
         self._trails_lock = threading.Lock()

@@ -50,7 +50,12 @@ def test_groups_flow_to_the_stream_with_rewards_and_nothing_leaks(orch_cloud, re
         r"orchestrator.task_filter=^(ram-create-user-0|ecs-add-rule-0)$",
         "orchestrator.split=all",
         f"stream.url={redis_server.url}", f"stream.stream=test:orch:exp:{turn_loop}",
-        "trail.qps=20", "trail.settle_s=20", "trail.poll_s=0.25", "trail.clock_skew_s=5"])
+        "trail.qps=20", "trail.settle_s=20", "trail.poll_s=0.25", "trail.clock_skew_s=5",
+        # One run with the reward service's judges served in the cluster (the tiny model
+        # behind the chat API): the rollout side starts and stops them.
+        *([f"reward.judges.endpoint=policy:{model}", "reward.judges.enabled=true",
+           "reward.judges.k=1", "reward.judges.timeout_s=20", "reward.judges.deadline_s=30"]
+          if turn_loop == "orchestrator" else [])])
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         actor = TrainingRolloutsActor.remote(rollout_spec(config, config.policy, None),
@@ -65,6 +70,7 @@ def test_groups_flow_to_the_stream_with_rewards_and_nothing_leaks(orch_cloud, re
     assert summary["leaked_resources"] == 0
     assert "consolerl_rollout_episodes_total" in metrics
     assert "consolerl_reward_scores_total" in metrics
+    assert ("consolerl_reward_judge_calls_total" in metrics) == (turn_loop == "orchestrator")
     stream = ExperienceStream(config.stream)
     entries = stream.redis.xrange(f"test:orch:exp:{turn_loop}")
     assert len(entries) == 2

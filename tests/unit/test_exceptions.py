@@ -52,6 +52,8 @@ ARGS: dict[str, Callable[[], tuple]] = {
     "consolerl.errors.CloudAPIError": lambda: (
         "InvalidVpcID.NotFound", "The specified VPC does not exist.", 404, "req-8F2A",
         "DescribeVSwitches"),
+    "infra.llm.ChatError": lambda: (
+        "http://127.0.0.1:9/v1/chat/completions: HTTP 503: overloaded", 503, "http"),
     "infra.console_sim.errors.CloudError": lambda: (
         "Forbidden.RAM", "User not authorized to operate on the specified resource.", 403),
     "infra.console_sim.console.core.BadRequest": lambda: (

@@ -92,6 +92,15 @@ def test_gpus_beyond_the_manifest_are_refused():
     assert bad.check == "GPUs" and (bad.need, bad.limit) == (12, 8)
 
 
+def test_a_judge_served_in_the_cluster_is_one_more_replica():
+    rows = _rows(SHIPPED, ("reward.judges.enabled=true", "reward.judges.endpoint=policy:default",
+                           "policy.replicas=4"))
+    [bad] = _refused(rows)
+    assert bad.check == "GPUs" and (bad.need, bad.limit) == (9, 8) and "the judge" in bad.detail
+    # A remote judge takes nothing here.
+    assert not _refused(_rows(SHIPPED, ("reward.judges.enabled=true", "policy.replicas=4")))
+
+
 def test_object_store_weights_need_more_dev_shm_than_the_manifest_gives():
     [bad] = _refused(_rows(SHIPPED, ("trainer.weights.transport=object_store",)))
     # The 24 GiB store plus one 14.2 GiB file per replica on the node (4) plus 1 for NCCL.

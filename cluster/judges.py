@@ -1,0 +1,316 @@
+"""The LLM judges of the reward service, composed: the ``reward.judges`` config section
+(:class:`JudgeSection`), the judge channel it builds (:func:`build_judge_channel`), and a
+judge served in this Ray cluster (:func:`serve_judge`): a PolicyServer replica of any model
+folder behind the project's OpenAI-compatible chat API
+(:func:`rollout_service.chat_api.build_api`), which the channel's OpenAI client calls like any
+remote endpoint.
+
+``endpoint``:
+
+- ``""``: no judges (the rule alone; so is ``enabled: false``);
+- ``http(s)://host:port[/v1]``: a remote OpenAI-compatible endpoint (``model`` names the
+  model; ``api_key_env`` the environment variable holding its key, read where the reward
+  service runs);
+- ``policy:<model>``: serve ``<model>`` (a model folder, ``default`` or ``tiny``: see
+  :func:`rollout_service.models.resolve_model`) here: one PolicyServer replica with the job's
+  ``policy`` settings (backend, device, dtype, CPUs/GPUs, resources) and the chat API on
+  127.0.0.1 of the node that scores (uvicorn in a Ray actor placed there).
+
+:class:`cluster.rollout.RolloutSide` starts them (:func:`start_judges`), so training,
+evaluation and the jobs API score with the same judges.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import ray
+from prometheus_client import CollectorRegistry
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from consolerl.errors import ConfigError
+from infra.observability.discovery import PublishConfig
+from reward_service.judges import CONSENSUS, JudgeChannel, JudgeConfig, judge_clients
+from rollout_service.policy import PolicyConfig
+
+log = logging.getLogger(__name__)
+
+POLICY_PREFIX = "policy:"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _number(where: str, value: Any, *, low: float, high: float = float("inf"),
+            low_open: bool = False) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and (
+        value > low if low_open else value >= low) and value <= high and value == value
+    if not ok:
+        bound = f"> {low:g}" if low_open else f">= {low:g}"
+        if high != float("inf"):
+            bound += f" and <= {high:g}"
+        raise ConfigError(f"reward.judges.{where}: must be a number {bound}, got {value!r}")
+
+
+def _int(where: str, value: Any, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (
+            high is not None and value > high):
+        rng = f">= {low}" if high is None else f"in {low}..{high}"
+        raise ConfigError(f"reward.judges.{where}: must be an integer {rng}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class JudgeSection:
+    """``reward.judges``: the LLM-judge channel of the reward service (the judges decide only
+    episodes the rule, and the evidence channel, leave undetermined, and only by consensus).
+
+    ``endpoint``: "" none, ``http(s)://host:port[/v1]`` a remote OpenAI-compatible endpoint,
+    ``policy:<model>`` a PolicyServer replica of that model folder (or ``default``) served in
+    this Ray cluster; ``model``: the model name sent (required for a remote endpoint; served
+    under it, by default the folder's name, for ``policy:``); ``api_key_env``: the variable
+    with the key (null or "" = none); ``k`` judges (distinct system prompts) voting by
+    ``consensus`` (``unanimous`` | ``majority``) with at least ``min_valid`` valid votes (null =
+    a majority of k); ``timeout_s``: one call; ``deadline_s``: one episode's judging, whatever
+    the endpoint does; ``concurrency``: calls in flight over every episode together;
+    ``retries`` of transport errors, 5xx and 429; ``max_tokens`` per reply; ``temperatures``:
+    one for all judges or one per judge; ``audit_fraction``: the share of rule-decided
+    episodes also judged, only to measure the judges' agreement with the rule."""
+
+    enabled: bool = False
+    endpoint: str = ""
+    model: str = ""
+    api_key_env: str | None = None
+    k: int = 3
+    consensus: str = "unanimous"
+    min_valid: int | None = None
+    timeout_s: float = 30.0
+    deadline_s: float = 60.0
+    concurrency: int = 8
+    retries: int = 2
+    max_tokens: int = 256
+    temperatures: tuple[float, ...] = (0.0,)
+    audit_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError(f"reward.judges.enabled: must be true or false, "
+                              f"got {self.enabled!r}")
+        if not isinstance(self.endpoint, str):
+            raise ConfigError("reward.judges.endpoint: must be a string")
+        if self.endpoint and not self.endpoint.startswith(("http://", "https://",
+                                                           POLICY_PREFIX)):
+            raise ConfigError(f"reward.judges.endpoint: must be \"\", http(s)://host:port[/v1] "
+                              f"or policy:<model folder>, got {self.endpoint!r}")
+        if self.endpoint.startswith(POLICY_PREFIX) and not self.policy_model:
+            raise ConfigError("reward.judges.endpoint: policy: needs a model (a folder, or "
+                              "default), e.g. policy:default")
+        if self.enabled and not self.endpoint:
+            raise ConfigError("reward.judges.endpoint: required when reward.judges.enabled "
+                              "is true (http(s)://... or policy:<model>)")
+        if not isinstance(self.model, str):
+            raise ConfigError("reward.judges.model: must be a string")
+        if self.enabled and self.remote and not self.model:
+            raise ConfigError("reward.judges.model: required for a remote endpoint (the "
+                              "model name the endpoint serves)")
+        if self.api_key_env == "":
+            object.__setattr__(self, "api_key_env", None)
+        if self.api_key_env is not None and (not isinstance(self.api_key_env, str)
+                                             or not _ENV_NAME.match(self.api_key_env)):
+            raise ConfigError(f"reward.judges.api_key_env: must be an environment variable's "
+                              f"name or null, got {self.api_key_env!r}")
+        _int("k", self.k, 1, 15)
+        if self.consensus not in CONSENSUS:
+            raise ConfigError(f"reward.judges.consensus: must be one of "
+                              f"{', '.join(CONSENSUS)}, got {self.consensus!r}")
+        if self.min_valid is not None:
+            _int("min_valid", self.min_valid, 1, self.k)
+        _number("timeout_s", self.timeout_s, low=0, high=3600, low_open=True)
+        _number("deadline_s", self.deadline_s, low=0, high=3600, low_open=True)
+        if self.timeout_s > self.deadline_s:
+            raise ConfigError(f"reward.judges.timeout_s ({self.timeout_s:g}) must not exceed "
+                              f"reward.judges.deadline_s ({self.deadline_s:g}): a call is cut "
+                              "at the episode's deadline")
+        _int("concurrency", self.concurrency, 1, 1024)
+        _int("retries", self.retries, 0, 10)
+        _int("max_tokens", self.max_tokens, 1, 8192)
+        temps = self.temperatures
+        if isinstance(temps, (str, bytes)) or not isinstance(temps, (list, tuple)) or \
+                len(temps) not in (1, self.k):
+            raise ConfigError(f"reward.judges.temperatures: must be a list of 1 or k "
+                              f"({self.k}) numbers, got {temps!r}")
+        for t in temps:
+            _number("temperatures", t, low=0, high=5)
+        object.__setattr__(self, "temperatures", tuple(float(t) for t in temps))
+        _number("audit_fraction", self.audit_fraction, low=0, high=1)
+
+    @property
+    def remote(self) -> bool:
+        return self.endpoint.startswith(("http://", "https://"))
+
+    @property
+    def policy_model(self) -> str:
+        """The model a ``policy:`` endpoint serves ("" for a remote one)."""
+        if not self.endpoint.startswith(POLICY_PREFIX):
+            return ""
+        return self.endpoint[len(POLICY_PREFIX):].strip()
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and bool(self.endpoint)
+
+
+def judge_config(section: JudgeSection) -> JudgeConfig:
+    """The channel's own config from the section."""
+    return JudgeConfig(k=section.k, consensus=section.consensus, min_valid=section.min_valid,
+                       deadline_s=section.deadline_s, timeout_s=section.timeout_s,
+                       concurrency=section.concurrency, retries=section.retries,
+                       audit_fraction=section.audit_fraction)
+
+
+def build_judge_channel(section: JudgeSection, registry: CollectorRegistry | None = None, *,
+                        base_url: str | None = None, model: str | None = None
+                        ) -> JudgeChannel | None:
+    """The judge channel of ``section`` (None when it is off). ``base_url``/``model``: where a
+    ``policy:`` endpoint is served (:func:`serve_judge`); a remote endpoint needs neither.
+    The channel keeps a recipe of its clients (it pickles into a Ray actor and reads its API
+    key there); they are built once here so that a missing key fails now, not per episode.
+    ``registry``: where its ``consolerl_reward_judge_*`` metrics go (the reward service
+    binds its own)."""
+    if not section.active:
+        return None
+    if section.remote:
+        url, name = section.endpoint, model or section.model
+        key_env = section.api_key_env
+    else:
+        if not base_url:
+            raise ConfigError(f"reward.judges.endpoint: {section.endpoint} is served in the "
+                              "cluster: start it with serve_judge and pass its base_url")
+        url, name, key_env = base_url, model or section.model or "judge", None
+    factory = partial(judge_clients, url, name, list(section.temperatures),
+                      api_key_env=key_env, timeout_s=section.timeout_s,
+                      max_tokens=section.max_tokens)
+    channel = JudgeChannel(config=judge_config(section), client_factory=factory,
+                           registry=registry)
+    for client in channel.clients:      # fail now on a bad URL or a missing key
+        close = getattr(client, "close", None)
+        if close is not None:
+            close()
+    channel._clients = None             # built again, lazily, where it runs
+    return channel
+
+
+# ---- a judge served in the cluster ---------------------------------------------------------------
+class JudgeApi:
+    """uvicorn serving :func:`rollout_service.chat_api.build_api` over PolicyServer replicas,
+    on 127.0.0.1 of the node it runs on, in a thread of its own (as a Ray actor:
+    :data:`JudgeApiActor`)."""
+
+    def __init__(self, servers: list[Any], model_path: str, model_name: str,
+                 max_prompt_tokens: int = 8192, default_max_tokens: int = 256):
+        import uvicorn  # noqa: PLC0415 - only where it serves
+
+        from rollout_service.chat_api import build_api  # noqa: PLC0415
+        from rollout_service.models import HFChatTokenizer  # noqa: PLC0415
+        from rollout_service.policy import PolicyRouter  # noqa: PLC0415
+        self.router = PolicyRouter(servers)
+        app = build_api(self.router, HFChatTokenizer(model_path), model_name,
+                        max_prompt_tokens=max_prompt_tokens,
+                        default_max_tokens=default_max_tokens)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning",
+                                                   access_log=False))
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> str:
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True, name="judge-api")
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the judge API did not start")
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(10)
+
+
+JudgeApiActor = ray.remote(JudgeApi)
+
+
+def serve_judge(model: str, policy: PolicyConfig | None = None, *, name: str = "",
+                metrics: PublishConfig | None = None, max_tokens: int = 256
+                ) -> tuple[str, str, Callable[[], None]]:
+    """Serve ``model`` (a model folder, ``default`` or ``tiny``) as a judge in the current
+    Ray cluster: one PolicyServer replica (``policy``'s backend, device, dtype, resources;
+    default: transformers on CPU) and the chat API on 127.0.0.1 of this node. Returns
+    ``(base_url, model_name, stop)``: point an OpenAI client (no key) at ``base_url``;
+    ``stop()`` ends both. ``name``: the served model name (default: the folder's name)."""
+    from cluster.rollout import start_policy  # noqa: PLC0415 - cluster.rollout imports us
+    from rollout_service.models import resolve_model  # noqa: PLC0415
+
+    if not ray.is_initialized():
+        raise ConfigError("serve_judge: needs a Ray cluster (ray.init first)")
+    path = resolve_model(model)
+    config = replace(policy or PolicyConfig(), model=path, replicas=1)
+    model_name = name or Path(path).name or "judge"
+    servers, _ = start_policy(config, metrics)
+    strategy = NodeAffinitySchedulingStrategy(
+        ray.get_runtime_context().get_node_id(), soft=False)
+    api = None
+    try:
+        api = JudgeApiActor.options(num_cpus=0, scheduling_strategy=strategy).remote(
+            servers, path, model_name, max(config.max_model_len - max_tokens, 256), max_tokens)
+        url = ray.get(api.start.remote(), timeout=120)
+    except BaseException:
+        _stop(api, servers)
+        raise
+    log.info("judge %s served at %s", model_name, url)
+    return url, model_name, partial(_stop, api, servers)
+
+
+def _stop(api: Any, servers: list[Any]) -> None:
+    if api is not None:
+        try:
+            ray.get(api.stop.remote(), timeout=15)
+        except Exception:  # noqa: BLE001 - killed below either way
+            pass
+        ray.kill(api)
+    for server in servers:
+        ray.kill(server)
+
+
+def start_judges(section: JudgeSection | None, policy: PolicyConfig | None = None,
+                 metrics: PublishConfig | None = None,
+                 registry: CollectorRegistry | None = None
+                 ) -> tuple[JudgeChannel | None, Callable[[], None]]:
+    """The section's judge channel and what stops it: for ``policy:<model>`` the judge is
+    served first (:func:`serve_judge`, with ``policy``: the job's policy section, whose
+    ``model`` the section's replaces; resolve the folder before: see
+    :func:`cluster.builders.judge_section`); otherwise nothing is started."""
+    if section is None or not section.active:
+        return None, _nothing
+    if section.remote:
+        return build_judge_channel(section, registry), _nothing
+    url, name, stop = serve_judge(section.policy_model, policy, name=section.model,
+                                  metrics=metrics, max_tokens=section.max_tokens)
+    try:
+        return build_judge_channel(section, registry, base_url=url, model=name), stop
+    except BaseException:
+        stop()
+        raise
+
+
+def _nothing() -> None:
+    return None
