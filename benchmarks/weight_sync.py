@@ -41,7 +41,7 @@ from typing import Any
 import ray
 import torch
 
-from cluster.rollout import policy_options
+from cluster.replicas import policy_options
 from consolerl.tensors import PartialWeights
 from rollout_service.agent import SamplingParams
 from rollout_service.models import default_model, resolve_model

@@ -22,6 +22,7 @@ from cluster.rollout import RolloutSpec
 from consolerl.tasks import TASKS_DIR
 from env_workers.pool import EnvPoolConfig
 from infra.observability.discovery import PublishConfig
+from rollout_service.docs.inventory import labels_by_drift
 from rollout_service.models import resolve_model
 from rollout_service.policy import PolicyConfig
 from trainer.algo import AlgoConfig
@@ -49,7 +50,18 @@ def rollout_spec(config: JobConfig, policy: PolicyConfig, metrics: PublishConfig
                        agent=config.agent, endpoint=config.cloud.endpoint,
                        accounts_file=config.cloud.accounts_path, trail=config.trail,
                        reward=config.reward, suite_dir=suite_dir or str(TASKS_DIR),
-                       metrics=metrics, judges=judge_section(config))
+                       metrics=metrics, judges=judge_section(config),
+                       console_labels=console_labels(config))
+
+
+def console_labels(config: JobConfig) -> dict[str, frozenset[str]]:
+    """drift profile -> every label of the console's inventory under it, for the evidence
+    channel: ``reward.evidence.inventories``, or the committed crawls of the local console
+    when the cloud is the local one (none for another cloud unless named)."""
+    files = config.reward.evidence.inventories
+    if not files:
+        return labels_by_drift() if config.cloud.local else {}
+    return labels_by_drift({drift: Path(path) for drift, path in files.items()})
 
 
 def judge_section(config: JobConfig) -> JudgeSection | None:

@@ -45,11 +45,32 @@ class CloudSection:
 
 
 @dataclass(frozen=True)
+class EvidenceSection:
+    """``reward.evidence``: what the evidence channel (:mod:`reward_service.evidence`) checks
+    an agent's infeasibility claim against besides the pages it saw. ``inventories``: drift
+    profile -> a crawl of the console under it (``python -m rollout_service.docs.crawl``);
+    empty: the committed crawls of the local console (``docs/inventory/``) when ``cloud.local``
+    is on, none otherwise (claims are then checked against the pages seen only, and the agent
+    must have followed the procedure up to the missing step)."""
+
+    inventories: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inventories, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and v
+                for k, v in self.inventories.items()):
+            raise ConfigError("reward.evidence.inventories: must map drift profiles (\"\" = "
+                              "none) to inventory files")
+
+
+@dataclass(frozen=True)
 class RewardSection(RewardConfig):
     """``reward``: the rewards per verdict (:class:`~reward_service.fusion.RewardConfig`'s
     fields; ``fuse`` takes this section as it is) plus the reward service's channels:
-    ``judges`` (:class:`cluster.judges.JudgeSection`, off by default)."""
+    ``evidence`` (:class:`EvidenceSection`) and ``judges`` (:class:`cluster.judges.JudgeSection`,
+    off by default)."""
 
+    evidence: EvidenceSection = field(default_factory=EvidenceSection)
     judges: JudgeSection = field(default_factory=JudgeSection)
 
 

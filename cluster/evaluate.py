@@ -28,7 +28,8 @@ import ray
 
 from cluster.builders import rollout_spec
 from cluster.config import JobConfig
-from cluster.rollout import TrainingRolloutsActor, start_policy
+from cluster.replicas import start_policy
+from cluster.rollout import TrainingRolloutsActor
 from cluster.runtime import Session, on_driver_node, stop_actors
 from consolerl.config import load_config
 from consolerl.errors import ConfigError

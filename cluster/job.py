@@ -42,7 +42,8 @@ from tqdm import tqdm
 from cluster.builders import env_pool, rollout_spec, trainer_algo
 from cluster.config import JobConfig, check_training
 from cluster.fit import dry_run
-from cluster.rollout import TrainingRolloutsActor, start_policy, success_by_version
+from cluster.replicas import start_policy
+from cluster.rollout import TrainingRolloutsActor, success_by_version
 from cluster.runtime import (PeakMemory, Session, handle_stop_signals, on_driver_node,
                              progress, stop_actors, stop_exit_code, stopping)
 from consolerl.config import load_config, to_dict

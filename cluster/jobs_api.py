@@ -23,7 +23,8 @@ from typing import Any
 import ray
 from prometheus_client import generate_latest
 
-from cluster.rollout import RolloutSide, RolloutSpec, start_policy
+from cluster.replicas import start_policy
+from cluster.rollout import RolloutSide, RolloutSpec
 from consolerl.tasks import TASKS_DIR, load_suite
 from rollout_service.agent import AgentConfig, AgentLoop
 from rollout_service.episode import EpisodeRunner

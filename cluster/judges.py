@@ -39,6 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from consolerl.errors import ConfigError
 from infra.observability.discovery import PublishConfig
 from reward_service.judges import CONSENSUS, JudgeChannel, JudgeConfig, judge_clients
+from cluster.replicas import start_policy
 from rollout_service.policy import PolicyConfig
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,6 @@ def serve_judge(model: str, policy: PolicyConfig | None = None, *, name: str = "
     default: transformers on CPU) and the chat API on 127.0.0.1 of this node. Returns
     ``(base_url, model_name, stop)``: point an OpenAI client (no key) at ``base_url``;
     ``stop()`` ends both. ``name``: the served model name (default: the folder's name)."""
-    from cluster.rollout import start_policy  # noqa: PLC0415 - cluster.rollout imports us
     from rollout_service.models import resolve_model  # noqa: PLC0415
 
     if not ray.is_initialized():

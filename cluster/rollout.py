@@ -19,6 +19,7 @@ from consolerl.tasks import TASKS_DIR, load_suite
 from env_workers.leases import AccountPool
 from env_workers.pool import EnvPool, EnvPoolConfig
 from cluster.judges import JudgeSection, start_judges
+from cluster.replicas import start_policy
 from infra.observability.discovery import PublishConfig, publish
 from reward_service.actiontrail import TrailConfig
 from reward_service.fusion import RewardConfig
@@ -27,41 +28,7 @@ from rollout_service.agent import AgentConfig, AgentLoop
 from rollout_service.experience import ExperienceStream, StreamConfig
 from rollout_service.models import HFChatTokenizer
 from rollout_service.orchestrator import Orchestrator, OrchestratorConfig
-from rollout_service.policy import PolicyConfig, PolicyRouter, PolicyServerActor
-
-
-def start_policy(config: PolicyConfig, metrics: PublishConfig | None = None
-                 ) -> tuple[list[Any], PolicyRouter]:
-    """``config.replicas`` PolicyServer actors of ``config.model`` (a resolved model folder:
-    :func:`rollout_service.models.resolve_model`), CPU/GPU per replica and placement from
-    the config, each announcing its metrics when ``metrics`` is given."""
-    options = policy_options(config)
-    servers = [PolicyServerActor.options(**options).remote(config, None, None, f"policy-{i}",
-                                                      metrics)
-               for i in range(config.replicas)]
-    return servers, PolicyRouter(servers)
-
-
-def policy_options(config: PolicyConfig) -> dict[str, Any]:
-    """The Ray actor options of every PolicyServer: CPUs, GPUs, the custom resources its
-    config names (only nodes that offer them host it), placement, restarts; the one source of
-    them (a test starts its probe with exactly these).
-
-    With ``tensor_parallel_size`` > 1 the replica's actor holds that many GPUs
-    (``num_gpus_per_replica``, which the config keeps equal to it) and vLLM runs its tensor
-    parallel workers as child processes on them. No placement group per replica: an actor
-    runs on one node, and Ray gives the GPUs it holds to it alone (distinct
-    ``CUDA_VISIBLE_DEVICES`` per actor), which is all a replica's GPUs need."""
-    # A crashed replica is restarted by Ray; it serves again once the job sends it the
-    # current weights (trainer.weight_sync.ReplicaSync).
-    options: dict[str, Any] = {"num_cpus": config.num_cpus_per_replica,
-                               "scheduling_strategy": config.scheduling_strategy,
-                               "max_restarts": -1, "max_task_retries": 0}
-    if config.num_gpus_per_replica:
-        options["num_gpus"] = config.num_gpus_per_replica
-    if config.resources:
-        options["resources"] = dict(config.resources)
-    return options
+from rollout_service.policy import PolicyConfig, PolicyRouter
 
 
 def success_by_version(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -95,6 +62,8 @@ class RolloutSpec:
     suite_dir: str = str(TASKS_DIR)
     metrics: PublishConfig | None = None     # announce the metrics for discovery
     judges: JudgeSection | None = None
+    # drift profile -> the console inventory's labels (the evidence channel's whole console)
+    console_labels: dict[str, frozenset[str]] | None = None
 
 
 class RolloutSide:
@@ -122,7 +91,8 @@ class RolloutSide:
             self.drain_started()
             raise
         self.reward = RewardService(self.tasks, self.accounts, spec.endpoint, spec.trail,
-                                    spec.reward, judges=judges)
+                                    spec.reward, judges=judges,
+                                    console_labels=spec.console_labels)
 
     def agent(self, config: AgentConfig | None = None) -> AgentLoop:
         """The agent loop over the served policy (``config``: the spec's agent by default)."""

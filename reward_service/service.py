@@ -323,14 +323,21 @@ class RewardService:
             self.metrics.evidence.labels(evidence.kind).inc()
         rule_decides = rule.verdict == "failure" or (
             rule.verdict == "success" and task.expected == "success")
+        decided = rule.verdict if rule_decides else evidence.verdict \
+            if evidence_decides(task.expected, evidence) and evidence is not None else ""
         verdict = None
-        if not rule_decides and not evidence_decides(task.expected, evidence) \
-                and self.judges is not None:
+        # The judges decide only what the rule and the evidence leave open; an audited share
+        # of the decided episodes is judged too, only to measure their agreement.
+        audit = bool(decided) and self.judges is not None and self.judges.audits(
+            f"{task.id}:{account.account_id}:{request.started_at!r}")
+        if self.judges is not None and (not decided or audit):
             verdict = self.judges.judge(
                 task.title, task.procedure, request.actions, request.final_observation,
                 request.answer, request.infeasible_reason, expected=task.expected,
                 reference_reason=task.infeasible_reason)
             self.metrics.record_judges(verdict)
+            if audit:
+                self.judges.record_agreement(decided, verdict.verdict)
         return fuse(task.expected, rule, verdict, None, self.reward_config, evidence=evidence)
 
     def _check(self, request: ScoreRequest, task: Task) -> None:

@@ -7,7 +7,7 @@ raylets on this machine, each told it has GPUs; Ray assigns their ids and sets
   are together (ranks 0-1 on one node, 2-3 on the other); the group is gone after
   ``remove_placement`` and after a failed start;
 - two policy replicas with tensor parallelism 2, started by the real
-  :func:`cluster.rollout.start_policy` (its options from ``policy_options``; a probe actor in
+  :func:`cluster.replicas.start_policy` (its options from ``policy_options``; a probe actor in
   the PolicyServer's place, since vLLM cannot start on fake GPUs), see distinct devices;
 - a group that cannot be placed fails within its timeout, saying what was asked and what the
   cluster has.
@@ -24,7 +24,7 @@ pytest.importorskip("torch")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from cluster import rollout as rollout_module  # noqa: E402
+from cluster import replicas as rollout_module  # noqa: E402
 from rollout_service.models import cached_tiny_model  # noqa: E402
 from rollout_service.policy import PolicyConfig  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import ray.exceptions
 
-from cluster import rollout as rollout_module
+from cluster import replicas as rollout_module
 from cluster.addresses import advertise, is_loopback, loopback_left, services_host
 from cluster.builders import jobs_api_specs, rollout_spec
 from cluster.config import JobConfig

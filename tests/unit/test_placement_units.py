@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from cluster.rollout import policy_options
+from cluster.replicas import policy_options
 from consolerl.errors import ConfigError
 from rollout_service.policy import PolicyConfig
 from rollout_service.vllm_engine import EngineError, VllmEngine
