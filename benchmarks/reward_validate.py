@@ -48,15 +48,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import re
 import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from contextlib import ExitStack
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -289,11 +291,19 @@ async def _infeasible_names_present(a: Agent) -> None:
     """Reports missing a control that the console has: the first name of the procedure that
     the start page shows."""
     page = a.driver.observation.text.lower()
-    names = [n for s in steps_of(a.task.procedure, a.values) for n in s.anchors
-             if _shows(page, n)]
+    anchors = [n for s in steps_of(a.task.procedure, a.values) for n in s.anchors]
+    known = _labels().get(a.task.drift, frozenset())
+    names = [n for n in anchors if _shows(page, n)] or \
+        [n for n in anchors if any(_shows(label, n) for label in known)]
     if not names:
-        raise DriverError("the start page shows nothing the procedure names")
+        raise DriverError("neither the start page nor the console's inventory shows anything "
+                          "the procedure names")
     await a.driver.act(_report(f"There is no {names[0]!r} in the console."))
+
+
+@functools.cache
+def _labels() -> dict[str, frozenset[str]]:
+    return labels_by_drift()
 
 
 def _shows(page: str, name: str) -> bool:
@@ -476,6 +486,31 @@ def scripted_channel() -> JudgeChannel:
                         JudgeConfig(k=3, consensus="unanimous"))
 
 
+@contextmanager
+def live_judge(model: str, backend: str = "vllm", max_tokens: int = 64
+               ) -> Iterator[tuple[str, str]]:
+    """Serve ``model`` (a folder, or ``default``) as a judge on an embedded Ray cluster: one
+    PolicyServer replica behind the project's OpenAI-compatible chat API
+    (:func:`cluster.judges.serve_judge`); yields ``(base_url, model_name)``."""
+    import ray
+
+    from cluster.judges import serve_judge
+    from rollout_service.policy import PolicyConfig
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    stop = None
+    try:
+        policy = PolicyConfig(backend=backend, dtype="float32", max_model_len=4096,
+                              kv_cache_gib=1.0 if backend == "vllm" else 0.0,
+                              enforce_eager=True, num_cpus_per_replica=1.0)
+        url, name, stop = serve_judge(model, policy, max_tokens=max_tokens)
+        yield url, name
+    finally:
+        if stop is not None:
+            stop()
+        ray.shutdown()
+
+
 # ---- running and scoring -----------------------------------------------------------------------
 @dataclass
 class Scored:
@@ -496,6 +531,7 @@ class Scored:
     evidence_kind: str = ""          # what it found (confirmed, contradicted, ...)
     evidence_decisive: bool = False  # whether fusion lets it decide (reward_service.fusion)
     judge_s: float = 0.0             # how long the judge channel took
+    judge_votes: list[str] = field(default_factory=list)   # "verdict: reason" per judge
 
 
 
@@ -535,7 +571,8 @@ def score_case(case: Case, outcome: EpisodeOutcome, channel: JudgeChannel | None
                   len(traj.turns) if traj is not None else 0, len(outcome.leaked), script_error,
                   evidence.verdict if evidence else "undetermined",
                   evidence.kind if evidence else "",
-                  evidence_decides(case.task.expected, evidence), round(judge_s, 3))
+                  evidence_decides(case.task.expected, evidence), round(judge_s, 3),
+                  [f"{v.verdict}: {v.reason[:160]}" for v in verdict.votes] if verdict else [])
 
 
 def _rule_decisive(s: Scored, expected: str) -> bool:
@@ -602,6 +639,10 @@ def report(scored: Sequence[Scored], tasks: Mapping[str, Task]) -> dict:
         "decided_by": dict(Counter(s.decided_by for s in ok)),
         "judge_seconds_median": round(statistics.median(s.judge_s for s in ok), 3)
         if ok and any(s.judge_s for s in ok) else None,
+        "judge_votes": dict(Counter(v.split(":", 1)[0] for s in ok for v in s.judge_votes)),
+        "judge_invalid_reasons": dict(Counter(
+            v.split(":", 1)[1].strip()[:60] for s in ok for v in s.judge_votes
+            if v.startswith("invalid")).most_common(5)),
         "rule": rule, "evidence": evidence, "rule_evidence": both, "judge": judge,
         "fused": fused,
         "by_behaviour": by_behaviour,
@@ -638,26 +679,39 @@ async def run_cases(cases: Sequence[Case], url: str, endpoint: str, redis_url: s
     done = [0]
     t0 = time.monotonic()
 
+    # Judging (a served model may take many seconds) runs beside the episodes, in threads of
+    # its own, so that the browsers go on with the next case meanwhile.
+    judging = ThreadPoolExecutor(max(2, 2 * workers), thread_name_prefix="validate-judge")
+    scoring: list[asyncio.Future[None]] = []
+
+    def scored_case(i: int, case: Case, outcome: EpisodeOutcome) -> None:
+        scored = score_case(case, outcome, channel)
+        results[i] = scored
+        done[0] += 1
+        mark = "ok" if scored.fused == scored.label else "WRONG"
+        _progress(f"{done[0]}/{len(cases)} {case.task.id} {case.behaviour}: label "
+                  f"{case.label}, rule {scored.rule}, evidence {scored.evidence} "
+                  f"({scored.evidence_kind or '-'}), judges {scored.judges}, fused "
+                  f"{scored.fused} [{mark}] ({time.monotonic() - t0:.0f} s)")
+
     async def work(index: int) -> None:
         env = LeasedEnvWorker(WorkerConfig(console_url=url), pool, f"validate-{index}")
+        loop = asyncio.get_running_loop()
         try:
             while not queue.empty():
                 i, case = queue.get_nowait()
                 outcome = await runner.run(env, case.task,
                                            scripted_policy(as_policy(BEHAVIOURS[case.behaviour])),
                                            max_steps=MAX_STEPS)
-                scored = await asyncio.to_thread(score_case, case, outcome, channel)
-                results[i] = scored
-                done[0] += 1
-                mark = "ok" if scored.fused == scored.label else "WRONG"
-                _progress(f"{done[0]}/{len(cases)} {case.task.id} {case.behaviour}: label "
-                          f"{case.label}, rule {scored.rule}, evidence {scored.evidence} "
-                          f"({scored.evidence_kind or '-'}), judges {scored.judges}, fused "
-                          f"{scored.fused} [{mark}] ({time.monotonic() - t0:.0f} s)")
+                scoring.append(loop.run_in_executor(judging, scored_case, i, case, outcome))
         finally:
             await env.drain()
 
-    await asyncio.gather(*(work(i) for i in range(workers)))
+    try:
+        await asyncio.gather(*(work(i) for i in range(workers)))
+        await asyncio.gather(*scoring)
+    finally:
+        judging.shutdown(wait=False, cancel_futures=True)
     return [r for r in results if r is not None]
 
 
@@ -683,6 +737,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge-model", default="")
     parser.add_argument("--judge-deadline", type=float, default=120.0,
                         help="seconds the judge channel may take per case")
+    parser.add_argument("--judge-backend", choices=("vllm", "transformers"), default="vllm",
+                        help="how --judge live serves the model")
+    parser.add_argument("--judge-max-tokens", type=int, default=64,
+                        help="the longest reply of one judge")
+    parser.add_argument("--judge-chars", type=int, default=6000,
+                        help="the rendering's budget of characters (the episode as the "
+                             "judges read it)")
     parser.add_argument("--no-inventory", action="store_true",
                         help="check claims without the console's inventory (pages seen only)")
     parser.add_argument("--judges", type=int, default=3, help="k for --judge openai")
@@ -709,15 +770,19 @@ def main(argv: list[str] | None = None) -> int:
         elif args.judge in ("openai", "live"):
             url, judge_model = args.judge_url, args.judge_model
             if args.judge == "live":
-                _progress(f"serving the judge model {args.judge_model!r}")
-                url, judge_model = stack.enter_context(live_judge(args.judge_model))
+                _progress(f"serving the judge model {args.judge_model!r} "
+                          f"({args.judge_backend})")
+                url, judge_model = stack.enter_context(
+                    live_judge(args.judge_model, args.judge_backend, args.judge_max_tokens))
             channel = JudgeChannel(
                 judge_clients(url, judge_model,
                               [(0.0, 0.5, 1.0)[i % 3] for i in range(args.judges)],
                               api_key_env=None if args.judge == "live" else "OPENAI_API_KEY",
-                              timeout_s=args.judge_deadline, max_tokens=96),
+                              timeout_s=args.judge_deadline,
+                              max_tokens=args.judge_max_tokens),
                 JudgeConfig(k=args.judges, consensus=args.consensus,
-                            deadline_s=args.judge_deadline))
+                            deadline_s=args.judge_deadline,
+                            max_trajectory_chars=args.judge_chars))
         else:
             channel = None
         cloud, redis_server = stack.enter_context(
