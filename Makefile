@@ -13,7 +13,8 @@
 #   make bench       every benchmark, python -m benchmarks.NAME --json, one JSON object each: cloud_api,
 #                    cloud_console, env_workers, reward, rollout, suite, reward_validate,
 #                    jobs_api, train_step, learning, docs (~45 min)
-#   make validate    the reward channels on the labelled validation set (174 episodes, ~15 min)
+#   make validate    the reward channels on the labelled validation set (246 episodes), with
+#                    SmolLM2-135M served as the live judge (~30 min)
 #   make setup-vllm  vLLM on CPU in .venv-vllm (part of make setup)
 #   make setup-peer  Doc Detective (npm) and chromium-driver for benchmarks.doc_detective (optional)
 SHELL := /bin/bash
@@ -145,7 +146,7 @@ secrets-check: $(PY)
 	$(PY) -m tools.secrets_check --run-dir $(RUN) $(ARGS)
 
 validate: $(PY)
-	$(PY) -m benchmarks.reward_validate --json
+	$(PY) -m benchmarks.reward_validate --json --judge live --judge-model default $(ARGS)
 
 cloud: $(PY)
 	$(PY) -m infra.console_sim --port $(CLOUD_PORT) --state-dir $(STATE_DIR)

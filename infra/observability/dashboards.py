@@ -378,8 +378,8 @@ def reward() -> Dashboard:
                    Query(rate("consolerl_reward_undetermined_total", by="cause",
                               scale=" * 60"), "per min {{cause}}"))),
             Panel("Decided by", "Scores per minute by the channel that decided (rule, "
-                  "judges, none, env_error). Judges deciding most: the rules miss this "
-                  "task's evidence.", "opm",
+                  "evidence, judges, none, env_error). Judges deciding most: the rules and "
+                  "the evidence miss this task's outcome.", "opm",
                   (Query(rate("consolerl_reward_scores_total", by="decided_by",
                               scale=" * 60"), "{{decided_by}}"),), stacked=True),
         )),
@@ -406,6 +406,20 @@ def reward() -> Dashboard:
                                'agreement="unanimous"'), "unanimous"),
                    Query(share("consolerl_reward_judge_votes_total", 'verdict="invalid"'),
                          "invalid votes"))),
+            Panel("Infeasibility claims", "Episodes per minute by what the evidence channel "
+                  "found when it checked how they ended: confirmed / refused (the claim is "
+                  "backed: a doc defect), contradicted (the console has what the agent said "
+                  "is missing: the agent's failure), unsupported, not_reported, unchecked. "
+                  "Contradicted rising during training: the policy learned to give up.",
+                  "opm",
+                  (Query(rate("consolerl_reward_evidence_total", 'kind!="no_claim"', by="kind",
+                              scale=" * 60"), "{{kind}}"),), stacked=True),
+            Panel("Judge calls", "Judge calls per second by outcome (ok, invalid_reply, "
+                  "http_error, transport_error, timeout, overloaded). Anything but ok: the "
+                  "judge endpoint is failing, and episodes it should decide stay "
+                  "undetermined.", "reqps",
+                  (Query(rate("consolerl_reward_judge_calls_total", by="outcome"),
+                         "{{outcome}}"),)),
         )),
     ), (RUN_VARIABLE,))
 

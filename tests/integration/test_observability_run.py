@@ -32,6 +32,9 @@ RATE_WINDOW = "10s"              # what Grafana's $__rate_interval would be at t
 NO_DATA_IN_SMOKE: dict[tuple[str, str], str] = {
     ("console-rl / Local cloud", "Auth failures"):
         "nothing is refused in a healthy run; a series appears with the first refusal's code",
+    ("console-rl / Reward", "Judge calls"):
+        "the smoke run configures no judges (reward.judges is off); the series exist from the "
+        "first episode of a run that has them",
     ("console-rl / Local cloud", "Console operations"):
         "the smoke run's tiny random policy never completes a change in the console; a series "
         "appears with the first one (product, action and code are not known before)",
