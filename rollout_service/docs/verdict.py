@@ -19,7 +19,9 @@ In order:
    in the console's inventory, or the console refused the documented values as it reported.
    Neither the agent's word nor a judge's makes ``broken``: a claim the pages contradict, one
    that names nothing of the procedure, or one the channel could not check is listed as
-   evidence of the agent, and decides nothing.
+   evidence of the agent, and decides nothing; nor does a confirmed claim whose missing names
+   the static check found renamed (the agent did not recognise the new label: the text is
+   stale, the procedure not shown broken).
 4. **inconclusive**: otherwise: too few samples completed (fewer than ``min_completed`` of the
    ``samples`` asked for; rollouts the environment failed never count), or the agent did not
    complete it and nothing shows the doc is wrong. Refusals of the console seen without a
@@ -34,6 +36,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
+
+from reward_service.evidence import norm
 
 from .model import DEFECT_LABELS, Evidence, StepCheck, Verdict
 
@@ -107,7 +111,14 @@ def procedure_verdict(checks: Sequence[StepCheck], rollouts: Sequence[Rollout], 
                          names[0] if names else passed[0].id)
         return Verdict("works_text_stale" if stale else "works", (proof, *stale), **counts)
     claimed = [r for r in done if r.verdict == "infeasible"]
+    # What the static check found renamed is not missing: a claim that only names such
+    # controls is the agent not recognising the new label.
+    renamed = {norm(c.mention): c.closest for c in checks
+               if c.label == "label_differs" and c.mention}
     for r in claimed:
+        if r.claim is not None and r.claim.confirmed and r.claim.missing and all(
+                any(m in old or old in m for old in renamed) for m in r.claim.missing):
+            continue
         if r.claim is not None and r.claim.confirmed:
             reason = r.infeasible_reason or "no reason given"
             known = f" (the catalogue's known defect: {known_defect})" if known_defect else ""
@@ -118,9 +129,7 @@ def procedure_verdict(checks: Sequence[StepCheck], rollouts: Sequence[Rollout], 
                 r.id)), **counts)
     unconfirmed = [Evidence("agent", f"sample {r.sample}: the agent reported it cannot be done "
                                      f"({r.infeasible_reason or 'no reason given'}), not "
-                                     f"confirmed: {r.claim.kind if r.claim else 'unchecked'}"
-                                     + (f" ({r.claim.reasons[0]})" if r.claim and
-                                        r.claim.reasons else ""), r.id)
+                                     f"confirmed: {_why_not(r, renamed)}", r.id)
                    for r in claimed]
     seen = [e for r in done for e in _refusals(r, operations)] + unconfirmed
     if len(done) < max(1, min_completed * samples):
@@ -132,6 +141,16 @@ def procedure_verdict(checks: Sequence[StepCheck], rollouts: Sequence[Rollout], 
     why = NO_EVIDENCE + (f" (the judges could not decide {undecided} of {len(done)})"
                          if undecided else "")
     return Verdict("inconclusive", (Evidence("agent", why), *seen, *stale), **counts)
+
+
+def _why_not(r: Rollout, renamed: dict[str, str]) -> str:
+    if r.claim is None:
+        return "unchecked"
+    if r.claim.confirmed:
+        return ("what it says is missing the console has under another label ("
+                + ", ".join(f"{m!r} is now {renamed[o]!r}" for m in r.claim.missing
+                            for o in renamed if m in o or o in m) + ")")
+    return r.claim.kind + (f" ({r.claim.reasons[0]})" if r.claim.reasons else "")
 
 
 __all__ = ["NOT_RUN", "NO_EVIDENCE", "procedure_verdict", "static_evidence"]

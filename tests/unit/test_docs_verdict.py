@@ -158,3 +158,16 @@ def test_environment_failures_never_count():
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="samples"):
         procedure_verdict(OK, [], samples=-1)
+
+
+def test_a_claim_that_a_renamed_control_is_missing_is_not_broken():
+    claim = run("infeasible", infeasible_reason="there is no Create User button",
+                claim=ClaimCheck(kind="confirmed", verdict="success", missing=["create user"],
+                                 reasons=["'create user' is on no page the agent saw"]))
+    v = procedure_verdict(STALE, [claim], samples=1)
+    assert v.verdict == "inconclusive"
+    assert any("'create user' is now 'Add User'" in e.detail for e in v.evidence)
+    # ... while a missing name the static check did not find renamed still is.
+    other = claim.model_copy(update={"claim": claim.claim.model_copy(
+        update={"missing": ["create accesskey"]})})
+    assert procedure_verdict(STALE, [other], samples=1).verdict == "broken"
