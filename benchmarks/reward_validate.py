@@ -536,7 +536,8 @@ class Scored:
 
 
 
-def score_case(case: Case, outcome: EpisodeOutcome, channel: JudgeChannel | None) -> Scored:
+def score_case(case: Case, outcome: EpisodeOutcome, channel: JudgeChannel | None,
+               judge_this: bool = True) -> Scored:
     env_error = outcome.status == "env_error"
     traj = outcome.trajectory
     answer = traj.answer if traj is not None else None
@@ -551,9 +552,12 @@ def score_case(case: Case, outcome: EpisodeOutcome, channel: JudgeChannel | None
     result: RewardResult | None = None
     judge_s = 0.0
     if not env_error and traj is not None:
-        if channel is not None:
-            # Every case is judged, so that the channel's own accuracy is measured; fusion
-            # listens to it only where the rule and the evidence abstain.
+        rule_or_evidence = outcome.reward is not None and \
+            outcome.reward.decided_by in ("rule", "evidence")
+        if channel is not None and (judge_this or not rule_or_evidence):
+            # Judged (every case, or every n-th and those the other channels leave open), so
+            # that the channel's own accuracy is measured; fusion listens to it only where
+            # the rule and the evidence abstain.
             t0 = time.perf_counter()
             verdict = channel.judge(case.task.title, case.task.procedure, traj.actions,
                                     traj.final_observation, answer, infeasible,
@@ -663,8 +667,8 @@ def _progress(msg: str) -> None:
 
 async def run_cases(cases: Sequence[Case], url: str, endpoint: str, redis_url: str,
                     channel: JudgeChannel | None, workers: int = 2,
-                    console_labels: Mapping[str, frozenset[str]] | None = None
-                    ) -> list[Scored]:
+                    console_labels: Mapping[str, frozenset[str]] | None = None,
+                    judge_every: int = 1) -> list[Scored]:
     pool = PoolConfig(redis_url=redis_url, key_prefix="validate:pool")
     accounts = load_pool_accounts(pool)
     tasks = list({c.task.id: c.task for c in cases}.values())
@@ -685,7 +689,7 @@ async def run_cases(cases: Sequence[Case], url: str, endpoint: str, redis_url: s
     scoring: list[asyncio.Future[None]] = []
 
     def scored_case(i: int, case: Case, outcome: EpisodeOutcome) -> None:
-        scored = score_case(case, outcome, channel)
+        scored = score_case(case, outcome, channel, i % judge_every == 0)
         results[i] = scored
         done[0] += 1
         mark = "ok" if scored.fused == scored.label else "WRONG"
@@ -744,6 +748,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge-chars", type=int, default=6000,
                         help="the rendering's budget of characters (the episode as the "
                              "judges read it)")
+    parser.add_argument("--judge-every", type=int, default=1,
+                        help="judge every n-th case (and every case the rule and the evidence "
+                             "leave open); 1: all (a small CPU judge takes many seconds a case)")
     parser.add_argument("--no-inventory", action="store_true",
                         help="check claims without the console's inventory (pages seen only)")
     parser.add_argument("--judges", type=int, default=3, help="k for --judge openai")
@@ -753,6 +760,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.workers <= 8:
         parser.error("--workers must be 1 to 8")
+    if args.judge_every < 1:
+        parser.error("--judge-every must be >= 1")
     if args.judge == "openai" and not (args.judge_url and args.judge_model):
         parser.error("--judge openai needs --judge-url and --judge-model")
     tasks = [t for t in load_suite(args.suite) if re.search(args.tasks, t.id)]
@@ -790,10 +799,11 @@ def main(argv: list[str] | None = None) -> int:
         _progress(f"{len(cases)} cases over {len({c.task.id for c in cases})} tasks against "
                   f"{cloud.url}, {args.workers} browsers")
         scored = asyncio.run(run_cases(cases, cloud.url, cloud.endpoint, redis_server.url,
-                                       channel, args.workers, labels))
+                                       channel, args.workers, labels, args.judge_every))
     summary = report(scored, {t.id: t for t in tasks})
     summary["judge_kind"] = args.judge
     summary["judge_model"] = judge_model or None
+    summary["judged_cases"] = sum(bool(s.judge_votes) for s in scored)
     summary["inventory"] = sorted(labels) if labels is not None else None
     summary["wall_s"] = round(time.monotonic() - started, 1)
     if args.out:
