@@ -172,7 +172,10 @@ def test_the_ray_actor_scores(http_cloud, accounts):
 
 INFEASIBLE = parse_task({
     "schema": 1, "id": "ram-infeasible-http", "product": "ram", "title": "Create an AccessKey",
-    "procedure": "1. Click Create AccessKey on the Security tab.\n",
+    # Claimed at once, before step 1 was done, with no pages sent and no inventory: the
+    # evidence channel cannot check it (unchecked), so the judges decide.
+    "procedure": "1. Open the RAM console and choose Users.\n"
+                 "2. Click Create AccessKey on the Security tab.\n",
     "start_page": "/console/ram/users", "split": "train", "difficulty": 1,
     "expected": "infeasible", "infeasible_reason": "the console has no Security tab",
     "success": {"forbidden_events": [{"event": "DeleteUser", "service": "Ram"}]},
@@ -199,6 +202,7 @@ def test_metrics_count_judge_votes_and_pending_episodes(http_cloud, accounts):
         "task_id": INFEASIBLE.id, "account_id": accounts[5].account_id, "started_at": now,
         "ended_at": now, "infeasible_reason": "there is no Security tab"}).json()
     assert (judged["verdict"], judged["decided_by"]) == ("success", "judges")
+    assert judged["evidence_verdict"]["kind"] == "unchecked"
     # Nothing happened and the log has not caught up with the episode's end yet: pending,
     # and the judges cannot tell either.
     pending = api.post("/v1/score", json={
