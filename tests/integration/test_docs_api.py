@@ -125,7 +125,7 @@ def test_binary_and_bad_content_types_are_422_naming_the_page(url, tokens):
     assert r.status_code == 422 and "half.md" in r.text
     r = post(url, tokens["reader"], {"pages": [page("doc.pdf", "1. x", "application/pdf")]})
     assert r.status_code == 422 and "text/markdown" in r.text and "text/html" in r.text
-    r = post(url, tokens["reader"], {"pages": [page("a.md", PAGE_MD)], "drift": "nav"})
+    r = post(url, tokens["reader"], {"pages": [page("a.md", PAGE_MD)], "drift": "extra_confirm"})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "drift"]
 
 
