@@ -4,7 +4,7 @@ and kinds of wrongness; each reason names what the procedure documents and the c
 report (a fake console here; the real one: ``benchmarks.suite --tasks wrongdoc``)."""
 from __future__ import annotations
 
-import asyncio
+from tests.conftest import run_async
 import json
 import re
 from collections import Counter
@@ -83,7 +83,7 @@ def _run(task_id: str, pages: list[Observation], values: dict[str, str]) -> list
         done = action.startswith("report_infeasible")
         return StepResult(pages[min(len(sent), len(pages) - 1)], done=done,
                           infeasible=action if done else None, action_text=action)
-    asyncio.run(run_oracle(task, values, step, pages[0]))
+    run_async(run_oracle(task, values, step, pages[0]))
     return sent
 
 
@@ -136,5 +136,5 @@ def test_an_infeasible_task_without_an_oracle_family_reports_from_the_start_page
     async def step(action: str) -> StepResult:
         sent.append(action)
         return StepResult(_page(USERS), done=True, infeasible=action, action_text=action)
-    asyncio.run(run_oracle(bare, {}, step, _page(USERS)))
+    run_async(run_oracle(bare, {}, step, _page(USERS)))
     assert len(sent) == 1 and sent[0].startswith("report_infeasible(")
