@@ -53,6 +53,7 @@ from typing import Any
 
 from consolerl.config import read_yaml
 from consolerl.errors import ConfigError
+from consolerl.paths import is_console_path
 from consolerl.drift import parse as parse_drift
 
 from consolerl.resources import parse_resources, placeholders as text_placeholders
@@ -312,6 +313,10 @@ def parse_task(data: object, source: str) -> Task:
     if not re.fullmatch(r"/console/[A-Za-z0-9/_.?=&{}-]*", start):
         raise ConfigError(f"{source}: field 'start_page' must be a console path like "
                           f"/console/ecs/instances, got {start!r}")
+    if not is_console_path(start.split("?", 1)[0]):
+        # The env worker's rule (dot segments resolved as a server reads them).
+        raise ConfigError(f"{source}: field 'start_page' {start!r} leaves /console/ once its "
+                          "dot segments are resolved; the env worker would refuse it")
     drift = _str(source, data, "drift", required=False, max_len=128)
     try:
         parse_drift(drift)

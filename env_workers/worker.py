@@ -18,7 +18,7 @@ The request filter sits on the browser's own DevTools session (``Fetch`` on the 
 target), not on Playwright's ``route``: Chromium pauses there every request of every page,
 frame and worker, and every hop of a redirect, whereas Playwright's route handler sees only
 the first request of a redirect chain and lets the browser follow ``Location`` unchecked.
-Paths are judged as the most lenient server may read them (:func:`_server_path`: decoded,
+Paths are judged as the most lenient server may read them (:func:`consolerl.paths.server_path`: decoded,
 backslashes as slashes, dot segments resolved), so ``/console/%2e%2e/metrics`` is ``/metrics``.
 A ``goto`` refused for where it points (another host, a path outside the console, a scheme
 such as ``javascript:`` that the action parser refuses) is counted as a blocked ``goto``.
@@ -30,7 +30,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, urlsplit
 
 import psutil
 from playwright.async_api import (Browser, BrowserContext, CDPSession, Page, Playwright,
@@ -40,6 +40,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from consolerl.chromium import chromium_path
 from consolerl.errors import ConfigError
+from consolerl.paths import is_console_path
 from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
 from consolerl.accounts import Account
 
@@ -261,7 +262,7 @@ class EnvWorker:
     # ---- sandbox --------------------------------------------------------------------------------
     def _allowed(self, url: str) -> bool:
         """True for the console's pages on its host and port (the path judged as a server may
-        read it, see :func:`_server_path`) and for data:, blob: and about: URLs."""
+        read it, see :func:`consolerl.paths.server_path`) and for data:, blob: and about: URLs."""
         try:
             parts = urlsplit(url)
         except ValueError:
@@ -270,9 +271,7 @@ class EnvWorker:
             return True
         if parts.scheme not in ("http", "https") or parts.netloc != self.config.console_host:
             return False
-        path = _server_path(parts.path)
-        return path is not None and (path.startswith("/console/")
-                                     or path in ("/console", "/favicon.ico"))
+        return is_console_path(parts.path)
 
     async def _start_filter(self, browser: Browser) -> None:
         """Pause every request of ``browser`` (all its contexts, pages, frames and workers,
@@ -479,32 +478,6 @@ class EnvWorker:
     def blocked(self) -> list[str]:
         """What the sandbox refused in the current episode."""
         return list(self._episode.blocked) if self._episode else []
-
-
-def _server_path(path: str) -> str | None:
-    """``path`` as the most lenient server (or a proxy before it) may read it: percent-decoded
-    until stable, backslashes as slashes, empty segments dropped (``//`` as ``/``), dot
-    segments removed (RFC 3986 section 5.2.4), so ``/console/%2e%2e/metrics``,
-    ``/console/..%2fmetrics`` and ``/console\\..\\metrics`` are all ``/metrics``. None when
-    the path still decodes further after several rounds."""
-    for _ in range(4):
-        decoded = unquote(path)
-        if decoded == path:
-            break
-        path = decoded
-    else:
-        return None
-    segments = path.replace("\\", "/").split("/")
-    kept: list[str] = []
-    for segment in segments[1:]:
-        if segment == "..":
-            if kept:
-                kept.pop()
-        elif segment not in (".", ""):
-            kept.append(segment)
-    if segments[-1] in (".", "..", ""):
-        kept.append("")   # "/a/b/.." is "/a/", a directory
-    return "/" + "/".join(kept)
 
 
 def _describe(action: Action, exc: PlaywrightError) -> str:

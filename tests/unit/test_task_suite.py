@@ -33,6 +33,9 @@ GOOD = yaml.safe_load((TASKS_DIR / "ram" / "ram-create-user-0.yaml").read_text()
     ({"split": "test"}, "field 'split'"),
     ({"difficulty": 9}, "field 'difficulty'"),
     ({"start_page": "https://evil/"}, "field 'start_page'"),
+    # The env worker's rule: dot segments resolved as a server reads them.
+    ({"start_page": "/console/../metrics"}, "the env worker would refuse it"),
+    ({"start_page": "/console/ram/../../openapi"}, "the env worker would refuse it"),
     ({"drift": "teleport"}, "field 'drift'"),
     ({"expected": "infeasible"}, "infeasible_reason"),
     ({"procedure": "Do it."}, "numbered steps"),
@@ -60,3 +63,14 @@ def test_the_committed_suite_is_what_the_generator_writes():
     assert sorted(files) == sorted(on_disk)
     stale = [name for name, text in files.items() if on_disk[name] != text]
     assert not stale, f"regenerate the suite: {stale[:5]}"
+
+
+@pytest.mark.parametrize("path,console", [
+    ("/console/ram/users", True), ("/console", True), ("/console/ram/../oss", True),
+    ("/console/../metrics", False), ("/console/%2e%2e/metrics", False),
+    ("/console/..%2fmetrics", False), ("/console\\..\\metrics", False),
+    ("/console/%252e%252e/metrics", False), ("/metrics", False),
+])
+def test_one_console_path_rule_for_worker_and_validation(path, console):
+    from consolerl.paths import is_console_path
+    assert is_console_path(path) is console
