@@ -22,6 +22,12 @@ Paths are judged as the most lenient server may read them (:func:`consolerl.path
 backslashes as slashes, dot segments resolved), so ``/console/%2e%2e/metrics`` is ``/metrics``.
 A ``goto`` refused for where it points (another host, a path outside the console, a scheme
 such as ``javascript:`` that the action parser refuses) is counted as a blocked ``goto``.
+
+DevTools interception sees HTTP requests only; every other way out (a WebSocket, WebRTC's
+UDP, WebTransport's QUIC, a preconnect, DNS) is closed at the network level: Chromium runs
+with :class:`~env_workers.egress.EgressGuard` as its fixed proxy for everything but the
+console's origin, non-proxied UDP off and hostname resolution limited to the console's host
+(see :mod:`env_workers.egress`); what reaches the guard is refused and counted by kind.
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ from consolerl.paths import is_console_path
 from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
 from consolerl.accounts import Account
 
+from .egress import KINDS as EGRESS_KINDS, EgressGuard
 from .actions import (Action, ActionError, Click, Fill, GoBack, Goto, Press, ReportInfeasible,
                       Scroll, Select, Stop, host_allowed, parse_action)
 from .observation import render_snapshot
@@ -51,7 +58,12 @@ from .observation import render_snapshot
 log = logging.getLogger("env_workers.worker")
 CHROMIUM_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage")
+                 "--disable-sync", "--disable-dev-shm-usage",
+                 # Fewer of the browser's own calls home (the egress proxy refuses them; it
+                 # counts the rest as kind "browser", outside the episode). No
+                 # --disable-features here: a second one would replace Playwright's.
+                 "--disable-client-side-phishing-detection", "--disable-domain-reliability",
+                 "--no-pings", "--password-store=basic")
 
 
 @dataclass(frozen=True)
@@ -112,7 +124,7 @@ class WorkerMetrics:
             ["reason"], registry=registry)
         for reason in ("disconnected", "context_failed", "memory"):
             self.browser_restarts.labels(reason)
-        for kind in ("request", "popup", "file_chooser", "goto"):
+        for kind in ("request", "popup", "file_chooser", "goto", *EGRESS_KINDS):
             self.blocked.labels(kind)
 
 
@@ -132,6 +144,8 @@ class EnvWorker:
         # The filter's pending answers: the loop holds only weak references to tasks, and a
         # task collected before it answers leaves its request paused for good.
         self._answers: set[asyncio.Task] = set()
+        self._egress = EgressGuard(lambda kind, target: self._count(
+            self._episode if kind != "browser" else None, kind, target))
 
     # ---- browser ------------------------------------------------------------------------------
     async def _ensure_browser(self) -> Browser:
@@ -141,8 +155,10 @@ class EnvWorker:
             self._restart_reason = "disconnected"
         if self._pw is None:
             self._pw = await async_playwright().start()
+        await self._egress.start()
         browser = await self._pw.chromium.launch(
-            executable_path=self.config.chromium or chromium_path(), args=list(CHROMIUM_ARGS))
+            executable_path=self.config.chromium or chromium_path(),
+            args=[*CHROMIUM_ARGS, *self._egress.chromium_args(self.config.console_url)])
         try:
             await self._start_filter(browser)
         except PlaywrightError:
@@ -175,6 +191,7 @@ class EnvWorker:
         if self._pw is not None:
             await self._pw.stop()
             self._pw = None
+        await self._egress.close()
 
     # ---- episodes -------------------------------------------------------------------------------
     async def reset(self, spec: EpisodeSpec, account: Account, lease_mark: str = ""
