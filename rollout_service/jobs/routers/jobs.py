@@ -15,8 +15,8 @@ from ..auth import Principal
 from ..schema import (TERMINAL, Job, JobCompletedEvent, JobCreate, JobList,
                       JobStatusEvent)
 from ..store import StoreConflict, body_hash
-from .context import (ERRORS, ID, NOT_FOUND, ApiContext, Context, Detail, auth, own_job,
-                      unprocessable)
+from .context import (ERRORS, NOT_FOUND, ApiContext, Context, Cursor, Detail, KeyPart, auth,
+                      own_job, unprocessable)
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
@@ -132,7 +132,7 @@ async def enqueue(ctx: ApiContext, who: Principal, request: JobCreate, ids: list
 
 @router.get("/jobs", response_model=JobList, tags=["jobs"], operation_id="list_jobs")
 async def list_jobs(ctx: Context, who: Annotated[Principal, Depends(auth("jobs:read"))],
-                    after: Annotated[str | None, Query(max_length=64)] = None,
+                    after: Annotated[Cursor | None, Query()] = None,
                     limit: Annotated[int, Query(ge=1, le=100)] = 20) -> JobList:
     """The team's jobs, newest first; ``after``: the ``last_id`` of the previous page."""
     jobs, more = await ctx.store.list_jobs(who.team, after, limit)
@@ -141,11 +141,11 @@ async def list_jobs(ctx: Context, who: Annotated[Principal, Depends(auth("jobs:r
 
 @router.get("/jobs/{job_id}", response_model=Job, tags=["jobs"], operation_id="get_job",
             responses=NOT_FOUND)
-async def get_job(job_id: str, ctx: Context,
+async def get_job(job_id: KeyPart, ctx: Context,
                   who: Annotated[Principal, Depends(auth("jobs:read"))]) -> Response:
     # The hot path of pollers: the stored JSON as it is (written from a Job), no
     # model round trip.
-    raw = await ctx.store.job_json(job_id) if re.fullmatch(ID, job_id) else None
+    raw = await ctx.store.job_json(job_id)
     team = json.loads(raw)["team"] if raw is not None else None
     if raw is None or (team != who.team and not who.may("admin")):
         raise HTTPException(404, f"no job {job_id!r}")
@@ -154,7 +154,7 @@ async def get_job(job_id: str, ctx: Context,
 
 @router.post("/jobs/{job_id}/cancel", response_model=Job, tags=["jobs"],
              operation_id="cancel_job", responses=NOT_FOUND)
-async def cancel(job_id: str, ctx: Context,
+async def cancel(job_id: KeyPart, ctx: Context,
                  who: Annotated[Principal, Depends(auth("jobs:cancel"))]) -> Job:
     """Cancel (idempotent): a queued job ends at once; a running one stops its episodes
     between two steps (accounts released, resources destroyed), then ends."""
