@@ -2,13 +2,14 @@
 # No "from __future__ import annotations": FastAPI reads the routes' annotations.
 
 import json
-import re
 import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Response
+from fastapi.concurrency import run_in_threadpool
 
 from consolerl.errors import ConfigError
+from consolerl.patterns import PatternError, compile_pattern, search
 from consolerl.tasks import parse_task
 
 from ..auth import Principal
@@ -32,7 +33,8 @@ def _midnight_s() -> int:
 
 
 def resolve(ctx: ApiContext, request: JobCreate) -> tuple[list[str], list[dict[str, Any]]]:
-    """The job's task ids and their spec entries; ConfigError naming the field."""
+    """The job's task ids and their spec entries; ConfigError naming the field. (It parses
+    task definitions and runs a user's pattern over the catalog: called off the event loop.)"""
     sel, catalog = request.tasks, ctx.catalog
     if sel.inline is not None:
         entries, ids = [], []
@@ -52,7 +54,8 @@ def resolve(ctx: ApiContext, request: JobCreate) -> tuple[list[str], list[dict[s
     elif sel.split is not None:
         ids = [t for t in catalog if catalog[t].split == sel.split]
     else:
-        ids = [t for t in catalog if re.search(sel.id_regex or "", t)]
+        pattern = compile_pattern(sel.id_regex or "", "tasks.id_regex")     # RE2: linear time
+        ids = [t for t in catalog if search(pattern, t)]
         if not ids:
             raise ConfigError(f"tasks.id_regex: {sel.id_regex!r} matches no task id")
     return ids, [{"id": t} for t in ids]
@@ -72,8 +75,8 @@ async def submit(request: JobCreate, response: Response, ctx: Context,
         raise unprocessable("model", f"{request.model!r} is not served; one of "
                                      f"{', '.join(ctx.models)}")
     try:
-        ids, entries = resolve(ctx, request)
-    except ConfigError as exc:
+        ids, entries = await run_in_threadpool(resolve, ctx, request)
+    except (ConfigError, PatternError) as exc:
         where, _, what = str(exc).partition(": ")
         if not where.startswith("tasks"):
             where, what = "tasks", str(exc)
