@@ -6,7 +6,9 @@ A user's pattern runs in RE2 (``google-re2``), whose matching time is linear in 
 pattern makes it backtrack (Python's ``re`` takes seconds on ``^(?:.|.){0,22}!`` and doubles
 per repetition). It is compiled within a memory limit, at most :data:`MAX_CHARS` characters,
 or refused with the reason, :class:`PatternError` naming the field. What RE2 does not run
-(backreferences, lookaround, Python-only syntax) is refused, not handed to ``re``.
+(backreferences, lookaround, Python-only syntax) is refused, not handed to ``re``. Otherwise
+a pattern means what it means in ``re``, except that RE2's ``\d``, ``\w`` and ``\s`` are ASCII
+(``\pN``, ``\pL`` for other scripts) and ``$`` is the end of the text only.
 """
 from __future__ import annotations
 
