@@ -9,7 +9,9 @@ a real Redis:
 - a value in the domain is never refused (the checks are not stricter than the domain);
 - ``tasks.id_regex`` runs in RE2: a pattern that backtracks for seconds in Python's ``re`` is
   answered in milliseconds while ``/healthz`` answers beside it, and what RE2 cannot run
-  (backreferences, lookaround, a program over the size limit) is a 422 saying why.
+  (backreferences, lookaround, a program over the size limit) is a 422 saying why;
+- ``POST /v1/tasks/validate`` and ``POST /v1/jobs`` refuse an inline start page that leaves
+  ``/console/`` (what the env worker refuses when the episode starts).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+import yaml
 
 from consolerl.tasks import TASKS_DIR, load_suite
 from rollout_service.jobs.app import build_app
@@ -318,3 +321,19 @@ def test_re2_patterns_select_the_same_tasks(api):
         r = api.post("/v1/jobs", json={"tasks": {"id_regex": pattern}})
         assert r.status_code == 202, r.text
         assert r.json()["task_ids"] == [t for t in SUITE if re.search(pattern, t)]
+
+
+# ---- validation says what the worker will say --------------------------------------------------
+
+def test_an_inline_start_page_that_leaves_the_console_is_invalid(api):
+    task = yaml.safe_load(open(SUITE["ram-create-user-0"].source))
+    task = dict(task, id="escape-0", start_page="/console/../metrics")
+    v = api.post("/v1/tasks/validate", json={"tasks": [task]})
+    assert v.status_code == 200 and v.json()["valid"] is False, v.text
+    assert any("start_page" in e and e.startswith("tasks[0]") for e in v.json()["errors"])
+    r = api.post("/v1/jobs", json={"tasks": {"inline": [task]}})
+    assert r.status_code == 422, r.text
+    assert any(e["loc"] == ["body", "tasks", "inline", 0, "start_page"]
+               for e in r.json()["detail"]), r.json()
+    ok = dict(task, start_page="/console/ram/users")
+    assert api.post("/v1/tasks/validate", json={"tasks": [ok]}).json()["valid"] is True

@@ -2,6 +2,7 @@
 # No "from __future__ import annotations": FastAPI reads the routes' annotations.
 
 import json
+import re
 import time
 from typing import Annotated, Any
 
@@ -80,6 +81,10 @@ async def submit(request: JobCreate, response: Response, ctx: Context,
         where, _, what = str(exc).partition(": ")
         if not where.startswith("tasks"):
             where, what = "tasks", str(exc)
+        # An inline task's "field 'start_page' ...": the loc ends with the field.
+        named = re.match(r"field '([A-Za-z_][A-Za-z0-9_.]*)'", what)
+        if named:
+            where = f"{where}.{named.group(1)}"
         raise unprocessable(where, what) from None
     job = await enqueue(ctx, who, request, ids, {"tasks": entries}, idempotency_key)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
