@@ -35,7 +35,7 @@ Event rules (``required_events`` / ``forbidden_events`` items) are
 
 - ``where`` maps a dotted event field (``requestParameters.X``, ``responseElements.Y``,
   ``errorCode``, ``acsRegion``, ...) to a predicate: a scalar (equals, after placeholders), or one
-  of ``{in: [a, b]}``, ``{prefix: s}``, ``{contains: s}``, ``{regex: re}`` (full match),
+  of ``{in: [a, b]}``, ``{prefix: s}``, ``{contains: s}``, ``{regex: re}`` (full match, RE2),
   ``{exists: true|false}``, ``{ref: "<rule id>.<dotted field>"}`` (equals that field of the event
   matched by an earlier required rule: a resource reference, e.g. the rule added to the
   security group the agent created).
@@ -54,6 +54,7 @@ from typing import Any
 from consolerl.config import read_yaml
 from consolerl.errors import ConfigError
 from consolerl.paths import is_console_path
+from consolerl.patterns import PatternError, compile_pattern
 from consolerl.drift import parse as parse_drift
 
 from consolerl.resources import parse_resources, placeholders as text_placeholders
@@ -199,11 +200,10 @@ def _predicate(at: str, path: str, value: object) -> Predicate:
         if not isinstance(operand, str) or not operand:
             raise ConfigError(f"{at}: where.{path}.{op} must be a non-empty string")
         if op == "regex":
-            try:
-                re.compile(operand)
-            except re.error as exc:
-                raise ConfigError(f"{at}: where.{path}.regex is not a valid pattern: "
-                                  f"{exc}") from None
+            try:             # a task's pattern may be a user's (inline tasks): RE2's rule
+                compile_pattern(operand, f"where.{path}.regex")
+            except PatternError as exc:
+                raise ConfigError(f"{at}: {exc}") from None
         if op == "ref" and not re.fullmatch(r"[a-z][a-z0-9_]*\.[A-Za-z0-9_.]+", operand):
             raise ConfigError(f"{at}: where.{path}.ref must be '<rule id>.<dotted field>', "
                               f"got {operand!r}")

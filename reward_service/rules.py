@@ -4,7 +4,6 @@ of an episode's account and time window, and Describe calls after the episode.""
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from typing import Any
 import oss2
 
 from consolerl.errors import CloudAPIError
+from consolerl.patterns import compile_pattern, fullmatch
 from infra.cloud import CloudClient
 from consolerl.resources import fill
 from consolerl.tasks import EventRule, Predicate, StateCheck, SuccessRule
@@ -61,8 +61,8 @@ def _test(pred: Predicate, got: Any, values: Mapping[str, str],
         return text.startswith(fill(pred.value, values))
     if pred.op == "contains":
         return fill(pred.value, values) in text
-    if pred.op == "regex":
-        return re.fullmatch(pred.value, text) is not None
+    if pred.op == "regex":          # RE2 (linear time): the task may be a user's inline one
+        return fullmatch(compile_pattern(pred.value, "regex"), text)
     if pred.op == "ref":
         rule_id, path = pred.value.split(".", 1)
         if bound is None:                 # pre-filtering candidates: references come later

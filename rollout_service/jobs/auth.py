@@ -22,6 +22,7 @@ from pathlib import Path
 from consolerl.errors import ConfigError
 
 from .schema import SCOPES
+from .store import OutOfDomain, key_part
 
 TOKEN_PREFIX = "crl_"
 
@@ -41,6 +42,14 @@ class TeamQuota:
         if not isinstance(self.env_minutes_per_day, (int, float)) or \
                 self.env_minutes_per_day <= 0:
             raise ConfigError("quota field 'env_minutes_per_day' must be a number > 0")
+
+
+def _team(team: object, where: str) -> None:
+    """A team name is a part of the store's key names (:func:`~.store.key_part`)."""
+    try:
+        key_part(team if isinstance(team, str) else repr(team))
+    except OutOfDomain as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,7 @@ class TokenBook:
         data = self._read()
         tokens, quotas = {}, {}
         for team, spec in data["teams"].items():
+            _team(team, f"{self.path}: team")
             try:
                 quotas[team] = TeamQuota(**spec.get("quota", {}))
             except TypeError as exc:
@@ -143,8 +153,7 @@ class TokenBook:
         bad = [s for s in scopes if s not in SCOPES]
         if bad or not scopes:
             raise ConfigError(f"scopes: {bad or 'none given'}; allowed: {', '.join(SCOPES)}")
-        if not team or not all(c.isalnum() or c in "-_" for c in team) or len(team) > 64:
-            raise ConfigError(f"team: 1-64 of letters, digits, '-', '_', got {team!r}")
+        _team(team, "team")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         with self._lock:
             data = self._read()

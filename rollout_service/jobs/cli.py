@@ -363,7 +363,8 @@ def parser() -> argparse.ArgumentParser:
     sel = sub.add_mutually_exclusive_group(required=True)
     sel.add_argument("--ids", help="task ids, comma-separated")
     sel.add_argument("--split", choices=("train", "heldout"))
-    sel.add_argument("--regex", help="a regular expression over task ids")
+    sel.add_argument("--regex", help="an RE2 regular expression searched in each task id (no "
+                                     "backreferences or lookaround)")
     sel.add_argument("--inline", nargs="+", metavar="FILE", help="task files (YAML or JSON)")
     sub.add_argument("--samples", type=int, help="samples per task (K)")
     sub.add_argument("--model", help="'live' (default) or a registered model")

@@ -184,7 +184,7 @@ class JobsClient:
                idempotency_key: str | None = None,
                metadata: dict[str, str] | None = None) -> dict[str, Any]:
         """Submit a job; ``tasks``: one of ``{"ids": [...]}``, ``{"split": "heldout"}``,
-        ``{"id_regex": "..."}``, ``{"inline": [task, ...]}`` (a list of ids is taken as
+        ``{"id_regex": "..."}`` (RE2 syntax), ``{"inline": [task, ...]}`` (a list of ids is taken as
         ``ids``). Options left None take the server's defaults."""
         selection = {"ids": list(tasks)} if isinstance(tasks, (list, tuple)) else tasks
         body: dict[str, Any] = {"tasks": selection}

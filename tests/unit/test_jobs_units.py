@@ -254,3 +254,48 @@ def test_the_openapi_document_describes_every_event():
     schemas = document["components"]["schemas"]
     assert all(list(schemas[name]["properties"]) == list(EVENT_MODELS[kind].model_fields)
                for kind, name in pairs.items())
+
+
+# ---- outside input against Redis' domain ---------------------------------------------------------
+
+def test_at_most_is_the_decimal_range():
+    import re
+    from rollout_service.jobs.store import at_most
+    for n in (0, 1, 2, 9, 10, 11, 99, 100, 101, 255, 1000, 1999, 2024):
+        pattern = re.compile(at_most(n))
+        assert [k for k in range(3000) if pattern.fullmatch(str(k))] == list(range(n + 1)), n
+        assert pattern.fullmatch("000" + str(n)) and not pattern.fullmatch(str(n + 1))
+
+
+@pytest.mark.parametrize("text,canonical", [
+    ("0", "0-0"), ("0-0", "0-0"), ("5", "5-0"), ("1700000000000-3", "1700000000000-3"),
+    ("000123-0007", "123-7"), ("18446744073709551615-18446744073709551615",
+                               "18446744073709551615-18446744073709551615"),
+    ("0" * 40 + "1-1", "1-1")])
+def test_stream_ids_in_redis_domain_are_canonical(text, canonical):
+    from rollout_service.jobs.store import stream_id
+    assert stream_id(text) == canonical
+
+
+@pytest.mark.parametrize("text", [
+    "18446744073709551616", "99999999999999999999-0", "0-99999999999999999999",
+    "18446744073709551615-18446744073709551616", "-1", "1--1", "1-2-3", "1-", "-", "+", "$",
+    ">", "*", "", " 1", "1e3", "0x1", "１", "9" * 64, "0" * 65])
+def test_stream_ids_out_of_redis_domain_are_refused(text):
+    from rollout_service.jobs.store import OutOfDomain, stream_id
+    with pytest.raises(OutOfDomain, match="18446744073709551615"):
+        stream_id(text)
+
+
+def test_key_parts():
+    from rollout_service.jobs.store import OutOfDomain, key_part
+    assert key_part("job_0123456789abcdef") == "job_0123456789abcdef"
+    for bad in ("", "a:b", "job_*", "a?", "[a]", "a b", "ä", "x" * 65, "a.b"):
+        with pytest.raises(OutOfDomain, match="not an id"):
+            key_part(bad)
+
+
+def test_a_token_file_with_a_team_that_is_no_key_part_is_refused(tmp_path):
+    (tmp_path / "tokens.json").write_text(json.dumps({"teams": {"a:b": {}}, "tokens": []}))
+    with pytest.raises(ConfigError, match="team.*'a:b'"):
+        TokenBook(tmp_path / "tokens.json")

@@ -1,9 +1,9 @@
 """What the jobs API's routers share: one :class:`ApiContext` per app (``app.state``), the
-FastAPI dependencies that hand it out and check a bearer token's scope, and the documented
-error bodies."""
+FastAPI dependencies that hand it out and check a bearer token's scope, the documented
+error bodies, and the types of the parameters that reach Redis (each checked against Redis'
+domain before the route runs: a 422 whose ``loc`` names the parameter)."""
 # No "from __future__ import annotations": FastAPI reads the dependencies' annotations.
 
-import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -11,16 +11,34 @@ from typing import Annotated, Any
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel, WithJsonSchema
 
 from consolerl.tasks import Task
 from consolerl.text import ascii_digits
 
 from ..auth import Principal, TokenBook
 from ..schema import Job
-from ..store import JobStore
+from ..store import (KEY_PART, KEY_PART_MAX_CHARS, STREAM_ID, STREAM_ID_MAX_CHARS, U64_MAX,
+                     JobStore, key_part, stream_id)
 
-ID = r"^[A-Za-z0-9_-]{1,64}$"
+
+def _or_empty(check: Callable[[str], str]) -> Callable[[str], str]:
+    """``check``, except that an empty value stays empty: an optional cursor sent empty is
+    no cursor (an EventSource sends no Last-Event-ID rather than an empty one)."""
+    return lambda value: value and check(value)
+
+
+# An id that names a key (a job, rollout or artifact id, a team): never ':' or a glob.
+KeyPart = Annotated[str, AfterValidator(key_part), WithJsonSchema({
+    "type": "string", "pattern": KEY_PART, "maxLength": KEY_PART_MAX_CHARS})]
+# A cursor that is an id of the list it pages (empty: the first page).
+Cursor = Annotated[str, AfterValidator(_or_empty(key_part)), WithJsonSchema({
+    "type": "string", "pattern": f"^$|{KEY_PART}", "maxLength": KEY_PART_MAX_CHARS})]
+# A Redis stream id: <ms>-<seq> or <ms>, each part at most 2^64-1 (empty: from the start);
+# the value is the canonical id Redis is given.
+StreamId = Annotated[str, AfterValidator(_or_empty(stream_id)), WithJsonSchema({
+    "type": "string", "pattern": f"^$|{STREAM_ID}", "maxLength": STREAM_ID_MAX_CHARS,
+    "description": f"a stream id <ms>-<seq> or <ms> (<ms>-0), each at most {U64_MAX}"})]
 
 
 class Detail(BaseModel):
@@ -98,7 +116,7 @@ def auth(scope: str) -> Callable[..., Awaitable[Principal]]:
 async def own_job(ctx: ApiContext, job_id: str, who: Principal) -> Job:
     """The job, when ``who``'s team owns it (or ``who`` is an admin); 404 otherwise (never 403:
     another team's job does not exist for the caller)."""
-    job = await ctx.store.get_job(job_id) if re.fullmatch(ID, job_id) else None
+    job = await ctx.store.get_job(key_part(job_id))
     if job is None or (job.team != who.team and not who.may("admin")):
         raise HTTPException(404, f"no job {job_id!r}")
     return job

@@ -7,16 +7,18 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Response
+from fastapi.concurrency import run_in_threadpool
 
 from consolerl.errors import ConfigError
+from consolerl.patterns import PatternError, compile_pattern, search
 from consolerl.tasks import parse_task
 
 from ..auth import Principal
 from ..schema import (TERMINAL, Job, JobCompletedEvent, JobCreate, JobList,
                       JobStatusEvent)
 from ..store import StoreConflict, body_hash
-from .context import (ERRORS, ID, NOT_FOUND, ApiContext, Context, Detail, auth, own_job,
-                      unprocessable)
+from .context import (ERRORS, NOT_FOUND, ApiContext, Context, Cursor, Detail, KeyPart, auth,
+                      own_job, unprocessable)
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
@@ -32,7 +34,8 @@ def _midnight_s() -> int:
 
 
 def resolve(ctx: ApiContext, request: JobCreate) -> tuple[list[str], list[dict[str, Any]]]:
-    """The job's task ids and their spec entries; ConfigError naming the field."""
+    """The job's task ids and their spec entries; ConfigError naming the field. (It parses
+    task definitions and runs a user's pattern over the catalog: called off the event loop.)"""
     sel, catalog = request.tasks, ctx.catalog
     if sel.inline is not None:
         entries, ids = [], []
@@ -52,7 +55,8 @@ def resolve(ctx: ApiContext, request: JobCreate) -> tuple[list[str], list[dict[s
     elif sel.split is not None:
         ids = [t for t in catalog if catalog[t].split == sel.split]
     else:
-        ids = [t for t in catalog if re.search(sel.id_regex or "", t)]
+        pattern = compile_pattern(sel.id_regex or "", "tasks.id_regex")     # RE2: linear time
+        ids = [t for t in catalog if search(pattern, t)]
         if not ids:
             raise ConfigError(f"tasks.id_regex: {sel.id_regex!r} matches no task id")
     return ids, [{"id": t} for t in ids]
@@ -72,11 +76,15 @@ async def submit(request: JobCreate, response: Response, ctx: Context,
         raise unprocessable("model", f"{request.model!r} is not served; one of "
                                      f"{', '.join(ctx.models)}")
     try:
-        ids, entries = resolve(ctx, request)
-    except ConfigError as exc:
+        ids, entries = await run_in_threadpool(resolve, ctx, request)
+    except (ConfigError, PatternError) as exc:
         where, _, what = str(exc).partition(": ")
         if not where.startswith("tasks"):
             where, what = "tasks", str(exc)
+        # An inline task's "field 'start_page' ...": the loc ends with the field.
+        named = re.match(r"field '([A-Za-z_][A-Za-z0-9_.]*)'", what)
+        if named:
+            where = f"{where}.{named.group(1)}"
         raise unprocessable(where, what) from None
     job = await enqueue(ctx, who, request, ids, {"tasks": entries}, idempotency_key)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
@@ -132,7 +140,7 @@ async def enqueue(ctx: ApiContext, who: Principal, request: JobCreate, ids: list
 
 @router.get("/jobs", response_model=JobList, tags=["jobs"], operation_id="list_jobs")
 async def list_jobs(ctx: Context, who: Annotated[Principal, Depends(auth("jobs:read"))],
-                    after: Annotated[str | None, Query(max_length=64)] = None,
+                    after: Annotated[Cursor | None, Query()] = None,
                     limit: Annotated[int, Query(ge=1, le=100)] = 20) -> JobList:
     """The team's jobs, newest first; ``after``: the ``last_id`` of the previous page."""
     jobs, more = await ctx.store.list_jobs(who.team, after, limit)
@@ -141,11 +149,11 @@ async def list_jobs(ctx: Context, who: Annotated[Principal, Depends(auth("jobs:r
 
 @router.get("/jobs/{job_id}", response_model=Job, tags=["jobs"], operation_id="get_job",
             responses=NOT_FOUND)
-async def get_job(job_id: str, ctx: Context,
+async def get_job(job_id: KeyPart, ctx: Context,
                   who: Annotated[Principal, Depends(auth("jobs:read"))]) -> Response:
     # The hot path of pollers: the stored JSON as it is (written from a Job), no
     # model round trip.
-    raw = await ctx.store.job_json(job_id) if re.fullmatch(ID, job_id) else None
+    raw = await ctx.store.job_json(job_id)
     team = json.loads(raw)["team"] if raw is not None else None
     if raw is None or (team != who.team and not who.may("admin")):
         raise HTTPException(404, f"no job {job_id!r}")
@@ -154,7 +162,7 @@ async def get_job(job_id: str, ctx: Context,
 
 @router.post("/jobs/{job_id}/cancel", response_model=Job, tags=["jobs"],
              operation_id="cancel_job", responses=NOT_FOUND)
-async def cancel(job_id: str, ctx: Context,
+async def cancel(job_id: KeyPart, ctx: Context,
                  who: Annotated[Principal, Depends(auth("jobs:cancel"))]) -> Job:
     """Cancel (idempotent): a queued job ends at once; a running one stops its episodes
     between two steps (accounts released, resources destroyed), then ends."""

@@ -14,26 +14,28 @@ from ...docs.service import DocsUnavailable
 from ..auth import Principal
 from ..report import build_report, render_html, screenshot_ids
 from ..schema import Job, ResultPage, Rollout, RolloutSummary, spec_docs, spec_tasks
-from .context import ERRORS, NOT_FOUND, ApiContext, Context, Detail, auth, own_job
+from .context import (ERRORS, NOT_FOUND, ApiContext, Context, Cursor, Detail, KeyPart, auth,
+                      own_job)
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 
 
 @router.get("/jobs/{job_id}/results", response_model=ResultPage, tags=["results"],
             operation_id="job_results", responses=NOT_FOUND)
-async def results(job_id: str, ctx: Context,
+async def results(job_id: KeyPart, ctx: Context,
                   who: Annotated[Principal, Depends(auth("jobs:read"))],
                   verdict: Annotated[str | None, Query(
                       pattern="^(success|failure|infeasible|undetermined)$")] = None,
                   task_id: Annotated[str | None, Query(max_length=64)] = None,
-                  after: Annotated[str | None, Query(max_length=64)] = None,
+                  after: Annotated[Cursor | None, Query()] = None,
                   limit: Annotated[int, Query(ge=1, le=500)] = 100) -> ResultPage:
-    """The job's rollouts in task order, filtered by ``verdict`` and ``task_id``."""
+    """The job's rollouts in task order, filtered by ``verdict`` and ``task_id``; ``after``:
+    the ``last_id`` of the previous page."""
     await own_job(ctx, job_id, who)
     rows = [r for r in await ctx.store.rollouts(job_id)
             if (verdict is None or r.verdict == verdict)
             and (task_id is None or r.task_id == task_id)
-            and (after is None or r.id > after)]
+            and (not after or r.id > after)]
     page = rows[:limit]
     return ResultPage(data=[RolloutSummary(
         id=r.id, task_id=r.task_id, sample=r.sample, state=r.state, verdict=r.verdict,
@@ -43,14 +45,14 @@ async def results(job_id: str, ctx: Context,
 
 @router.get("/jobs/{job_id}/rollouts/{rollout_id}", response_model=Rollout, tags=["results"],
             operation_id="get_rollout", responses=NOT_FOUND)
-async def rollout(job_id: str, rollout_id: str, ctx: Context,
+async def rollout(job_id: KeyPart, rollout_id: KeyPart, ctx: Context,
                   who: Annotated[Principal, Depends(auth("jobs:read"))]) -> Rollout:
     """One rollout: its attempts, steps (action, element, page, error, screenshot
     artifact), verdict and deciding audit events."""
     await own_job(ctx, job_id, who)
-    found = await ctx.store.get_rollout(job_id, rollout_id[:64])
+    found = await ctx.store.get_rollout(job_id, rollout_id)
     if found is None:
-        raise HTTPException(404, f"no rollout {rollout_id[:64]!r} in job {job_id}")
+        raise HTTPException(404, f"no rollout {rollout_id!r} in job {job_id}")
     return found
 
 
@@ -92,7 +94,7 @@ async def report_page(ctx: ApiContext, job_id: str, who: Principal) -> str:
     **NOT_FOUND, 200: {"content": {"application/json": {"schema": {"type": "object"}},
                                    "text/html": {"schema": {"type": "string"}}},
                        "description": "the report (JSON; HTML with Accept: text/html)"}})
-async def report(job_id: str, request: Request, ctx: Context,
+async def report(job_id: KeyPart, request: Request, ctx: Context,
                  who: Annotated[Principal, Depends(auth("jobs:read"))]) -> Response:
     """The documentation-verification report: per procedure its pass rate over K, a
     verdict (works, works_text_stale, broken, inconclusive) with its evidence, the steps
@@ -106,7 +108,7 @@ async def report(job_id: str, request: Request, ctx: Context,
 @router.get("/jobs/{job_id}/report.html", tags=["results"], operation_id="job_report_html",
             responses={**NOT_FOUND, 200: {"content": {"text/html": {"schema": {
                 "type": "string"}}}, "description": "the report as a page"}})
-async def report_html(job_id: str, ctx: Context,
+async def report_html(job_id: KeyPart, ctx: Context,
                       who: Annotated[Principal, Depends(auth("jobs:read"))]) -> HTMLResponse:
     """The report as one page, screenshots embedded."""
     return HTMLResponse(await report_page(ctx, job_id, who))
@@ -116,10 +118,10 @@ async def report_html(job_id: str, ctx: Context,
             responses={404: {"model": Detail}, 200: {
                 "content": {"image/jpeg": {}, "image/png": {}},
                 "description": "the artifact's bytes"}})
-async def artifact(artifact_id: str, ctx: Context,
+async def artifact(artifact_id: KeyPart, ctx: Context,
                    who: Annotated[Principal, Depends(auth("artifacts:read"))]) -> Response:
-    found = await ctx.store.get_artifact(who.team, artifact_id[:64])
+    found = await ctx.store.get_artifact(who.team, artifact_id)
     if found is None:
-        raise HTTPException(404, f"no artifact {artifact_id[:64]!r}")
+        raise HTTPException(404, f"no artifact {artifact_id!r}")
     return Response(found[1], media_type=found[0],
                     headers={"Cache-Control": "private, max-age=86400"})
