@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -20,6 +21,7 @@ from consolerl.accounts import Account, load_accounts
 from consolerl.text import ascii_digits
 from .auth import Authenticator
 from .config import SimConfig
+from .console.origin import SameOriginGuard
 from .console.shell import build_console
 from .errors import CloudError
 from .faults import FaultFile
@@ -160,7 +162,9 @@ def build_app(config: SimConfig, accounts: list[Account] | None = None) -> Starl
         yield
         cloud.store.close()
 
-    app = Starlette(routes=cloud.routes(), lifespan=lifespan)
+    # The console's same-origin check sees every console request before its route does.
+    app = Starlette(routes=cloud.routes(), lifespan=lifespan, middleware=[
+        Middleware(SameOriginGuard, refuse=cloud.console.refuse_cross_site)])
     app.state.cloud = cloud
     return ClockedApp(app, cloud.faults)
 

@@ -207,9 +207,12 @@ def test_sign_in_needs_the_forms_csrf_token(console_cloud, accounts):
         assert COOKIE not in r.headers.get("set-cookie", "")
         token = signin_token(client)
         cookie = next(c for c in client.cookies.jar if c.name == CSRF_COOKIE)
-        assert cookie.value == token and cookie.path == "/console/signin"
+        # The cookie names the pre-session; the token is the server's signature for it.
+        assert cookie.value != token and cookie.path == "/console/signin"
         assert cookie.has_nonstandard_attr("HttpOnly")
-        for wrong in ("", "x" * 32, "é" * 32, token[:-1]):
+        issued, mac = token.split(".")
+        for wrong in ("", "x" * 32, "é" * 32, token[:-1], cookie.value,
+                      f"{int(issued) + 1}.{mac}", f"{int(issued) - 2 * 86400}.{mac}"):
             r = client.post("/console/signin", data={**creds, "_csrf": wrong})
             assert r.status_code == 403 and "security token" in r.text, wrong
         r = client.post("/console/signin", data={**creds, "_csrf": token})

@@ -1,5 +1,6 @@
 """Fuzzing of the local cloud's console: every page (signed in) with real or hostile path
-parameters and queries, every form POST with or without its CSRF token, and the sign-in form,
+parameters and queries, every form POST with or without its CSRF token and with hostile
+``Origin`` / ``Sec-Fetch-Site`` headers, and the sign-in form,
 against a real ``python -m infra.console_sim`` process of this module's own (the fuzz signs in
 and out and fails sign-ins from 127.0.0.1: the address lockout would refuse other tests'
 sign-ins). The properties and the counts: :mod:`tests.integration.fuzz_kit`."""
@@ -24,7 +25,7 @@ from infra.console_sim.config import SimConfig
 from tests.conftest import CloudServer, wait_for
 from tests.integration.console_kit import sign_in_http
 from tests.integration.fuzz_kit import (CONSOLE, REGION, REQUEST_S, Tally, encode_query, fuzz,
-                                        huge, oss_sign, text, timed, values)
+                                        htext, huge, oss_sign, text, timed, values)
 from tests.integration.fuzz_kit import fuzz_cloud  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(240)
@@ -253,3 +254,40 @@ def test_console_signin_never_5xx(fuzz_cloud, accounts, n):
                     tally.check(out.status_code, 0.0, "POST /console/signout")
         run()
 
+
+
+@pytest.mark.parametrize("n", [120])
+def test_console_cross_site_headers_never_5xx(fuzz_cloud, console, console_ids, routes, n):
+    """120 examples: every console POST route (and PUT, DELETE, PATCH on them) with the
+    session's token and hostile ``Origin`` / ``Sec-Fetch-Site`` headers (other ports and
+    schemes, ``null``, odd case, huge, non-ASCII bytes, junk). Never a 5xx; whenever either
+    header names another site, a 403 before the route runs."""
+    own = fuzz_cloud.url
+    origins = st.one_of(st.none(), htext, st.sampled_from([
+        own, own.upper(), own + "/", "null", "", "http://127.0.0.1:1",
+        own.replace("http:", "https:"), own.replace("127.0.0.1", "localhost"),
+        own + ".evil.example", "http://" + "a" * 5000, b"http://127.0.0.1:\xff"]))
+    sites = st.one_of(st.none(), htext, st.sampled_from([
+        "same-origin", "none", "same-site", "cross-site", "SAME-ORIGIN", ""]))
+    with Tally("console_cross_site", fuzz_cloud) as tally:
+        @fuzz(n)
+        @given(template=st.sampled_from(routes["POST"]), hostile=path_params,
+               method=st.sampled_from(["POST", "POST", "POST", "PUT", "DELETE", "PATCH"]),
+               origin=origins, site=sites)
+        def run(template, hostile, method, origin, site):
+            headers: dict[str, str | bytes] = {
+                "content-type": "application/x-www-form-urlencoded"}
+            if origin is not None:
+                headers["origin"] = origin
+            if site is not None:
+                headers["sec-fetch-site"] = site
+            url = _fill(template, console_ids, hostile)
+            body = urlencode({"_csrf": console.csrf, "region": REGION}).encode()
+            response, elapsed = console.request(method, url, content=body, headers=headers)
+            tally.check(response.status_code, elapsed, (method, url, headers))
+            foreign = origin is not None and (
+                not isinstance(origin, str) or origin.lower() != own.lower())
+            if foreign or site not in (None, "same-origin", "none"):
+                assert response.status_code == 403, (method, url, headers)
+                assert "came from another site" in response.text
+        run()

@@ -19,7 +19,8 @@ from consolerl.accounts import load_accounts, parse_accounts
 from infra.console_sim.auth import parse_params
 from consolerl.text import same_secret
 from infra.console_sim.config import SigninLimits
-from infra.console_sim.console.signin import Lock, SigninGuard
+from infra.console_sim.console.origin import cross_site
+from infra.console_sim.console.signin import CSRF_COOKIE, Lock, SigninGuard, SigninTokens
 from infra.console_sim.errors import CloudError
 from infra.console_sim.params import Params, json_depth
 from infra.console_sim.products.actiontrail import _decode_token, _encode_token, _token_scope
@@ -322,6 +323,59 @@ def test_the_guard_keeps_a_bounded_number_of_names():
 def test_signin_limits_refuse_nonsense(field, value):
     with pytest.raises(ConfigError, match=field):
         SigninLimits(**{field: value})
+
+
+# ---- sign-in tokens and the same-origin check ------------------------------------
+
+def _signin_request(cookie: str) -> SimpleNamespace:
+    return SimpleNamespace(cookies={CSRF_COOKIE: cookie} if cookie else {})
+
+
+def test_signin_tokens_are_signed_for_their_pre_session_and_expire():
+    clock = FakeClock()
+    tokens = SigninTokens(b"k" * 32, ttl_s=3600, clock=clock)
+    pre = tokens.pre_session(_signin_request(""))
+    assert tokens.pre_session(_signin_request(pre)) == pre        # two tabs share it
+    token = tokens.issue(pre)
+    assert tokens.valid(_signin_request(pre), {"_csrf": token})
+    other = tokens.pre_session(_signin_request("bad cookie"))
+    assert other != pre and not tokens.valid(_signin_request(other), {"_csrf": token})
+    # A double-submit copy, another server's signature, a changed time: all refused.
+    assert not tokens.valid(_signin_request(pre), {"_csrf": pre})
+    assert not tokens.valid(_signin_request(pre), {"_csrf": SigninTokens(b"x" * 32,
+                                                                         clock=clock).issue(pre)})
+    issued, mac = token.split(".")
+    assert not tokens.valid(_signin_request(pre), {"_csrf": f"{int(issued) + 1}.{mac}"})
+    clock.now += 3601
+    assert not tokens.valid(_signin_request(pre), {"_csrf": token})
+    assert "k" * 32 not in repr(tokens) and "secret" not in repr(tokens)
+
+
+@given(cookie=st.text(max_size=40), token=st.text(max_size=80))
+@settings(max_examples=200, deadline=None)
+def test_signin_tokens_of_any_text_are_refused_not_errors(cookie, token):
+    assert SigninTokens(b"k" * 32).valid(_signin_request(cookie), {"_csrf": token}) is False
+
+
+@pytest.mark.parametrize("method,headers,refused", [
+    ("GET", {"origin": "http://evil.example", "sec-fetch-site": "cross-site"}, None),
+    ("POST", {}, None),
+    ("POST", {"host": "127.0.0.1:8080", "origin": "http://127.0.0.1:8080"}, None),
+    ("POST", {"host": "Console.Local:8080", "origin": "http://console.local:8080"}, None),
+    ("POST", {"sec-fetch-site": "same-origin"}, None),
+    ("POST", {"sec-fetch-site": "none"}, None),
+    ("POST", {"host": "127.0.0.1:8080", "origin": "http://127.0.0.1:8081"}, "origin"),
+    ("POST", {"host": "127.0.0.1:8080", "origin": "https://127.0.0.1:8080"}, "origin"),
+    ("POST", {"host": "127.0.0.1:8080", "origin": "null"}, "origin"),
+    ("POST", {"origin": "http://127.0.0.1:8080"}, "origin"),          # no Host to match
+    ("DELETE", {"host": "h", "origin": "http://h", "sec-fetch-site": "same-site"}, "fetch_site"),
+    ("PATCH", {"sec-fetch-site": "cross-site"}, "fetch_site"),
+])
+def test_cross_site_names_the_check(method, headers, refused):
+    refusal = cross_site(method, "http", headers)
+    assert (refusal[0] if refusal else None) == refused
+    if refusal:
+        assert "did not come from this console" in refusal[1]
 
 
 @pytest.mark.parametrize("token", ["é", "\ud800", "Ã©" * 40, "crl_" + "é" * 43])

@@ -286,6 +286,7 @@ class ConsoleApp:
             if request.method == "POST":
                 form = await self.read_form(request)
                 if not same_secret(form.get("_csrf", ""), session.csrf):
+                    self.metrics.csrf_refusals.labels("session_token").inc()
                     raise BadRequest(403, "This page has expired (the form's security token does "
                                           "not match your session). Reload the page and try again.")
             page = Page(self, request, session, account, form)
@@ -306,6 +307,11 @@ class ConsoleApp:
         finally:
             self.metrics.pages.labels(label, str(status)).inc()
             self.metrics.page_latency.labels(label).observe(time.perf_counter() - started)
+
+    def refuse_cross_site(self, check: str, message: str) -> Response:
+        """The answer to a request the same-origin check refused (``origin.py``)."""
+        self.metrics.csrf_refusals.labels(check).inc()
+        return self.plain_error(403, message)
 
     def plain_error(self, status: int, message: str) -> Response:
         html = self.env.get_template("plain_error.html").render(status=status, message=message)

@@ -24,6 +24,11 @@ class ConsoleMetrics:
         self.signins = Counter(
             "consolerl_console_sim_signins_total", "Sign-in attempts, by outcome (success, "
             "failed, missing, locked, bad_token).", ["outcome"], registry=registry)
+        self.csrf_refusals = Counter(
+            "consolerl_console_sim_csrf_refusals_total", "State-changing console requests "
+            "refused as possible cross-site forgeries, by the check that refused them: origin "
+            "(another Origin), fetch_site (Sec-Fetch-Site not same-origin), signin_token, "
+            "session_token.", ["check"], registry=registry)
         self.signin_lockouts = Counter(
             "consolerl_console_sim_signin_lockouts_total", "Sign-in locks started by repeated "
             "wrong passwords, by scope (account or address).", ["scope"], registry=registry)

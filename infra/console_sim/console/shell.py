@@ -25,14 +25,7 @@ from ..service import CloudService
 from . import ecs, network, oss, ram
 from .core import HERE, BadRequest, ConsoleApp, Page, _safe_next
 from .sessions import COOKIE
-from .signin import (
-    CSRF_COOKIE,
-    Lock,
-    SigninGuard,
-    form_token,
-    set_token_cookie,
-    token_ok,
-)
+from .signin import CSRF_COOKIE, Lock, SigninGuard, SigninTokens, set_pre_session_cookie
 
 _METHODS = ["GET", "POST", "PUT", "DELETE", "HEAD"]
 
@@ -95,6 +88,7 @@ def build_console(service: CloudService, accounts: list[Account], registry: Coll
 
     guard = SigninGuard(signin_limits,
                         on_lock=lambda scope: console.metrics.signin_lockouts.labels(scope).inc())
+    tokens = SigninTokens()
 
     async def signin(request: Request) -> Response:
         """The sign-in form (GET) and its submit (POST); see ``signin.py`` for the CSRF token
@@ -113,16 +107,17 @@ def build_console(service: CloudService, accounts: list[Account], registry: Coll
         next_url = next_url if _safe_next(next_url) else "/console/"
 
         def page(error: str, status: int, drift: str | None = None) -> Response:
-            return _signin_page(console, request, next_url, drift_text if drift is None else drift,
-                                login_name, error, status)
+            return _signin_page(console, tokens, request, next_url,
+                                drift_text if drift is None else drift, login_name, error, status)
         try:
             kinds = drift_mod.parse(drift_text)
         except ConfigError as err:
             return page(f"Invalid drift: {err}", 400, drift="")
         if request.method == "GET":
             return page("", 200)
-        if not token_ok(request, form):
+        if not tokens.valid(request, form):
             console.metrics.signins.labels("bad_token").inc()
+            console.metrics.csrf_refusals.labels("signin_token").inc()
             return page("This sign-in page has expired or did not come from this console (its "
                         "security token is missing or wrong). Sign in again on this page.", 403)
         password = form.get("password", "")
@@ -187,16 +182,16 @@ class CachedStatic(StaticFiles):
         return response
 
 
-def _signin_page(console: ConsoleApp, request: Request, next_url: str, drift_text: str,
-                 login_name: str, error: str, status: int) -> Response:
-    """The form, with its CSRF token (cookie and hidden field); echoes at most 128 characters
-    of the name typed."""
-    token = form_token(request)
+def _signin_page(console: ConsoleApp, tokens: SigninTokens, request: Request, next_url: str,
+                 drift_text: str, login_name: str, error: str, status: int) -> Response:
+    """The form, with its CSRF token (the pre-session cookie, the signed token in a hidden
+    field); echoes at most 128 characters of the name typed."""
+    pre_session = tokens.pre_session(request)
     html = console.env.get_template("signin.html").render(
         next=next_url, drift=drift_text[:256], login_name=login_name[:128], error=error,
-        csrf=token)
+        csrf=tokens.issue(pre_session))
     response = HTMLResponse(html, status_code=status)
-    set_token_cookie(response, token)
+    set_pre_session_cookie(response, pre_session)
     return response
 
 

@@ -1,10 +1,18 @@
 """Console sign-in: the form's CSRF token, and lockout after repeated wrong passwords.
 
-CSRF. The sign-in form has no session yet, so its token is a double-submit cookie: a GET of
-the form sets ``consolerl_console_signin`` (random, HttpOnly, SameSite=Strict, path
-``/console/signin``) and puts the same value in the form's hidden ``_csrf`` field; a POST
-must carry both, equal. A page on another site can neither read the cookie nor make the
-browser send it, so it cannot sign a victim's browser in to the attacker's account.
+CSRF (:class:`SigninTokens`). The sign-in form has no session yet, so its token is bound to a
+pre-session: a GET of the form sets ``consolerl_console_signin`` (a random pre-session id,
+HttpOnly, SameSite=Strict, path ``/console/signin``; an existing well-formed one is kept, so
+two open tabs both work) and puts ``<issued>.<HMAC-SHA256(server secret, pre-session id,
+issued)>`` in the form's hidden ``_csrf`` field; a POST must carry a token the server signed
+for the pre-session id its cookie names, issued within the last 24 hours. A plain
+double-submit cookie is not enough: cookies ignore ports, so a page on another port of the
+same host can set the cookie (``Path=/console/signin``) and post the same value in the body.
+Here a made-up cookie and token fail, because only the server can sign. A pair the attacker
+fetched from the console itself could still be tossed into a victim's browser: that is what
+the same-origin check on every state-changing console request stops (``origin.py``; browsers
+always send ``Origin`` on a POST). The secret is random per server process and never leaves
+it: a restart makes sign-in forms open at that moment answer 403 with a fresh form.
 
 Lockout (:class:`SigninLimits`; by default 5 wrong passwords for a name, or 100 from an
 address, within 5 minutes lock it for 5 minutes, then 10, 20, ... up to an hour for locks in
@@ -29,6 +37,9 @@ names and addresses are kept; the least recently failed go first.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import math
 import re
 import secrets
@@ -44,8 +55,9 @@ from consolerl.text import same_secret
 
 from ..config import SigninLimits
 
-CSRF_COOKIE = "consolerl_console_signin"
-_TOKEN = re.compile(r"[A-Za-z0-9_-]{32}")
+CSRF_COOKIE = "consolerl_console_signin"       # holds the pre-session id
+_PRE_SESSION = re.compile(r"[A-Za-z0-9_-]{32}")
+_TOKEN = re.compile(r"([0-9]{1,12})\.([A-Za-z0-9_-]{43})")
 
 
 @dataclass
@@ -127,19 +139,47 @@ class SigninGuard:
             self._records.popitem(last=False)
 
 
-def form_token(request: Request) -> str:
-    """The sign-in form's CSRF token: the browser's cookie when it has a well-formed one (so
-    two open tabs both work), else a new one; :func:`set_token_cookie` sends it."""
-    cookie = request.cookies.get(CSRF_COOKIE, "")
-    return cookie if _TOKEN.fullmatch(cookie) else secrets.token_urlsafe(24)
+class SigninTokens:
+    """Issues and checks the sign-in form's CSRF tokens (see the module doc)."""
+
+    def __init__(self, secret: bytes | None = None, ttl_s: float = 24 * 3600,
+                 clock: Callable[[], float] = time.time):
+        self._secret = secret or secrets.token_bytes(32)
+        self.ttl_s = ttl_s
+        self.clock = clock
+
+    def __repr__(self) -> str:          # never the secret
+        return f"SigninTokens(ttl_s={self.ttl_s})"
+
+    def pre_session(self, request: Request) -> str:
+        """The browser's pre-session id when its cookie holds a well-formed one, else a new
+        one; :func:`set_pre_session_cookie` sends it."""
+        cookie = request.cookies.get(CSRF_COOKIE, "")
+        return cookie if _PRE_SESSION.fullmatch(cookie) else secrets.token_urlsafe(24)
+
+    def issue(self, pre_session: str) -> str:
+        issued = str(int(self.clock()))
+        return f"{issued}.{self._mac(pre_session, issued)}"
+
+    def valid(self, request: Request, form: Mapping[str, str]) -> bool:
+        """Whether the POST's ``_csrf`` was signed by this server for the pre-session its
+        cookie names, and is neither expired nor from the future."""
+        pre_session = request.cookies.get(CSRF_COOKIE, "")
+        match = _TOKEN.fullmatch(form.get("_csrf", ""))
+        if match is None or not _PRE_SESSION.fullmatch(pre_session):
+            return False
+        issued, mac = match[1], match[2]
+        age = self.clock() - int(issued)
+        if not -60 <= age <= self.ttl_s:
+            return False
+        return same_secret(mac, self._mac(pre_session, issued))
+
+    def _mac(self, pre_session: str, issued: str) -> str:
+        digest = hmac.new(self._secret, f"console-signin\0{pre_session}\0{issued}".encode(),
+                          hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
-def set_token_cookie(response: Response, token: str) -> None:
-    response.set_cookie(CSRF_COOKIE, token, max_age=24 * 3600, httponly=True,
+def set_pre_session_cookie(response: Response, pre_session: str) -> None:
+    response.set_cookie(CSRF_COOKIE, pre_session, max_age=24 * 3600, httponly=True,
                         samesite="strict", path="/console/signin")
-
-
-def token_ok(request: Request, form: Mapping[str, str]) -> bool:
-    """A POST carries the form's token in both the cookie and the ``_csrf`` field."""
-    cookie = request.cookies.get(CSRF_COOKIE, "")
-    return bool(_TOKEN.fullmatch(cookie)) and same_secret(form.get("_csrf", ""), cookie)

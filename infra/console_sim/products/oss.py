@@ -11,7 +11,7 @@ import hmac
 import re
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import unquote_plus, unquote_to_bytes
 from xml.sax.saxutils import escape
 
 from starlette.requests import Request
@@ -174,6 +174,48 @@ def sign(secret: str, text: str) -> str:
     return base64.b64encode(hmac.new(secret.encode(), text.encode(), hashlib.sha1).digest()).decode()
 
 
+def parse_query(raw: bytes) -> dict[str, str]:
+    """The query string's parameters (a name without ``=`` has the value ""), each name and
+    value percent-decoded as strict UTF-8: an invalid sequence (``prefix=%ff``, a lone
+    ``%c3``, an encoded surrogate) is an ``InvalidArgument`` naming the parameter, as the
+    OpenAPI refuses it, never a U+FFFD that a lookup would then match."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CloudError("InvalidArgument", "The query string is not valid UTF-8.", 400) from None
+    params: dict[str, str] = {}
+    for piece in text.split("&"):
+        if not piece:
+            continue
+        raw_name, _, raw_value = piece.partition("=")
+        try:
+            name = unquote_plus(raw_name, errors="strict")
+        except UnicodeDecodeError:
+            raise _not_utf8(raw_name) from None
+        try:
+            params[name] = unquote_plus(raw_value, errors="strict")
+        except UnicodeDecodeError:
+            raise _not_utf8(name) from None
+    return params
+
+
+def _not_utf8(name: str) -> CloudError:
+    return CloudError("InvalidArgument", f'The query parameter "{name[:64]}" is not valid '
+                      "UTF-8 once percent-decoded.", 400)
+
+
+def check_path(raw_path: bytes | None) -> None:
+    """The request path (the bucket name; objects are not served) must percent-decode to
+    valid UTF-8: the server's own decoding would put U+FFFD in the bucket name instead."""
+    if raw_path is None:
+        return
+    try:
+        unquote_to_bytes(raw_path).decode("utf-8")
+    except UnicodeDecodeError:
+        raise CloudError("InvalidBucketName", "The bucket name in the request path is not "
+                         "valid UTF-8 once percent-decoded.", 400) from None
+
+
 class OssApi:
     def __init__(self, service: CloudService, accounts: list[Account], config: SimConfig):
         self.service = service
@@ -219,11 +261,13 @@ class OssApi:
         request_id = ids.request_id().replace("-", "")[:24]
         bucket = request.path_params.get("bucket", "")
         try:
-            raw_query = request.scope.get("query_string", b"").decode("utf-8", "strict")
-            query = dict(parse_qsl(raw_query, keep_blank_values=True))
-        except (UnicodeDecodeError, ValueError):
-            return self._error(CloudError("InvalidArgument", "The query string is not valid "
-                                          "UTF-8.", 400), request_id, bucket)
+            check_path(request.scope.get("raw_path"))
+        except CloudError as err:
+            return self._error(err, request_id)     # the bucket name would carry U+FFFD
+        try:
+            query = parse_query(request.scope.get("query_string", b""))
+        except CloudError as err:
+            return self._error(err, request_id, bucket)
         sub = sorted(k for k in query if k in _SUBRESOURCES)
         sub_string = ("?" + "&".join(f"{k}={query[k]}" if query[k] else k for k in sub)) if sub else ""
         resource = f"/{bucket}/{sub_string}" if bucket else f"/{sub_string}"
