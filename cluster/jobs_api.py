@@ -26,6 +26,7 @@ from prometheus_client import generate_latest
 from cluster.replicas import start_policy
 from cluster.rollout import RolloutSide, RolloutSpec
 from consolerl.tasks import TASKS_DIR, load_suite
+from env_workers.leases import AccountPool
 from rollout_service.agent import AgentConfig, AgentLoop
 from rollout_service.episode import EpisodeRunner
 from rollout_service.jobs.app import build_app
@@ -76,11 +77,14 @@ class JobsScheduler:
         self.extra: dict[str, tuple[list[Any], PolicyRouter, HFChatTokenizer]] = {}
         self.store = JobStore(spec.redis_url, spec.prefix)
         self.tokens = TokenBook(Path(spec.tokens_file))
+        # The pool the env workers lease from: the start-up sweep ends a dead predecessor's
+        # leases and sees which of its episodes their accounts still record.
+        self.leases = AccountPool.from_config(spec.rollout.env_pool.pool)
         self.scheduler = JobScheduler(
             spec.scheduler, self.store,
             EpisodeRunner(self.side.accounts, spec.rollout.endpoint, self.side.reward.score),
             self.side.pool.actors, {t.id: t for t in self.side.tasks}, self.agent_for,
-            self.tokens.quota, spec.rollout.agent)
+            self.tokens.quota, spec.rollout.agent, leases=self.leases)
         self._lock = asyncio.Lock()
 
     async def agent_for(self, model: str, config: AgentConfig) -> AgentLoop:
@@ -116,6 +120,7 @@ class JobsScheduler:
         for servers, _, _ in self.extra.values():
             for server in servers:
                 ray.kill(server)
+        self.leases.close()
 
 
 JobsSchedulerActor = ray.remote(JobsScheduler)
