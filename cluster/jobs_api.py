@@ -32,6 +32,7 @@ from rollout_service.episode import EpisodeRunner
 from rollout_service.jobs.app import build_app
 from rollout_service.jobs.auth import TokenBook
 from rollout_service.jobs.scheduler import JobScheduler, SchedulerConfig
+from rollout_service.jobs.schema import ORACLE_MODEL
 from rollout_service.jobs.store import JobStore
 from rollout_service.models import HFChatTokenizer, resolve_model
 from rollout_service.policy import PolicyRouter
@@ -60,7 +61,7 @@ class HttpSpec:
     redis_url: str
     prefix: str
     tokens_file: str
-    models: tuple[str, ...] = ("live",)
+    models: tuple[str, ...] = ("live", ORACLE_MODEL)
     sse_max_s: float = 300.0
     suite_dir: str = str(TASKS_DIR)
     scheduler_name: str = SCHEDULER_NAME
@@ -68,7 +69,8 @@ class HttpSpec:
 
 class JobsScheduler:
     """The API's jobs run on a :class:`RolloutSide`; ``model`` names in jobs are ``live``
-    (the served policy) or a registered checkpoint, started on first use (one replica)."""
+    (the served policy), a registered checkpoint, started on first use (one replica), or
+    ``oracle`` (the scripted teacher: the scheduler needs no model for it)."""
 
     def __init__(self, spec: SchedulerSpec, servers: list[Any] | None = None):
         self.spec = spec

@@ -13,6 +13,10 @@ Which episode runs next, when a worker is free:
   one served longest ago), within its quota of concurrent episodes and env-minutes per day;
 - priority within a team (higher first), then the oldest job, then the job's next episode.
 
+Who acts is the job's ``model``: the agent loop over the live policy or a registered model
+(``agent_for``), or ``oracle``, the scripted teacher (:mod:`rollout_service.oracle`), which
+needs no model; either way through the same runner, records and report.
+
 Only infrastructure errors are retried (``max_attempts`` in all); each attempt is recorded on
 the rollout. A cancelled or expired job stops its running episodes between two steps (the
 runner destroys what they made and releases their accounts) and never starts the rest.
@@ -49,8 +53,10 @@ from consolerl.types import StepResult
 from env_workers.leases import AccountPool, UnknownAccount
 
 from ..agent import AgentConfig, AgentLoop
-from ..episode import EpisodeLease, EpisodeOutcome, EpisodeRunner, model_policy
-from .schema import (TERMINAL, Attempt, AuditEvent, ClaimCheck, EpisodeCounts, Job,
+from ..episode import (EpisodeLease, EpisodeOutcome, EpisodePolicy, EpisodeRunner,
+                       model_policy, scripted_policy)
+from ..oracle import ORACLE_MAX_STEPS, run_oracle
+from .schema import (ORACLE_MODEL, TERMINAL, Attempt, AuditEvent, ClaimCheck, EpisodeCounts, Job,
                      JobCompletedEvent, JobStatusEvent, Rollout, RolloutCompletedEvent,
                      RolloutStartedEvent, RolloutStepEvent, Step, TaskSummaryEvent, Usage,
                      VerdictCounts, spec_tasks)
@@ -445,6 +451,7 @@ class JobScheduler:
     async def _start(self, live: RunningJob, rollout: Rollout) -> None:
         worker = self.free.pop(0)
         rollout.state = "running"
+        rollout.model = live.job.model
         rollout.attempts.append(Attempt(attempt=len(rollout.attempts) + 1,
                                         started_at=time.time(),
                                         worker=getattr(worker, "name", "")))
@@ -477,6 +484,19 @@ class JobScheduler:
             await self.store.add_event(job.id, JobStatusEvent(state=state, error=error))
 
     # ---- one episode ----------------------------------------------------------------------------
+    async def _policy(self, job: Job) -> tuple[EpisodePolicy, int]:
+        """Who acts in the job's episodes, and the env worker's step limit: the scripted
+        oracle (no model: as many steps as its script needs), or the job's model through the
+        agent loop with the job's sampling (one step more than the agent's limit, for its
+        final action)."""
+        if job.model == ORACLE_MODEL:
+            return scripted_policy(run_oracle), ORACLE_MAX_STEPS
+        s = job.sampling
+        agent = await self.agent_for(job.model, replace(
+            self.base_agent, temperature=s.temperature, top_p=s.top_p,
+            max_steps=s.max_steps, max_new_tokens=s.max_new_tokens))
+        return model_policy(agent), s.max_steps + 1
+
     async def _episode(self, live: RunningJob, rollout: Rollout, worker: Any) -> None:
         job = live.job
         task = live.tasks[rollout.task_id]
@@ -520,11 +540,9 @@ class JobScheduler:
         outcome: EpisodeOutcome | None = None
         try:
             s = job.sampling
-            agent = await self.agent_for(job.model, replace(
-                self.base_agent, temperature=s.temperature, top_p=s.top_p,
-                max_steps=s.max_steps, max_new_tokens=s.max_new_tokens))
+            policy, max_steps = await self._policy(job)
             outcome = await self.runner.run(
-                worker, task, model_policy(agent), max_steps=s.max_steps + 1,
+                worker, task, policy, max_steps=max_steps,
                 trajectory_id=f"{job.id}-{rollout.id}-{len(rollout.attempts)}",
                 seed=(s.seed * 1_000_003 + rollout.sample) % 2**31, observer=observer,
                 on_lease=on_lease)
