@@ -49,15 +49,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from consolerl.errors import ConfigError, EpisodeCancelled
 from consolerl.tasks import Task
 from consolerl.types import StepResult
-
 from env_workers.leases import AccountPool, UnknownAccount
 
 from ..agent import AgentConfig, AgentLoop
 from ..episode import (EpisodeLease, EpisodeOutcome, EpisodePolicy, EpisodeRunner,
                        model_policy, scripted_policy)
 from ..oracle import ORACLE_MAX_STEPS, run_oracle
-from .schema import (ORACLE_MODEL, TERMINAL, Attempt, AuditEvent, ClaimCheck, EpisodeCounts, Job,
-                     JobCompletedEvent, JobStatusEvent, Rollout, RolloutCompletedEvent,
+from .schema import (ORACLE_MODEL, TERMINAL, Attempt, AuditEvent, ClaimCheck, EpisodeCounts,
+                     Job, JobCompletedEvent, JobStatusEvent, Rollout, RolloutCompletedEvent,
                      RolloutStartedEvent, RolloutStepEvent, Step, TaskSummaryEvent, Usage,
                      VerdictCounts, spec_tasks)
 from .store import JobStore
@@ -270,7 +269,7 @@ class JobScheduler:
         for s, n in states.items():
             self.metrics.jobs.labels(s).set(n)
 
-    # ---- the start-up sweep ----------------------------------------------------------------------
+    # ---- the start-up sweep ---------------------------------------------------------------------
     async def _beat(self) -> None:
         await self.store.instance_beat(self.instance, self.config.heartbeat_ttl_s)
 
