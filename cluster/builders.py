@@ -23,6 +23,7 @@ from consolerl.tasks import TASKS_DIR
 from env_workers.pool import EnvPoolConfig
 from infra.observability.discovery import PublishConfig
 from rollout_service.docs.inventory import labels_by_drift
+from rollout_service.jobs.schema import ORACLE_MODEL
 from rollout_service.models import resolve_model
 from rollout_service.policy import PolicyConfig
 from trainer.algo import AlgoConfig
@@ -86,7 +87,7 @@ def jobs_api_specs(config: JobConfig, policy: PolicyConfig, metrics: PublishConf
                               redis_url=config.stream.url, prefix=api.prefix,
                               tokens_file=tokens, models=tuple(api.models.items()))
     http = HttpSpec(redis_url=config.stream.url, prefix=api.prefix, tokens_file=tokens,
-                    models=("live", *api.models), sse_max_s=api.sse_max_s,
+                    models=("live", ORACLE_MODEL, *api.models), sse_max_s=api.sse_max_s,
                     suite_dir=rollout.suite_dir)
     return scheduler, http
 

@@ -17,6 +17,7 @@ from reward_service.actiontrail import TrailConfig
 from reward_service.fusion import RewardConfig
 from rollout_service.agent import AgentConfig
 from rollout_service.experience import StreamConfig
+from rollout_service.jobs.schema import ORACLE_MODEL
 from rollout_service.jobs.scheduler import SchedulerConfig
 from rollout_service.orchestrator import OrchestratorConfig
 from rollout_service.policy import PolicyConfig
@@ -134,7 +135,8 @@ class ApiSection:
     """The jobs API (``python -m cluster.serve``): it listens on ``host:port``; its jobs live in
     the stream's Redis under ``prefix``; tokens (hashes) in ``tokens_file``; ``workers`` env
     workers run API jobs, leasing from the same account pool as training (``env``);
-    ``models``: checkpoints or run folders the operator registers by name (besides ``live``);
+    ``models``: checkpoints or run folders the operator registers by name (besides ``live``
+    and ``oracle``, the scripted teacher, which every jobs API offers);
     ``hosting``: ``actor`` (uvicorn in a Ray actor) or ``serve`` (Ray Serve)."""
 
     host: str = "127.0.0.1"
@@ -154,6 +156,9 @@ class ApiSection:
         if "live" in self.models:
             raise ConfigError("api.models: 'live' is the served policy's name; register "
                               "checkpoints under other names")
+        if ORACLE_MODEL in self.models:
+            raise ConfigError(f"api.models: {ORACLE_MODEL!r} is the scripted teacher's name; "
+                              "register checkpoints under other names")
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,13 @@ from prometheus_client import generate_latest
 from cluster.replicas import start_policy
 from cluster.rollout import RolloutSide, RolloutSpec
 from consolerl.tasks import TASKS_DIR, load_suite
+from env_workers.leases import AccountPool
 from rollout_service.agent import AgentConfig, AgentLoop
 from rollout_service.episode import EpisodeRunner
 from rollout_service.jobs.app import build_app
 from rollout_service.jobs.auth import TokenBook
 from rollout_service.jobs.scheduler import JobScheduler, SchedulerConfig
+from rollout_service.jobs.schema import ORACLE_MODEL
 from rollout_service.jobs.store import JobStore
 from rollout_service.models import HFChatTokenizer, resolve_model
 from rollout_service.policy import PolicyRouter
@@ -59,7 +61,7 @@ class HttpSpec:
     redis_url: str
     prefix: str
     tokens_file: str
-    models: tuple[str, ...] = ("live",)
+    models: tuple[str, ...] = ("live", ORACLE_MODEL)
     sse_max_s: float = 300.0
     suite_dir: str = str(TASKS_DIR)
     scheduler_name: str = SCHEDULER_NAME
@@ -67,7 +69,8 @@ class HttpSpec:
 
 class JobsScheduler:
     """The API's jobs run on a :class:`RolloutSide`; ``model`` names in jobs are ``live``
-    (the served policy) or a registered checkpoint, started on first use (one replica)."""
+    (the served policy), a registered checkpoint, started on first use (one replica), or
+    ``oracle`` (the scripted teacher: the scheduler needs no model for it)."""
 
     def __init__(self, spec: SchedulerSpec, servers: list[Any] | None = None):
         self.spec = spec
@@ -76,11 +79,14 @@ class JobsScheduler:
         self.extra: dict[str, tuple[list[Any], PolicyRouter, HFChatTokenizer]] = {}
         self.store = JobStore(spec.redis_url, spec.prefix)
         self.tokens = TokenBook(Path(spec.tokens_file))
+        # The pool the env workers lease from: the start-up sweep ends a dead predecessor's
+        # leases and sees which of its episodes their accounts still record.
+        self.leases = AccountPool.from_config(spec.rollout.env_pool.pool)
         self.scheduler = JobScheduler(
             spec.scheduler, self.store,
             EpisodeRunner(self.side.accounts, spec.rollout.endpoint, self.side.reward.score),
             self.side.pool.actors, {t.id: t for t in self.side.tasks}, self.agent_for,
-            self.tokens.quota, spec.rollout.agent)
+            self.tokens.quota, spec.rollout.agent, leases=self.leases)
         self._lock = asyncio.Lock()
 
     async def agent_for(self, model: str, config: AgentConfig) -> AgentLoop:
@@ -116,6 +122,7 @@ class JobsScheduler:
         for servers, _, _ in self.extra.values():
             for server in servers:
                 ray.kill(server)
+        self.leases.close()
 
 
 JobsSchedulerActor = ray.remote(JobsScheduler)

@@ -273,6 +273,18 @@ end
 return 0
 """
 
+# The lease granted with fencing number ARGV[3] on account ARGV[2] ends now when it is still the
+# account's newest and live (its holder died, and its token with it): 1; else 0 (taken over,
+# expired, or released) and nothing changes.
+_RECLAIM = _FREE_ADD + """
+local prefix, id = ARGV[1], ARGV[2]
+if redis.call('HGET', prefix .. ':fence', id) ~= ARGV[3] then return 0 end
+if redis.call('DEL', prefix .. ':lease:' .. id) == 0 then return 0 end
+redis.call('ZREM', prefix .. ':held', id)
+free_add(prefix, id)
+return 1
+"""
+
 # An account back from quarantine is free again (unless it is leased).
 _REFREE = _FREE_ADD + """
 if redis.call('EXISTS', ARGV[1] .. ':lease:' .. ARGV[2]) == 0 then free_add(ARGV[1], ARGV[2]) end
@@ -311,7 +323,9 @@ class _Metrics:
         self.acquired = Counter("consolerl_env_pool_leases_acquired_total",
                                 "Leases granted.", registry=registry)
         self.released = Counter("consolerl_env_pool_leases_released_total",
-                                "Releases; outcome=stale when the lease had already lapsed.",
+                                "Releases; outcome=stale when the lease had already "
+                                "lapsed, reclaimed when a dead holder's lease was ended "
+                                "(reclaim).",
                                 ["outcome"], registry=registry)
         self.lost = Counter("consolerl_env_pool_leases_lost_total",
                             "Renewals that found the lease expired or taken over.",
@@ -353,6 +367,7 @@ class AccountPool:
         self._release = self._redis.register_script(_RELEASE)
         self._index = self._redis.register_script(_INDEX)
         self._refree = self._redis.register_script(_REFREE)
+        self._reclaim = self._redis.register_script(_RECLAIM)
         self._signin_failure = self._redis.register_script(_SIGNIN_FAILURE)
         self._status = self._redis.register_script(_STATUS)
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -459,6 +474,19 @@ class AccountPool:
             ok = bool(self._release(keys=[self._lease_key(lease.account_id)],
                                     args=[lease.token, self._p, lease.account_id]))
         self._metrics.released.labels("released" if ok else "stale").inc()
+        return ok
+
+    def reclaim(self, account_id: str, fencing: int) -> bool:
+        """End the lease granted with ``fencing`` on ``account_id`` now, for a holder known to
+        be dead (whose token died with it), instead of at its TTL. True when that lease was
+        still the account's newest and live; a lease since taken over, expired or released is
+        left alone (False). The account's write-ahead record of episodes stays: its next holder
+        (accounts with one are leased first) destroys what the dead holder left."""
+        self.account(account_id)
+        with self._errors():
+            ok = bool(self._reclaim(args=[self._p, account_id, str(int(fencing))]))
+        if ok:
+            self._metrics.released.labels("reclaimed").inc()
         return ok
 
     def holds(self, lease: Lease) -> bool:

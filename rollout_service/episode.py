@@ -206,6 +206,33 @@ class EpisodeOutcome:
         return "solved" if said_done and verdict == "success" else "failed"
 
 
+@dataclass(frozen=True)
+class EpisodeLease:
+    """The lease an episode runs under, as soon as it is taken (before anything is
+    provisioned): what a caller records to find the episode again if it dies mid-way (the
+    account to sweep, the fencing number whose lease it may end)."""
+
+    episode_id: str
+    account_id: str
+    fencing: int
+    worker: str
+
+
+# Called with the episode's lease before anything is provisioned; raising stops the episode
+# there (nothing made, the account released) as an env error ``internal``.
+OnLease = Callable[[EpisodeLease], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class OrphanSweep:
+    """What one :meth:`EpisodeRunner.sweep_orphans` destroyed: the episodes of dead holders
+    cleaned in ``account_id`` and how many of their resources were deleted."""
+
+    account_id: str = ""
+    episodes: tuple[str, ...] = ()
+    resources: int = 0
+
+
 # Audit events that create something the agent owns -> (type, where its id is)
 _CREATES = {
     "CreateVpc": ("vpc", "responseElements.VpcId"),
@@ -415,10 +442,12 @@ class EpisodeRunner:
         return p
 
     async def _destroy_orphans(self, env: Any, provisioner: SdkProvisioner,
-                               orphans: Sequence[str]) -> int:
+                               orphans: Sequence[str]) -> tuple[list[str], int]:
         """Destroy what the episodes ``orphans`` (their holder died) left in the leased
-        account; returns how many were cleaned (the others stay recorded)."""
-        cleaned = 0
+        account; returns those cleaned (the others stay recorded) and how many resources
+        were deleted."""
+        cleaned: list[str] = []
+        deleted = 0
         for orphan in orphans:
             try:
                 report = await self.blocking(provisioner.destroy, orphan)
@@ -429,31 +458,38 @@ class EpisodeRunner:
                 log.warning("orphaned episode %s: %s", orphan, report.errors)
                 continue
             await _env_call(env.cleaned, orphan)
-            cleaned += 1
-        return cleaned
+            cleaned.append(orphan)
+            deleted += len(report.deleted)
+        return cleaned, deleted
 
     async def clear_orphans(self, env: Any, acquire_timeout_s: float = 5.0) -> int:
         """Lease one account through ``env`` (accounts that dead holders left resources in
         come first) and destroy what they left; returns how many episodes were cleaned (0
         when the account leased had none, e.g. those are still leased by the dead holder
         until its lease expires)."""
+        return len((await self.sweep_orphans(env, acquire_timeout_s)).episodes)
+
+    async def sweep_orphans(self, env: Any, acquire_timeout_s: float = 5.0) -> OrphanSweep:
+        """:meth:`clear_orphans`, saying which account was swept, which episodes were
+        cleaned and how many resources were deleted."""
         try:
             start = await _env_call(env.acquire, acquire_timeout_s,
                                     wait_s=acquire_timeout_s)
         except _WorkerFailed:
-            return 0
+            return OrphanSweep()
         if start.env_error is not None:
-            return 0
+            return OrphanSweep()
         account = self.accounts.get(start.account_id)
         if account is None or not getattr(start, "unfinished", ()):
             await _quiet(env.end_episode)
-            return 0
+            return OrphanSweep(start.account_id)
         provisioner = self.provisioner(account)
         provisioner.user_agent = lease_agent(account.account_id, start.fencing)
         try:
-            return await self._destroy_orphans(env, provisioner, start.unfinished)
+            cleaned, deleted = await self._destroy_orphans(env, provisioner, start.unfinished)
+            return OrphanSweep(account.account_id, tuple(cleaned), deleted)
         except _WorkerFailed:
-            return 0
+            return OrphanSweep(account.account_id)
         finally:
             provisioner.user_agent = ""
             await _quiet(env.end_episode)
@@ -512,11 +548,14 @@ class EpisodeRunner:
 
     async def run(self, env: Any, task: Task, policy: EpisodePolicy, *, max_steps: int,
                   trajectory_id: str = "", seed: int = 0, observer: Observer | None = None,
-                  interrupted: Callable[[], str] | None = None) -> EpisodeOutcome:
+                  interrupted: Callable[[], str] | None = None,
+                  on_lease: OnLease | None = None) -> EpisodeOutcome:
         """One episode of ``task`` on ``env`` (see the module docstring). ``max_steps``: the
         env worker's step limit for the episode; ``observer``: sees every step (see
         :data:`Observer`); ``interrupted``: asked before each step of turns run here, a
-        non-empty answer (why) stops the episode there, cleaned up, as ``cancelled``."""
+        non-empty answer (why) stops the episode there, cleaned up, as ``cancelled``;
+        ``on_lease``: told the episode's lease before anything is provisioned (see
+        :data:`OnLease`)."""
         try:
             start = await _env_call(env.acquire, self.acquire_timeout_s,
                                     wait_s=self.acquire_timeout_s)
@@ -535,6 +574,16 @@ class EpisodeRunner:
             outcome.env_error = EnvError("internal", f"account {start.account_id} is not one "
                                          "of the runner's accounts")
             return outcome
+        if on_lease is not None:
+            try:
+                await on_lease(EpisodeLease(outcome.episode_id, account.account_id,
+                                            start.fencing, start.worker))
+            except Exception as exc:  # noqa: BLE001 - nothing is made without the record
+                await _quiet(env.end_episode)
+                outcome.env_error = EnvError("internal", f"the episode's lease could not be "
+                                             f"recorded: {type(exc).__name__}: "
+                                             f"{str(exc)[:200]}")
+                return outcome
         provisioner = self.provisioner(account)
         provisioner.user_agent = lease_agent(account.account_id, start.fencing)
         extra: list[Provisioned] = []          # what the agent created, from the audit log

@@ -402,6 +402,22 @@ async def _wrongdoc_refused(d: OracleDriver, a: Mapping[str, str]) -> None:
 
 
 # ---- running it -----------------------------------------------------------------------------
+# The most steps an oracle episode takes: its scripts need what their flow needs (a wizard
+# with a More menu and a typed confirmation runs to about 20), whatever a job's sampling says.
+ORACLE_MAX_STEPS = 40
+
+
+def why_no_oracle(task: Task) -> str:
+    """Why the oracle cannot do ``task`` ("" when it can): a task it has no script for."""
+    if task.expected == "infeasible" and not task.oracle_family:
+        return ""                       # it reports the known defect from the start page
+    if not task.oracle_family:
+        return f"task {task.id} has no oracle family"
+    if task.oracle_family not in FAMILIES:
+        return f"task {task.id}: no oracle family {task.oracle_family!r}"
+    return ""
+
+
 async def run_oracle(task: Task, values: Mapping[str, str], step_fn: StepFn,
                      observation: Observation) -> StepResult:
     """Solve ``task`` from ``observation``; ends the episode with stop() or

@@ -367,7 +367,8 @@ def parser() -> argparse.ArgumentParser:
                                      "backreferences or lookaround)")
     sel.add_argument("--inline", nargs="+", metavar="FILE", help="task files (YAML or JSON)")
     sub.add_argument("--samples", type=int, help="samples per task (K)")
-    sub.add_argument("--model", help="'live' (default) or a registered model")
+    sub.add_argument("--model", help="'live' (default), 'oracle' (the scripted teacher: "
+                     "catalogue tasks only, seconds an episode) or a registered model")
     sub.add_argument("--temperature", type=float)
     sub.add_argument("--max-steps", type=int)
     sub.add_argument("--priority", type=int, help="0-9, higher first")

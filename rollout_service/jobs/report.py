@@ -27,7 +27,7 @@ from consolerl.tasks import Task
 
 from ..docs.model import VERDICTS, Procedure, StepCheck, to_json
 from ..docs.verdict import procedure_verdict as merge_verdict
-from .schema import Job, Rollout
+from .schema import ORACLE_MODEL, Job, Rollout
 
 _STEP = re.compile(r"^\s*(\d+)[.)]\s+(.*)$")
 _PHRASE = re.compile(r"\b([A-Z][\w/-]*(?:\s+[A-Z][\w/-]*)*)")
@@ -140,6 +140,7 @@ def build_report(job: Job, tasks: Mapping[str, Task], rollouts: list[Rollout],
         entries.append(entry)
     totals = {v: sum(p["verdict"] == v for p in entries) for v in VERDICTS}
     return {"object": "report", "job_id": job.id, "state": job.state, "model": job.model,
+            "scripted": job.model == ORACLE_MODEL,
             "policy_version": job.policy_version, "samples_per_task": job.samples_per_task,
             "created_at": job.created_at, "finished_at": job.finished_at, "totals": totals,
             "procedures": entries}
@@ -241,6 +242,11 @@ def render_html(report: dict[str, Any],
         f"<article class=page><h2>{_e(page) if page else 'Catalogue tasks'}</h2>"
         f"{''.join(items)}</article>" for page, items in pages.items())
     totals = ", ".join(f"{n} {v}" for v, n in report["totals"].items())
+    who = (f"model {_e(report['model'])} (policy version {report['policy_version']})"
+           if not report.get("scripted") else
+           f"model {_e(report['model'])}: the scripted teacher, not a trained agent (it "
+           "follows a fixed script per task: a pass says the console and the pipeline work, "
+           "not that an agent can follow the documentation)")
     return f"""<!doctype html>
 <html lang=en><head><meta charset=utf-8><title>Documentation check {_e(report['job_id'])}</title>
 <meta http-equiv="Content-Security-Policy"
@@ -254,9 +260,8 @@ body{{font:15px/1.5 system-ui,sans-serif;max-width:60rem;margin:2rem auto;paddin
 small{{color:#57606a;font-weight:normal}} img{{max-width:100%;border:1px solid #d0d7de}}
 </style></head><body>
 <h1>Documentation check</h1>
-<p>Job <code>{_e(report['job_id'])}</code> ({_e(report['state'])}), model {_e(report['model'])}
-(policy version {report['policy_version']}), {report['samples_per_task']} samples per
-procedure. <b>{_e(totals)}</b>.</p>
+<p>Job <code>{_e(report['job_id'])}</code> ({_e(report['state'])}), {who},
+{report['samples_per_task']} samples per procedure. <b>{_e(totals)}</b>.</p>
 {body or '<p>No procedures.</p>'}
 </body></html>
 """

@@ -13,9 +13,24 @@ Which episode runs next, when a worker is free:
   one served longest ago), within its quota of concurrent episodes and env-minutes per day;
 - priority within a team (higher first), then the oldest job, then the job's next episode.
 
+Who acts is the job's ``model``: the agent loop over the live policy or a registered model
+(``agent_for``), or ``oracle``, the scripted teacher (:mod:`rollout_service.oracle`), which
+needs no model; either way through the same runner, records and report.
+
 Only infrastructure errors are retried (``max_attempts`` in all); each attempt is recorded on
 the rollout. A cancelled or expired job stops its running episodes between two steps (the
 runner destroys what they made and releases their accounts) and never starts the rest.
+
+Crash sweeps: each episode's lease (account, fencing number) is written to the store under
+this scheduler's instance as soon as the runner has it, before anything is provisioned, and
+dropped once the runner has cleaned up; the runner's own write-ahead record in the account
+(:meth:`~env_workers.leases.AccountPool.episode_begun`, also before provisioning) names what
+to destroy, by the provisioner's episode tag and names. A scheduler that starts first
+(:meth:`JobScheduler.sweep`, before it takes any work) finds the episodes of instances whose
+heartbeat has lapsed, ends their leases at once (:meth:`~env_workers.leases.AccountPool.
+reclaim`: their holders died with the scheduler), and leases those accounts (they come first)
+to destroy what the episodes left, until none of them is recorded in its account any more;
+their rollouts then go back to the queue as interrupted attempts.
 """
 from __future__ import annotations
 
@@ -23,6 +38,7 @@ import asyncio
 import logging
 import math
 import re
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -33,11 +49,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from consolerl.errors import ConfigError, EpisodeCancelled
 from consolerl.tasks import Task
 from consolerl.types import StepResult
+from env_workers.leases import AccountPool, UnknownAccount
 
 from ..agent import AgentConfig, AgentLoop
-from ..episode import EpisodeOutcome, EpisodeRunner, model_policy
-from .schema import (TERMINAL, Attempt, AuditEvent, ClaimCheck, EpisodeCounts, Job,
-                     JobCompletedEvent, JobStatusEvent, Rollout, RolloutCompletedEvent,
+from ..episode import (EpisodeLease, EpisodeOutcome, EpisodePolicy, EpisodeRunner,
+                       model_policy, scripted_policy)
+from ..oracle import ORACLE_MAX_STEPS, run_oracle
+from .schema import (ORACLE_MODEL, TERMINAL, Attempt, AuditEvent, ClaimCheck, EpisodeCounts,
+                     Job, JobCompletedEvent, JobStatusEvent, Rollout, RolloutCompletedEvent,
                      RolloutStartedEvent, RolloutStepEvent, Step, TaskSummaryEvent, Usage,
                      VerdictCounts, spec_tasks)
 from .store import JobStore
@@ -56,12 +75,33 @@ class SchedulerConfig:
     step_event_interval_s: float = 1.0  # rollout.step events, at most one per rollout per this
     screenshots: bool = True            # keep each step's screenshot as an artifact
     heartbeat_ttl_s: float = 10.0
+    # How long the start-up sweep may take (waiting for accounts that others hold or clean);
+    # what is left then stays recorded, in its account too, for the account's next holder.
+    sweep_timeout_s: float = 180.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.share_during_training <= 1.0:
             raise ConfigError("SchedulerConfig.share_during_training: must be in (0, 1]")
         if self.max_attempts < 1:
             raise ConfigError("SchedulerConfig.max_attempts: must be >= 1")
+        if not self.sweep_timeout_s >= 0:
+            raise ConfigError("SchedulerConfig.sweep_timeout_s: must be >= 0")
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """What the start-up sweep found of dead predecessors' episodes: how many (``episodes``),
+    how many of those no account records any more (``cleaned``: destroyed, by the sweep or
+    by another holder of the account), the resources the sweep destroyed (of those and of
+    any other dead holder's episodes in the accounts it leased), the leases it ended, the
+    episodes still recorded when it gave up (``left``), and how long it took."""
+
+    episodes: int = 0
+    cleaned: int = 0
+    resources: int = 0
+    leases: int = 0
+    left: tuple[str, ...] = ()
+    seconds: float = 0.0
 
 
 def verdict_of(outcome: EpisodeOutcome) -> str:
@@ -113,6 +153,13 @@ class SchedulerMetrics:
                              "team.", ["team"], registry=registry)
         self.limit = Gauge("consolerl_api_episode_limit", "Episodes API jobs may run at once "
                            "now (the share of the pool).", registry=registry)
+        self.swept = Counter("consolerl_api_swept_resources_total", "Cloud resources the "
+                             "scheduler destroyed at start, before taking work, that dead "
+                             "holders' episodes (a predecessor killed mid-episode) had "
+                             "provisioned.", registry=registry)
+        self.reclaimed = Counter("consolerl_api_reclaimed_leases_total", "Account leases of a "
+                                 "dead predecessor's episodes the scheduler ended at start "
+                                 "(instead of at their TTL).", registry=registry)
 
 
 @dataclass
@@ -133,12 +180,13 @@ class RunningJob:
 class JobScheduler:
     """``workers``: env workers (LeasedEnvWorker or their actors) API jobs may use;
     ``catalog``: the task suite by id; ``agent_for``: an AgentLoop for a model name and agent
-    config; ``quota_of``: a team's :class:`~.auth.TeamQuota`."""
+    config; ``quota_of``: a team's :class:`~.auth.TeamQuota`; ``leases``: the account pool
+    the workers lease from (None: no crash sweep at start)."""
 
     def __init__(self, config: SchedulerConfig, store: JobStore, runner: EpisodeRunner,
                  workers: list[Any], catalog: Mapping[str, Task], agent_for: AgentFactory,
                  quota_of: QuotaOf, base_agent: AgentConfig | None = None,
-                 registry: CollectorRegistry | None = None):
+                 registry: CollectorRegistry | None = None, leases: AccountPool | None = None):
         self.config = config
         self.store = store
         self.runner = runner
@@ -155,6 +203,9 @@ class JobScheduler:
         self.tasks: set[asyncio.Task] = set()
         self._stopping = False
         self._wake = asyncio.Event()
+        self.leases = leases
+        self.instance = f"s{secrets.token_hex(6)}"      # this run of the scheduler
+        self.last_sweep: SweepReport | None = None
 
     # ---- loading jobs ---------------------------------------------------------------------------
     async def _load(self, job: Job) -> RunningJob | None:
@@ -185,7 +236,7 @@ class JobScheduler:
     async def refresh(self) -> None:
         """Take in new jobs and cancellations; expire jobs past their deadline."""
         now = time.time()
-        await self.store.scheduler_beat(self.config.heartbeat_ttl_s)
+        await self.store.instance_beat(self.instance, self.config.heartbeat_ttl_s)
         active = {j.id: j for j in await self.store.active_jobs()}
         for jid, job in active.items():
             live = self.live.get(jid)
@@ -217,6 +268,105 @@ class JobScheduler:
                 states[live.job.state] += 1
         for s, n in states.items():
             self.metrics.jobs.labels(s).set(n)
+
+    # ---- the start-up sweep ---------------------------------------------------------------------
+    async def _beat(self) -> None:
+        await self.store.instance_beat(self.instance, self.config.heartbeat_ttl_s)
+
+    async def _dead_episodes(self, deadline: float) -> list[tuple[str, str, dict[str, Any]]]:
+        """The recorded episodes of other scheduler instances that are dead: their heartbeat
+        has lapsed. One still beating (a predecessor killed a moment ago) is waited for, for
+        one heartbeat TTL; one beating after that is alive (another scheduler on this
+        prefix, which is not supported) and its episodes are left alone."""
+        records = [r for r in await self.store.episode_records() if r[0] != self.instance]
+        alive = {i for i in {r[0] for r in records} if await self.store.instance_alive(i)}
+        until = min(deadline, time.monotonic() + self.config.heartbeat_ttl_s + 1.0)
+        while alive and time.monotonic() < until and not self._stopping:
+            await asyncio.sleep(0.5)
+            await self._beat()
+            alive = {i for i in alive if await self.store.instance_alive(i)}
+        if alive:
+            log.warning("scheduler instances %s on this prefix are alive: their episodes are "
+                        "not swept", sorted(alive))
+        return [r for r in records if r[0] not in alive]
+
+    async def sweep(self) -> SweepReport:
+        """Before any work: end the leases of dead predecessors' episodes and destroy what
+        those episodes provisioned (see the module docstring), within ``sweep_timeout_s``.
+        An episode is swept once its account no longer records it; what is left when time
+        runs out stays recorded (here and in its account, whose next holder destroys it)."""
+        t0 = time.monotonic()
+        deadline = t0 + self.config.sweep_timeout_s
+        await self._beat()
+        if self.leases is None:
+            return SweepReport()
+        pool = self.leases
+        dead = await self._dead_episodes(deadline)
+        leases = resources = 0
+        pending = []
+        for instance, episode, rec in dead:
+            try:
+                if await asyncio.to_thread(pool.reclaim, rec["account_id"], rec["fencing"]):
+                    leases += 1
+                pending.append((instance, episode, rec))
+            except UnknownAccount:
+                log.warning("episode %s of dead scheduler %s: account %s is not in the pool "
+                            "any more; not swept", episode, instance, rec["account_id"])
+                await self.store.drop_episode(instance, episode)
+        self.metrics.reclaimed.inc(leases)
+        while True:
+            await self._beat()
+            unfinished: dict[str, set[str]] = {}
+            left = []
+            for instance, episode, rec in pending:
+                account = rec["account_id"]
+                if account not in unfinished:
+                    unfinished[account] = set(await asyncio.to_thread(
+                        pool.unfinished_episodes, account))
+                if episode in unfinished[account]:
+                    left.append((instance, episode, rec))
+                else:
+                    await self.store.drop_episode(instance, episode)
+            pending = left
+            if not pending or time.monotonic() > deadline or self._stopping:
+                break
+            # Each free worker leases an account (those with orphans come first, as the ones
+            # just reclaimed do) and destroys what dead holders left there.
+            got = await asyncio.gather(*(self.runner.sweep_orphans(w) for w in self.free),
+                                       return_exceptions=True)
+            for x in got:
+                if isinstance(x, BaseException):
+                    log.warning("sweeping an account: %s: %s", type(x).__name__, x)
+            swept = [x for x in got if not isinstance(x, BaseException)]
+            found = sum(x.resources for x in swept)
+            resources += found
+            self.metrics.swept.inc(found)
+            if not any(x.episodes for x in swept):
+                await asyncio.sleep(1.0)     # held by someone else: it lapses or they clean
+        report = SweepReport(len(dead), len(dead) - len(pending), resources, leases,
+                             tuple(f"{r[2]['account_id']}/{r[1]}" for r in pending),
+                             round(time.monotonic() - t0, 3))
+        if dead:
+            log.info("swept what dead schedulers left: %s", report)
+        if pending:
+            log.error("the sweep ran out of time (%g s): episodes %s stay recorded for their "
+                      "accounts' next holders", self.config.sweep_timeout_s, report.left)
+        return report
+
+    async def _sweep_first(self) -> None:
+        """:meth:`sweep`, retried while the store fails (a Redis restart), for at most
+        ``sweep_timeout_s``; the scheduler goes on then, whatever is left."""
+        deadline = time.monotonic() + self.config.sweep_timeout_s
+        while not self._stopping:
+            try:
+                self.last_sweep = await self.sweep()
+                return
+            except Exception:        # noqa: BLE001 - Redis away (PoolUnavailable), or a bug
+                log.exception("the start-up sweep failed")
+                if time.monotonic() > deadline:
+                    log.error("going on without the start-up sweep")
+                    return
+                await asyncio.sleep(max(self.config.tick_s, 1.0))
 
     # ---- choosing -------------------------------------------------------------------------------
     async def limit(self) -> int:
@@ -259,8 +409,10 @@ class JobScheduler:
         self._wake.set()
 
     async def run(self, until: Callable[[], bool] | None = None) -> None:
-        """Schedule until :meth:`stop` (or ``until()`` is true), then wait for the running
-        episodes (after a stop: interrupted at their next step)."""
+        """Sweep what dead predecessors left (:meth:`sweep`), then schedule until
+        :meth:`stop` (or ``until()`` is true), then wait for the running episodes (after a
+        stop: interrupted at their next step)."""
+        await self._sweep_first()
         while not self._stopping and not (until and until()):
             try:
                 await self.refresh()
@@ -284,6 +436,10 @@ class JobScheduler:
                     await asyncio.sleep(self.config.tick_s)
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
+        try:
+            await self.store.instance_gone(self.instance)
+        except Exception as exc:  # noqa: BLE001 - its heartbeat lapses by itself
+            log.warning("could not mark scheduler %s gone: %s", self.instance, exc)
 
     def stop(self) -> None:
         """Stop scheduling; running episodes stop at their next step (cleaned up, accounts
@@ -294,6 +450,7 @@ class JobScheduler:
     async def _start(self, live: RunningJob, rollout: Rollout) -> None:
         worker = self.free.pop(0)
         rollout.state = "running"
+        rollout.model = live.job.model
         rollout.attempts.append(Attempt(attempt=len(rollout.attempts) + 1,
                                         started_at=time.time(),
                                         worker=getattr(worker, "name", "")))
@@ -326,6 +483,19 @@ class JobScheduler:
             await self.store.add_event(job.id, JobStatusEvent(state=state, error=error))
 
     # ---- one episode ----------------------------------------------------------------------------
+    async def _policy(self, job: Job) -> tuple[EpisodePolicy, int]:
+        """Who acts in the job's episodes, and the env worker's step limit: the scripted
+        oracle (no model: as many steps as its script needs), or the job's model through the
+        agent loop with the job's sampling (one step more than the agent's limit, for its
+        final action)."""
+        if job.model == ORACLE_MODEL:
+            return scripted_policy(run_oracle), ORACLE_MAX_STEPS
+        s = job.sampling
+        agent = await self.agent_for(job.model, replace(
+            self.base_agent, temperature=s.temperature, top_p=s.top_p,
+            max_steps=s.max_steps, max_new_tokens=s.max_new_tokens))
+        return model_policy(agent), s.max_steps + 1
+
     async def _episode(self, live: RunningJob, rollout: Rollout, worker: Any) -> None:
         job = live.job
         task = live.tasks[rollout.task_id]
@@ -357,16 +527,24 @@ class JobScheduler:
                     rollout_id=rollout.id, step=index, action=result.action_text,
                     url=obs.url, error=obs.last_action_error or ""))
 
+        recorded: list[str] = []                # the episode id, once its lease is recorded
+
+        async def on_lease(lease: EpisodeLease) -> None:
+            await self.store.record_episode(self.instance, lease.episode_id, {
+                "account_id": lease.account_id, "fencing": lease.fencing,
+                "worker": lease.worker, "job_id": job.id, "rollout_id": rollout.id,
+                "attempt": len(rollout.attempts), "at": time.time()})
+            recorded.append(lease.episode_id)
+
         outcome: EpisodeOutcome | None = None
         try:
             s = job.sampling
-            agent = await self.agent_for(job.model, replace(
-                self.base_agent, temperature=s.temperature, top_p=s.top_p,
-                max_steps=s.max_steps, max_new_tokens=s.max_new_tokens))
+            policy, max_steps = await self._policy(job)
             outcome = await self.runner.run(
-                worker, task, model_policy(agent), max_steps=s.max_steps + 1,
+                worker, task, policy, max_steps=max_steps,
                 trajectory_id=f"{job.id}-{rollout.id}-{len(rollout.attempts)}",
-                seed=(s.seed * 1_000_003 + rollout.sample) % 2**31, observer=observer)
+                seed=(s.seed * 1_000_003 + rollout.sample) % 2**31, observer=observer,
+                on_lease=on_lease)
         except Exception as exc:           # the runner never raises for the env; a bug might
             log.exception("episode %s of %s", rollout.id, job.id)
             error = f"internal: {type(exc).__name__}: {str(exc)[:200]}"
@@ -380,6 +558,8 @@ class JobScheduler:
         for wait_s in (0.5, 1, 2, 4, 8, 16, 30, 30, 30, 30):
             # Redis may be restarting (AOF brings it back): the result must not be lost.
             try:
+                for episode_id in recorded:     # cleaned up and released by the runner
+                    await self.store.drop_episode(self.instance, episode_id)
                 async with live.recording:
                     await self._record(live, rollout, outcome, error, steps, env_s)
                 await self.store.add_usage(job.team, env_s)

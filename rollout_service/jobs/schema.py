@@ -30,6 +30,9 @@ VERDICTS = ("success", "failure", "infeasible", "undetermined")
 # A procedure's verdict in a report (rollout_service.docs.verdict: broken only with evidence).
 PROCEDURE_VERDICTS = ("works", "works_text_stale", "broken", "inconclusive")
 SCOPES = ("jobs:write", "jobs:read", "jobs:cancel", "artifacts:read", "admin")
+# The model name of the scripted teacher (rollout_service.oracle): it acts instead of a policy
+# in a job over catalogue tasks, through the same scheduler, runner and report.
+ORACLE_MODEL = "oracle"
 
 
 def may_move(state: str, to: str) -> bool:
@@ -114,8 +117,11 @@ class Sampling(_Strict):
 class JobCreate(_Strict):
     tasks: TaskSelection
     model: str = Field(default="live", min_length=1, max_length=100,
-                       description="'live' (the policy the cluster serves now) or a model "
-                                   "name the operator registered (GET /v1/models)")
+                       description="'live' (the policy the cluster serves now), 'oracle' "
+                                   "(the scripted teacher: catalogue tasks only, seconds an "
+                                   "episode, sampling not used; to check that the console "
+                                   "and the pipeline work) or a model name the operator "
+                                   "registered (GET /v1/models)")
     samples_per_task: int = Field(default=1, ge=1, le=64)
     sampling: Sampling = Field(default_factory=Sampling)
     priority: int = Field(default=5, ge=0, le=9, description="higher runs first, within the "
@@ -242,6 +248,8 @@ class Rollout(BaseModel):
     task_id: str
     sample: int
     state: Literal["queued", "running", "completed", "failed", "cancelled"] = "queued"
+    model: str | None = Field(default=None, description="who acted: the job's model ('oracle': "
+                                                        "the scripted teacher), once started")
     verdict: Literal["success", "failure", "infeasible", "undetermined"] | None = None
     reward: float | None = None
     reward_verdict: Literal["success", "failure", "undetermined"] | None = None

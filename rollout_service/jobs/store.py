@@ -9,6 +9,8 @@ restart too).
     {p}:usage:{t}:{day}     env-seconds that day       {p}:seq               job sequence
     {p}:wake                list: news for scheduler   {p}:scheduler         its heartbeat (TTL)
     {p}:training            set while a training run is active (TTL, :class:`TrainingBeacon`)
+    {p}:inflight            hash <instance>/<episode> -> the lease of a scheduler's episode
+    {p}:scheduler:{inst}    a scheduler instance's heartbeat (TTL; see the scheduler's sweep)
 
 Every change of a job goes through :meth:`JobStore.update_job` (an optimistic WATCH/MULTI
 transaction), so the API (cancel) and the scheduler (progress) never overwrite each other.
@@ -108,6 +110,10 @@ def body_hash(body: Any) -> str:
 
 def day(t: float | None = None) -> str:
     return time.strftime("%Y%m%d", time.gmtime(time.time() if t is None else t))
+
+
+def _inflight(instance: str, episode_id: str) -> str:
+    return f"{key_part(instance)}/{key_part(episode_id)}"
 
 
 def _training_key(prefix: str) -> str:
@@ -331,6 +337,42 @@ class JobStore:
         """Whether a training run is active (its :class:`TrainingBeacon` keeps the key alive
         while it runs)."""
         return bool(await self.redis.exists(_training_key(self.p)))
+
+    # ---- what a scheduler's episodes hold (its successor sweeps what a dead one left) -----------
+    async def instance_beat(self, instance: str, ttl_s: float) -> None:
+        """Scheduler ``instance`` is alive for ``ttl_s`` more (the global heartbeat too)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(self._k("scheduler", key_part(instance)), str(time.time()),
+                     px=int(ttl_s * 1000))
+            pipe.set(self._k("scheduler"), str(time.time()), px=int(ttl_s * 1000))
+            await pipe.execute()
+
+    async def instance_alive(self, instance: str) -> bool:
+        return bool(await self.redis.exists(self._k("scheduler", key_part(instance))))
+
+    async def instance_gone(self, instance: str) -> None:
+        """A scheduler that stopped cleanly: its successor need not wait for its TTL."""
+        await self.redis.delete(self._k("scheduler", key_part(instance)))
+
+    async def record_episode(self, instance: str, episode_id: str, record: dict[str, Any]
+                             ) -> None:
+        """Write, before the episode provisions anything, that ``instance`` runs it under
+        ``record`` (its lease: account, fencing number; job and rollout)."""
+        await self.redis.hset(self._k("inflight"), _inflight(instance, episode_id),
+                              json.dumps(record))
+
+    async def episode_records(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """Every recorded episode: (instance, episode id, record)."""
+        out = []
+        for field, raw in (await self.redis.hgetall(self._k("inflight"))).items():
+            instance, _, episode = field.decode().partition("/")
+            out.append((instance, episode, json.loads(raw)))
+        return out
+
+    async def drop_episode(self, instance: str, episode_id: str) -> None:
+        """The episode is over (its resources destroyed or left in its account's record, its
+        lease released)."""
+        await self.redis.hdel(self._k("inflight"), _inflight(instance, episode_id))
 
 
 class TrainingBeacon:

@@ -589,3 +589,24 @@ def test_a_dead_holders_lapsed_lease_frees_its_account_first(make_pool, rclient)
     time.sleep(0.5)                                # the dead holder never renews
     # Its account is taken first (resources to clean up), not the least recently leased.
     assert pool.acquire("next", timeout_s=1).account_id == dead.account_id
+
+
+def test_a_dead_holders_lease_is_reclaimed_by_its_fencing_number(make_pool, rclient):
+    """A successor that knows a dead holder's lease (account and fencing number, not its
+    token) ends it at once; the account comes first, for its orphans to be destroyed. A lease
+    taken over or released since is never touched."""
+    pool = make_pool(3, lease_ttl_s=60)
+    dead = pool.acquire("dead", timeout_s=0)
+    pool.episode_begun(dead.account_id, "ep-2")
+    assert not pool.reclaim(dead.account_id, dead.fencing - 1)     # not its newest lease
+    assert pool.holds(dead)
+    assert pool.reclaim(dead.account_id, dead.fencing)
+    assert not pool.holds(dead) and lease_value(rclient, pool, dead.account_id) is None
+    assert not pool.reclaim(dead.account_id, dead.fencing)         # once
+    again = pool.acquire("next", timeout_s=0)
+    assert again.account_id == dead.account_id                     # orphans first
+    assert not pool.reclaim(dead.account_id, dead.fencing)         # the new lease stays
+    assert pool.holds(again)
+    with pytest.raises(LeaseLost):
+        pool.renew(dead)                   # a holder that was not dead after all learns it
+    assert 'outcome="reclaimed"' in generate_latest(pool.registry).decode()

@@ -226,12 +226,14 @@ def test_a_sweep_clears_what_dead_holders_left_without_running_an_episode(
         env = LeasedEnvWorker(WorkerConfig(console_url=runner_cloud.url),
                             PoolConfig(redis_url=redis_server.url, key_prefix=prefix), "sweeper")
         try:
-            return await runner.clear_orphans(env), await runner.clear_orphans(env)
+            return await runner.sweep_orphans(env), await runner.clear_orphans(env)
         finally:
             await env.drain()
     try:
         first, second = run_async(go())
-        assert (first, second) == (1, 0)
+        assert (first.account_id, first.episodes, first.resources) == (
+            victim.account_id, ("orphan02",), 1)
+        assert second == 0
         assert runner.provisioner(victim).leftovers("orphan02") == []
         assert pool.unfinished_episodes(victim.account_id) == []
         assert not list(redis_server.client().scan_iter(f"{prefix}:lease:*"))
@@ -239,3 +241,46 @@ def test_a_sweep_clears_what_dead_holders_left_without_running_an_episode(
         runner.provisioner(victim).destroy("orphan02")
         pool.episode_cleaned(victim.account_id, "orphan02")
         pool.close()
+
+
+def test_the_lease_is_told_before_anything_is_provisioned(runner_cloud, accounts,
+                                                          redis_server):
+    """``on_lease`` hears the episode's lease (what a scheduler records to sweep the episode
+    if it dies) while the account has nothing of the episode yet; when it fails, nothing is
+    provisioned and the account is released."""
+    prefix = "test:runner:onlease"
+    runner = EpisodeRunner(accounts, runner_cloud.endpoint,
+                           RewardService([TASK], accounts, runner_cloud.endpoint).score)
+    pool = PoolConfig(redis_url=redis_server.url, key_prefix=prefix)
+    heard = []
+
+    async def on_lease(lease):
+        account = runner.accounts[lease.account_id]
+        heard.append((lease, runner.provisioner(account).leftovers(lease.episode_id)))
+
+    async def refuse(lease):
+        heard.append((lease, None))
+        raise ConnectionError("the store is away")
+
+    async def go(hook):
+        env = LeasedEnvWorker(WorkerConfig(console_url=runner_cloud.url), pool, "leased")
+        try:
+            return await runner.run(env, TASK, scripted_policy(run_oracle), max_steps=40,
+                                    on_lease=hook)
+        finally:
+            await env.drain()
+    outcome = run_async(go(on_lease))
+    assert outcome.env_error is None and outcome.status == "solved"
+    (lease, before), = heard
+    assert before == [] and lease.episode_id == outcome.episode_id
+    assert (lease.account_id, lease.fencing, lease.worker) == (outcome.account_id,
+                                                               outcome.fencing, "leased")
+    heard.clear()
+    refused = run_async(go(refuse))
+    assert refused.env_error.kind == "internal" and "could not be recorded" in \
+        refused.env_error.message
+    (lease, _), = heard
+    account = runner.accounts[lease.account_id]
+    assert runner.provisioner(account).leftovers(lease.episode_id) == []
+    assert refused.trajectory is None and refused.provision_s == 0
+    assert not list(redis_server.client().scan_iter(f"{prefix}:lease:*"))

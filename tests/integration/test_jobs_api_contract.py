@@ -41,7 +41,8 @@ def tokens(book) -> dict[str, str]:
 def client(redis_server, book, tokens) -> Iterator[Client]:
     redis_server.client().flushall()
     app = build_app(JobStore(redis_server.url, "t:api"), book, SUITE,
-                    models=("live", "ckpt-a"), scheduler_required=False, sse_max_s=2)
+                    models=("live", "oracle", "ckpt-a"), scheduler_required=False,
+                    sse_max_s=2)
     with serving(app) as url, httpx.Client(base_url=url, timeout=30) as http:
         yield Client(http)
 
@@ -190,6 +191,26 @@ def test_validation_names_the_field(client, tokens):
                        json={"tasks": [inline, {"schema": 1}]}).json()
     assert v["valid"] is False and v["task_ids"] == ["my-procedure"]
     assert v["errors"] and v["errors"][0].startswith("tasks[1]")
+
+
+def test_the_oracle_runs_catalogue_tasks_only(client, tokens):
+    """``model: oracle`` (the scripted teacher) for catalogue tasks; an inline task, or a
+    documentation run (whose drafted tasks are inline), is a 422 at ``model`` saying why."""
+    ok = submit(client, tokens["eval"], {"tasks": {"id_regex": "^ram-create-user-[01]$"},
+                                         "model": "oracle"})
+    assert ok.status_code == 202, ok.text
+    assert ok.json()["model"] == "oracle" and len(ok.json()["task_ids"]) == 2
+    inline = dict(_task_dict("ram-create-user-0"), id="my-procedure")
+    for path, body in (
+            ("/v1/jobs", {"tasks": {"inline": [inline]}, "model": "oracle"}),
+            ("/v1/docs", {"pages": [{"name": "p.md", "content": "1. Click **Create User**.",
+                                     "content_type": "text/markdown"}],
+                          "run": True, "model": "oracle"})):
+        r = client.request("POST", path, tokens["eval"], json=body)
+        assert r.status_code == 422, (path, r.status_code, r.text)
+        (error,) = r.json()["detail"]
+        assert error["loc"] == ["body", "model"], error
+        assert "catalogue tasks" in error["msg"] and "inline" in error["msg"], error
 
 
 def _task_dict(task_id: str) -> dict:

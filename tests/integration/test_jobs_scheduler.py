@@ -10,6 +10,7 @@ import asyncio
 import time
 
 import pytest
+from prometheus_client import generate_latest
 
 from consolerl.errors import EpisodeCancelled
 from consolerl.experience import Trajectory
@@ -39,7 +40,8 @@ class Episodes:
         self.running = 0
         self.most = 0
 
-    async def run(self, worker, task, policy, *, max_steps, trajectory_id, seed, observer):
+    async def run(self, worker, task, policy, *, max_steps, trajectory_id, seed, observer,
+                  on_lease=None):
         self.starts.append(trajectory_id)
         self.running += 1
         self.most = max(self.most, self.running)
@@ -249,3 +251,74 @@ def test_job_completed_is_the_last_event_when_episodes_end_together(store):
             assert kinds.count("rollout.completed") == 4 and kinds.count("task.summary") == 1
             assert done.episodes.completed == 4, done.episodes
     run_async(go())
+
+
+class SweepingEpisodes(Episodes):
+    """Episodes, plus the runner's orphan sweep over a real account pool: each call leases an
+    account (orphans first), "destroys" what dead holders recorded there, releases it. Every
+    call, sweep or episode, is logged in order."""
+
+    def __init__(self, pool, **kw):
+        super().__init__(**kw)
+        self.pool = pool
+        self.log: list[str] = []
+
+    async def sweep_orphans(self, worker, acquire_timeout_s=5.0):
+        from rollout_service.episode import OrphanSweep
+        lease = await asyncio.to_thread(self.pool.acquire, str(worker), 1.0)
+        try:
+            orphans = self.pool.unfinished_episodes(lease.account_id)
+            for episode in orphans:
+                self.pool.episode_cleaned(lease.account_id, episode)
+                self.log.append(f"destroyed {episode}")
+            return OrphanSweep(lease.account_id, tuple(orphans), 2 * len(orphans))
+        finally:
+            self.pool.release(lease)
+
+    async def run(self, worker, task, policy, **kw):
+        self.log.append(f"episode {kw['trajectory_id']}")
+        return await super().run(worker, task, policy, **kw)
+
+
+def test_a_dead_schedulers_episodes_are_swept_before_any_work(store, redis_server, accounts):
+    """A scheduler killed mid-episode left its lease and its episode's record: its successor
+    ends the lease (long before its TTL), destroys what the episode left, and only then
+    starts an episode; a live scheduler's episodes are left alone."""
+    from env_workers.accounts import PoolConfig
+    from env_workers.leases import AccountPool
+    pool = AccountPool(accounts[:2], PoolConfig(redis_url=redis_server.url,
+                                                key_prefix="t:sched:pool", lease_ttl_s=600))
+
+    async def go():
+        job = await make_job(store, "a", TASKS[:1])
+        dead = pool.acquire("dead-worker", timeout_s=0)       # never renewed, never released
+        pool.episode_begun(dead.account_id, "deadbeef")
+        await store.record_episode("sdead", "deadbeef", {
+            "account_id": dead.account_id, "fencing": dead.fencing, "worker": "dead-worker",
+            "job_id": job, "rollout_id": "r0000s000", "attempt": 1, "at": time.time()})
+        await store.record_episode("salive", "cafef00d", {
+            "account_id": "nobody", "fencing": 1, "worker": "w", "job_id": job,
+            "rollout_id": "r0000s000", "attempt": 1, "at": time.time()})
+        await store.instance_beat("salive", 60)               # another scheduler, alive
+        eps = SweepingEpisodes(pool, seconds=0.05)
+        sched = JobScheduler(SchedulerConfig(tick_s=0.05, heartbeat_ttl_s=0.5), store, eps,
+                             ["w0", "w1"], SUITE, _agent,
+                             lambda team: TeamQuota(concurrent_episodes=8), leases=pool)
+        t0 = time.monotonic()
+        (done,) = await run_until_done(sched, store, [job])
+        assert done.state == "completed"
+        assert eps.log[0] == "destroyed deadbeef" and eps.log[1].startswith("episode"), eps.log
+        report = sched.last_sweep
+        assert (report.episodes, report.cleaned, report.leases, report.left) == (1, 1, 1, ())
+        assert report.resources == 2 and report.seconds < time.monotonic() - t0 < 60
+        assert pool.unfinished_episodes(dead.account_id) == []
+        left = {(i, e) for i, e, _ in await store.episode_records()}
+        assert left == {("salive", "cafef00d")}               # the live one's stays
+        text = generate_latest(sched.registry).decode()
+        assert "consolerl_api_swept_resources_total 2.0" in text
+        assert "consolerl_api_reclaimed_leases_total 1.0" in text
+        assert not await store.instance_alive(sched.instance)  # a clean stop says so
+    try:
+        run_async(go())
+    finally:
+        pool.close()

@@ -299,3 +299,36 @@ def test_a_token_file_with_a_team_that_is_no_key_part_is_refused(tmp_path):
     (tmp_path / "tokens.json").write_text(json.dumps({"teams": {"a:b": {}}, "tokens": []}))
     with pytest.raises(ConfigError, match="team.*'a:b'"):
         TokenBook(tmp_path / "tokens.json")
+
+
+def test_the_oracle_has_a_script_for_every_catalogue_task_and_says_when_it_has_none():
+    from dataclasses import replace
+
+    from rollout_service.oracle import why_no_oracle
+    assert [why_no_oracle(t) for t in SUITE.values() if why_no_oracle(t)] == []
+    task = SUITE["ram-create-user-0"]
+    assert "no oracle family" in why_no_oracle(replace(task, oracle_family=""))
+    assert "'nope'" in why_no_oracle(replace(task, oracle_family="nope"))
+    # A task known not to work as written needs no script: the oracle reports it.
+    known = replace(SUITE["ecs-instance-bandwidth-wrongdoc"], oracle_family="")
+    assert why_no_oracle(known) == ""
+
+
+def test_an_oracle_report_says_a_scripted_teacher_acted():
+    job = Job(id="j", team="a", state="completed", created_at=1.0, model="oracle",
+              samples_per_task=1, sampling=Sampling(), priority=5,
+              task_ids=["ram-create-user-0"])
+    row = rollout("success", reward=1.0).model_copy(update={
+        "task_id": "ram-create-user-0", "model": "oracle"})
+    report = build_report(job, SUITE, [row])
+    assert report["model"] == "oracle" and report["scripted"] is True
+    page = render_html(report)
+    assert "the scripted teacher, not a trained agent" in page and "policy version" not in page
+    live = build_report(job.model_copy(update={"model": "live"}), SUITE, [row])
+    assert live["scripted"] is False and "policy version" in render_html(live)
+
+
+def test_oracle_is_no_name_for_a_registered_model():
+    from cluster.config import ApiSection
+    with pytest.raises(ConfigError, match="scripted teacher"):
+        ApiSection(models={"oracle": "/some/checkpoint"})

@@ -27,9 +27,9 @@ from ...docs.model import to_json
 from ...docs.service import (CONTENT_TYPES, MAX_PAGES, DocsInputError, DocsUnavailable,
                              PageIn, PageResult)
 from ..auth import Principal
-from ..schema import Job, JobCreate, Sampling, TaskSelection, _Strict
+from ..schema import ORACLE_MODEL, Job, JobCreate, Sampling, TaskSelection, _Strict
 from .context import ERRORS, Context, Detail, auth, unprocessable
-from .jobs import enqueue
+from .jobs import ORACLE_INLINE, enqueue
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 MAX_SAMPLES = 16
@@ -75,7 +75,9 @@ class DocsCheck(_Strict):
                                                  "(a job; needs jobs:write)")
     samples: int = Field(default=1, ge=1, le=MAX_SAMPLES, description="samples per procedure "
                                                                       "(K) when run")
-    model: str = Field(default="live", min_length=1, max_length=100)
+    model: str = Field(default="live", min_length=1, max_length=100,
+                       description="who runs the drafted tasks: 'live' or a registered model "
+                                   "(not 'oracle', which runs only catalogue tasks)")
     sampling: Sampling = Field(default_factory=Sampling)
 
 
@@ -177,6 +179,8 @@ async def check_docs(body: DocsCheck, ctx: Context,
     if body.run and body.model not in ctx.models:
         raise unprocessable("model", f"{body.model!r} is not served; one of "
                                      f"{', '.join(ctx.models)}")
+    if body.run and body.model == ORACLE_MODEL:          # the drafted tasks are inline
+        raise unprocessable("model", ORACLE_INLINE)
     pages = [PageIn(p.name, p.content, p.content_type) for p in body.pages]
     try:
         service = await run_in_threadpool(ctx.docs)

@@ -13,8 +13,9 @@ from consolerl.errors import ConfigError
 from consolerl.patterns import PatternError, compile_pattern, search
 from consolerl.tasks import parse_task
 
+from ...oracle import why_no_oracle
 from ..auth import Principal
-from ..schema import (TERMINAL, Job, JobCompletedEvent, JobCreate, JobList,
+from ..schema import (ORACLE_MODEL, TERMINAL, Job, JobCompletedEvent, JobCreate, JobList,
                       JobStatusEvent)
 from ..store import StoreConflict, body_hash
 from .context import (ERRORS, NOT_FOUND, ApiContext, Context, Cursor, Detail, KeyPart, auth,
@@ -26,6 +27,12 @@ _JOB_LINK = {"job_id": "$response.body#/id"}
 _LINKS = {name: {"operationId": op, "parameters": _JOB_LINK} for name, op in (
     ("GetJob", "get_job"), ("CancelJob", "cancel_job"), ("JobResults", "job_results"),
     ("JobReport", "job_report"), ("JobEvents", "job_events"))}
+
+
+# Why an inline task cannot run with the oracle (the 422's message, at ``model``).
+ORACLE_INLINE = ("'oracle' runs only catalogue tasks: it follows a fixed script per catalogue "
+                 "task, not a procedure's text, so it cannot check an inline task; use 'live' "
+                 "or a registered model")
 
 
 def _midnight_s() -> int:
@@ -75,6 +82,8 @@ async def submit(request: JobCreate, response: Response, ctx: Context,
     if request.model not in ctx.models:
         raise unprocessable("model", f"{request.model!r} is not served; one of "
                                      f"{', '.join(ctx.models)}")
+    if request.model == ORACLE_MODEL and request.tasks.inline is not None:
+        raise unprocessable("model", ORACLE_INLINE)
     try:
         ids, entries = await run_in_threadpool(resolve, ctx, request)
     except (ConfigError, PatternError) as exc:
@@ -86,6 +95,11 @@ async def submit(request: JobCreate, response: Response, ctx: Context,
         if named:
             where = f"{where}.{named.group(1)}"
         raise unprocessable(where, what) from None
+    if request.model == ORACLE_MODEL:
+        refused = [why for why in (why_no_oracle(ctx.catalog[t]) for t in ids) if why]
+        if refused:
+            raise unprocessable("model", "'oracle' has no script for every task: " +
+                                "; ".join(refused[:5]))
     job = await enqueue(ctx, who, request, ids, {"tasks": entries}, idempotency_key)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return job
