@@ -120,6 +120,7 @@ class StorageSweeper:
         """Settle up to ``batch`` due entries; refresh the byte counts. How many were settled."""
         settled = 0
         try:
+            await self.store.ensure_layout()      # a Redis from before retention: its old jobs
             for kind in await self.store.sweep(time.time() if now is None else now,
                                                self.batch):
                 self.swept.labels(kind).inc()

@@ -6,6 +6,8 @@ restart too).
     {p}:job:{id}:rollouts   hash rollout id -> JSON    {p}:job:{id}:events   stream (SSE ids)
     {p}:job:{id}:artifacts  hash artifact id -> reference (team, mime, blob key, size)
     {p}:team:{t}:jobs       zset of job ids by seq     {p}:active            set of live jobs
+    {p}:team:{t}:active     the team's live jobs       {p}:team:{t}:queued   its queued jobs
+    {p}:layout              the layout's version (indexes built, old jobs given retention)
     {p}:idem:{t}:{key}      idempotency key -> job     {p}:seq               job sequence
     {p}:usage:{t}:{day}     env-seconds that day (kept ``usage_keep_s`` past the day's end)
     {p}:expiry              zset: retention entries by when they are due (b: a job's
@@ -25,7 +27,12 @@ late event) never makes a key without a TTL: events and rollouts are written onl
 job exists, and given its TTL; artifacts only while it runs.
 
 Every change of a job goes through :meth:`JobStore.update_job` (an optimistic WATCH/MULTI
-transaction), so the API (cancel) and the scheduler (progress) never overwrite each other.
+transaction), so the API (cancel) and the scheduler (progress) never overwrite each other;
+the team indexes change in the same transaction as the state they index, and a submission
+counts its team's queued jobs under WATCH, so concurrent submissions never pass the quota
+together. When the layout key is missing (a Redis from before the indexes, or keys lost),
+:meth:`JobStore.ensure_layout` rebuilds the indexes from the jobs (each job indexed by a Lua
+script that reads its state, so a job changing meanwhile is never indexed wrongly).
 
 What comes from outside and reaches Redis is checked against Redis' own domain first (the API
 answers 422 naming the field): a stream id by :func:`stream_id` (Redis refuses one past 2^64
@@ -42,6 +49,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -58,17 +66,22 @@ from .blobs import BlobConfig, BlobStore, BlobUnavailable, open_blobs
 from .domain import (KEY_PART, KEY_PART_MAX_CHARS, STREAM_ID, STREAM_ID_MAX_CHARS, U64_MAX,
                      OutOfDomain, at_most, key_part, stream_id)
 from .retention import RetentionConfig
-from .schema import TERMINAL, Job, JobEvent, Rollout, event_data, may_move
+from .schema import JOB_STATES, TERMINAL, Job, JobEvent, Rollout, event_data, may_move
 
 log = logging.getLogger("rollout_service.jobs.store")
 # The domain checks live in .domain; the API's parameter types import them from here.
 __all__ = ["KEY_PART", "KEY_PART_MAX_CHARS", "STREAM_ID", "STREAM_ID_MAX_CHARS", "U64_MAX",
-           "JobStore", "OutOfDomain", "StoreConflict", "TrainingBeacon", "at_most",
+           "JobStore", "OutOfDomain", "QueueFull", "StoreConflict", "TrainingBeacon",
+           "at_most",
            "body_hash", "day", "key_part", "stream_id"]
 
 
 class StoreConflict(ConsoleRLError, ValueError):
     """An idempotency key reused with another body, or a refused state transition."""
+
+
+class QueueFull(ConsoleRLError, ValueError):
+    """A submission over the team's quota of queued jobs (the message says how many)."""
 
 
 def body_hash(body: Any) -> str:
@@ -119,6 +132,31 @@ return 1
 """
 
 
+LAYOUT = b"2"              # 2: team indexes, retention (1: the layout before them)
+_LIVE = [s for s in JOB_STATES if s not in TERMINAL]
+# Index one job by its stored state, atomically (KEYS: the job, the live set, the team's
+# live and queued sets; ARGV[1] the id): a job that is gone or finished leaves every index.
+_INDEX_JOB = """
+local raw = redis.call('GET', KEYS[1])
+local state = raw and cjson.decode(raw)['state']
+if %s then
+  redis.call('SADD', KEYS[3], ARGV[1])
+  if state == 'queued' then redis.call('SADD', KEYS[4], ARGV[1])
+  else redis.call('SREM', KEYS[4], ARGV[1]) end
+  return 1
+end
+redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('SREM', KEYS[3], ARGV[1])
+redis.call('SREM', KEYS[4], ARGV[1])
+return 0
+""" % " or ".join(f"state == '{state}'" for state in _LIVE)
+# An idempotency key taken by a submission the quota then refused goes (if still its own).
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
 class JobStore:
     def __init__(self, url: str, prefix: str = "consolerl:api", retries: int = 12,
                  blobs: BlobConfig | BlobStore | None = None,
@@ -136,6 +174,8 @@ class JobStore:
         self.retries = retries
         self.retention = retention if retention is not None else RetentionConfig()
         self.clock = clock
+        self._layout_ok = False
+        self._layout_lock: asyncio.Lock | None = None
         self.blob_config = blobs if isinstance(blobs, BlobConfig) else \
             (BlobConfig() if blobs is None else None)
         self._blobs: BlobStore | None = None if self.blob_config is not None else blobs
@@ -161,10 +201,11 @@ class JobStore:
         return self._blobs
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_redis": None,
+        return {**self.__dict__, "_redis": None, "_layout_ok": False, "_layout_lock": None,
                 "_blobs": self._blobs if self.blob_config is None else None}
 
     async def close(self) -> None:
+        self._layout_lock = None                 # bound to this event loop, as the client
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = None
@@ -182,16 +223,21 @@ class JobStore:
     def _idem(self, team: str, key: str) -> str:
         return self._k("idem", team, hashlib.sha256(key.encode()).hexdigest())
 
-    async def idempotency_known(self, team: str, key: str) -> bool:
-        return bool(await self.redis.exists(self._idem(team, key)))
+    def _team_index(self, team: str) -> tuple[str, str]:
+        """The team's sets of live and of queued jobs."""
+        return self._k("team", team, "active"), self._k("team", team, "queued")
 
     async def create_job(self, job: Job, spec: dict[str, Any],
-                         idempotency: tuple[str, str] | None = None) -> tuple[Job, bool]:
+                         idempotency: tuple[str, str] | None = None,
+                         max_queued: int | None = None) -> tuple[Job, bool]:
         """Store ``job`` with ``spec``; with ``idempotency`` (key, body hash): the job an
         earlier request with that key made (``created`` False), or :class:`StoreConflict`
-        when that request had another body."""
+        when that request had another body. ``max_queued``: :class:`QueueFull` when the team
+        already has that many queued jobs (counted and created in one transaction; a known
+        idempotency key returns its job whatever the count)."""
+        mine = idem_key = None
         if idempotency is not None:
-            key = self._idem(job.team, idempotency[0])
+            key = idem_key = self._idem(job.team, idempotency[0])
             mine = json.dumps({"job": job.id, "body": idempotency[1]})
             # Remembered no longer than the team's results are kept.
             keep_s = min(IDEMPOTENCY_S, self.retention.for_team(job.team).results_s)
@@ -204,14 +250,33 @@ class JobStore:
                     return earlier, False
                 # The key was taken but the job not written (a crash between): write it now.
                 job = job.model_copy(update={"id": held["job"]})
+                mine = json.dumps(held)
+        await self.ensure_layout()
+        live, queued = self._team_index(job.team)
         seq = await self.redis.incr(self._k("seq"))
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(self._k("job", job.id), job.model_dump_json())
-            pipe.set(self._k("job", job.id, "spec"), json.dumps(spec))
-            pipe.zadd(self._k("team", job.team, "jobs"), {job.id: seq})
-            pipe.sadd(self._k("active"), job.id)
-            await pipe.execute()
-        return job, True
+        while True:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    if max_queued is not None:
+                        await pipe.watch(queued)
+                        count = await pipe.scard(queued)
+                        if count >= max_queued:
+                            await pipe.reset()
+                            if idem_key is not None:
+                                await self.redis.eval(_RELEASE, 1, idem_key, mine)
+                            raise QueueFull(f"your team has {count} queued jobs, its quota")
+                    pipe.multi()
+                    pipe.set(self._k("job", job.id), job.model_dump_json())
+                    pipe.set(self._k("job", job.id, "spec"), json.dumps(spec))
+                    pipe.zadd(self._k("team", job.team, "jobs"), {job.id: seq})
+                    pipe.sadd(self._k("active"), job.id)
+                    pipe.sadd(live, job.id)
+                    if job.state == "queued":
+                        pipe.sadd(queued, job.id)
+                    await pipe.execute()
+                    return job, True
+                except WatchError:
+                    continue
 
     async def job_json(self, job_id: str) -> bytes | None:
         return await self.redis.get(self._k("job", job_id))
@@ -249,8 +314,12 @@ class JobStore:
                     pipe.multi()
                     # KEEPTTL: a finished job's counts may still change; its TTL stays.
                     pipe.set(key, new.model_dump_json(), keepttl=True)
+                    live, queued = self._team_index(job.team)
+                    if job.state == "queued" and new.state != "queued":
+                        pipe.srem(queued, job_id)
                     if new.state in TERMINAL:
                         pipe.srem(self._k("active"), job_id)
+                        pipe.srem(live, job_id)
                     if finishing:
                         self._retire(pipe, new, sized)
                     await pipe.execute()
@@ -272,12 +341,18 @@ class JobStore:
                          or 0)
         return total
 
-    def _retire(self, pipe: Any, job: Job, results_bytes: int) -> None:
+    def _retire(self, pipe: Any, job: Job, results_bytes: int,
+                since: float | None = None) -> None:
         """In a MULTI: the finished job's results TTL, and its retention entries (see
-        :mod:`.retention`). Its artifact references outlive the screenshots' entry by an hour
-        (the sweep deletes them with the blobs; the TTL is a backstop)."""
+        :mod:`.retention`), counted from ``since`` (default now; a job that finished before
+        retention existed: when it finished). Its artifact references outlive the
+        screenshots' entry by an hour (the sweep deletes them with the blobs; the TTL is a
+        backstop)."""
         kept = self.retention.for_team(job.team)
         now = self.clock()
+        if since is not None:                # what is left of its time (1 ms: none)
+            kept = replace(kept, results_s=max(0.001, since + kept.results_s - now),
+                           screenshots_s=max(0.001, since + kept.screenshots_s - now))
         results_ms = max(1, int(kept.results_s * 1000))
         for key in self._job_keys(job.id):
             pipe.pexpire(key, results_ms)
@@ -299,13 +374,109 @@ class JobStore:
                 return [], False
             top = f"({int(score)}"
         ids = await self.redis.zrevrangebyscore(key, top, "-inf", start=0, num=limit + 1)
-        jobs = [j for j in [await self.get_job(i.decode()) for i in ids[:limit]] if j]
-        return jobs, len(ids) > limit
+        return await self._jobs(ids[:limit]), len(ids) > limit
+
+    async def _jobs(self, ids: list[bytes]) -> list[Job]:
+        """The jobs of ``ids`` that exist, in that order (MGET, a thousand at a time)."""
+        out = []
+        for i in range(0, len(ids), 1000):
+            keys = [self._k("job", j.decode()) for j in ids[i:i + 1000]]
+            out += [Job.model_validate_json(r) for r in await self.redis.mget(keys) if r]
+        return out
 
     async def active_jobs(self) -> list[Job]:
-        ids = await self.redis.smembers(self._k("active"))
-        jobs = [await self.get_job(i.decode()) for i in ids]
-        return [j for j in jobs if j is not None]
+        """Every live job (of every team: the scheduler's view)."""
+        return await self._jobs(list(await self.redis.smembers(self._k("active"))))
+
+    async def team_jobs(self, team: str) -> list[Job]:
+        """The team's live jobs (its index: the cost does not grow with other teams' jobs)."""
+        await self.ensure_layout()
+        return await self._jobs(list(await self.redis.smembers(self._team_index(team)[0])))
+
+    async def queued_count(self, team: str) -> int:
+        await self.ensure_layout()
+        return int(await self.redis.scard(self._team_index(team)[1]))
+
+    # ---- the layout -----------------------------------------------------------------------------
+    async def ensure_layout(self) -> None:
+        """Bring a Redis whose layout key is missing (one from before the team indexes and
+        retention, or keys lost) to this layout: build the team indexes, retire finished jobs
+        that have no TTL, give old inline artifacts one. Idempotent and safe beside live
+        traffic; once per process when the key is there."""
+        if self._layout_ok:
+            return
+        if self._layout_lock is None:
+            self._layout_lock = asyncio.Lock()
+        async with self._layout_lock:            # this process's callers: one does it
+            if self._layout_ok:
+                return
+            if await self.redis.get(self._k("layout")) != LAYOUT:
+                started = time.monotonic()
+                indexed = await self._rebuild_indexes()
+                retired = await self._retire_old_jobs()
+                await self.redis.set(self._k("layout"), LAYOUT)
+                log.info("job store layout %s under %s: %d live jobs indexed, %d finished "
+                         "jobs given retention (%.1f s)", LAYOUT.decode(), self.p, indexed,
+                         retired, time.monotonic() - started)
+            self._layout_ok = True
+
+    async def _scan(self, pattern: str) -> list[bytes]:
+        return [k async for k in self.redis.scan_iter(match=pattern, count=1000)]
+
+    async def _rebuild_indexes(self) -> int:
+        """Index every live job and check every member of every team index (stale ones go)."""
+        todo = {job.id.encode(): job.team for job in await self.active_jobs()}
+        for key in await self._scan(self._k("team", "*", "active")) + \
+                await self._scan(self._k("team", "*", "queued")):
+            team = key.decode()[len(self._k("team")) + 1:].rsplit(":", 1)[0]
+            for member in await self.redis.smembers(key):
+                todo.setdefault(member, team)
+        missing = [j for j in await self.redis.smembers(self._k("active")) if j not in todo]
+        for job_id in missing:                   # in the live set, but no job: let it go
+            await self.redis.srem(self._k("active"), job_id)
+        indexed = 0
+        items = list(todo.items())
+        for i in range(0, len(items), 500):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for job_id, team in items[i:i + 500]:
+                    live, queued = self._team_index(team)
+                    pipe.eval(_INDEX_JOB, 4, self._k("job", job_id.decode()),
+                              self._k("active"), live, queued, job_id)
+                indexed += sum(await pipe.execute())
+        return indexed
+
+    async def _retire_old_jobs(self) -> int:
+        """Finished jobs with no TTL (finished before retention) get it now; old inline
+        artifacts get their team's screenshot time; a team list's ids of jobs gone go."""
+        retired = 0
+        for key in await self._scan(self._k("team", "*", "jobs")):
+            for raw in await self.redis.zrange(key, 0, -1):
+                job_id = raw.decode()
+                job_key = self._k("job", job_id)
+                async with self.redis.pipeline(transaction=True) as pipe:
+                    try:
+                        await pipe.watch(job_key)
+                        found = await pipe.get(job_key)
+                        if found is None:
+                            await pipe.reset()
+                            await self.redis.zrem(key, raw)
+                            continue
+                        job = Job.model_validate_json(found)
+                        if job.state not in TERMINAL or await pipe.pttl(job_key) != -1:
+                            continue
+                        sized = await self._results_bytes(pipe, job_id)
+                        pipe.multi()
+                        self._retire(pipe, job, sized, since=job.finished_at or job.created_at)
+                        await pipe.execute()
+                        retired += 1
+                    except WatchError:
+                        continue             # another process retired it meanwhile
+        for key in await self._scan(self._k("artifact", "*")):
+            team = await self.redis.hget(key, "team")
+            if team is not None and await self.redis.ttl(key) == -1:
+                kept = self.retention.for_team(team.decode()).screenshots_s
+                await self.redis.pexpire(key, max(1, int(kept * 1000)))
+        return retired
 
     async def owns(self, team: str, job_id: str) -> bool:
         return await self.redis.zscore(self._k("team", team, "jobs"), job_id) is not None
