@@ -12,6 +12,14 @@ actor, or ``serve`` Ray Serve with FastAPI ingress), then measures:
   ``--interval-ms`` after the previous one started (a status poller; 0: back to back, a
   closed loop). The load generator (aiohttp) runs in this process, on the same cores.
 
+With ``--active-jobs N`` it measures submission cost instead (no Ray, no scheduler, no
+policy): a Redis holding ``N`` active jobs of ``--other-teams`` other teams (queued and
+running), the HTTP side alone in a process of its own (uvicorn, uvloop, as ``make serve``
+hosts it), and one client in this process that sends ``--submits`` ``POST /v1/jobs`` (one
+task each, team ``bench``) one after the other, then as many ``GET /v1/quota``:
+``submit_p50_ms`` / ``submit_p99_ms``, ``quota_p50_ms`` / ``quota_p99_ms``, ``errors``,
+``seed_s``, ``commit`` (the code measured).
+
 Prints one JSON object.
 """
 from __future__ import annotations
@@ -19,7 +27,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
+import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +46,10 @@ from cluster.config import JobConfig
 from cluster.serve import Stack
 from consolerl.config import load_config
 from infra.local_cloud import free_port
+from infra.redis_local import RedisServer
 from rollout_service.jobs.auth import TeamQuota, TokenBook
+from rollout_service.jobs.schema import Job, Sampling
+from rollout_service.jobs.store import JobStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,6 +166,114 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "submit_to_first_episode_runs_ms": submits, "env_workers": args.workers}
 
 
+# ---- --active-jobs: submission cost with many active jobs of other teams ----------------------
+
+PREFIX = "bench:api"
+
+
+async def seed(redis_url: str, n: int, teams: int) -> None:
+    """``n`` active jobs (3 in 4 queued, the rest running) of ``teams`` teams, through the
+    store as the API makes them."""
+    store = JobStore(redis_url, PREFIX)
+    rng = random.Random(0)
+    semaphore = asyncio.Semaphore(64)
+
+    async def one(i: int) -> None:
+        async with semaphore:
+            now = time.time()
+            job = Job(id=await store.new_job_id(), team=f"team{i % teams:03d}",
+                      state="queued", created_at=now, model="live", samples_per_task=3,
+                      sampling=Sampling(), priority=5,
+                      task_ids=[f"ram-create-user-{rng.randrange(3)}"])
+            await store.create_job(job, {"tasks": [{"id": t} for t in job.task_ids]})
+            if i % 4 == 3:
+                await store.update_job(job.id, lambda j: j.model_copy(update={
+                    "state": "running", "started_at": now}))
+    await asyncio.gather(*(one(i) for i in range(n)))
+    await store.close()
+
+
+def _serve(redis_url: str, tokens_file: str, port: int) -> None:
+    """The HTTP side alone (a process of its own)."""
+    import uvicorn  # noqa: PLC0415 - the child's only
+
+    from consolerl.tasks import TASKS_DIR, load_suite  # noqa: PLC0415
+    from rollout_service.jobs.app import build_app  # noqa: PLC0415
+    app = build_app(JobStore(redis_url, PREFIX), TokenBook(Path(tokens_file)),
+                    {t.id: t for t in load_suite(TASKS_DIR)}, scheduler_required=False)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                loop="uvloop", http="httptools")
+
+
+def _quantiles(ms: list[float]) -> tuple[float, float]:
+    ms = sorted(ms)
+    return (round(ms[len(ms) // 2], 2),
+            round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2))
+
+
+def run_active(args: argparse.Namespace) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-submit-"))
+    redis = RedisServer(tmp / "redis").start()
+    server = None
+    try:
+        t0 = time.monotonic()
+        asyncio.run(seed(redis.url, args.active_jobs, args.other_teams))
+        seed_s = round(time.monotonic() - t0, 1)
+        _log(f"seeded {args.active_jobs} active jobs of {args.other_teams} teams in {seed_s} s")
+        book = TokenBook(tmp / "tokens.json")
+        token = book.create("bench", ["jobs:write", "jobs:read"],
+                            TeamQuota(queued_jobs=args.submits + 10, samples_per_job=1000))
+        port = free_port()
+        server = multiprocessing.get_context("spawn").Process(
+            target=_serve, args=(redis.url, str(book.path), port), daemon=True)
+        server.start()
+        errors = 0
+        submit_ms: list[float] = []
+        quota_ms: list[float] = []
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120,
+                          headers={"Authorization": f"Bearer {token}"}) as http:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if http.get("/healthz").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the API did not start")
+                time.sleep(0.2)
+            body = {"tasks": {"ids": ["ram-create-user-0"]}, "samples_per_task": 1}
+            for _ in range(3):                     # warm up (imports, connections)
+                http.get("/v1/quota")
+            for i in range(args.submits):
+                t = time.perf_counter()
+                r = http.post("/v1/jobs", json=body)
+                submit_ms.append((time.perf_counter() - t) * 1000)
+                errors += r.status_code != 202
+                if (i + 1) % 25 == 0:
+                    _log(f"{i + 1}/{args.submits} submissions, p50 "
+                         f"{_quantiles(submit_ms)[0]} ms")
+            for _ in range(args.submits):
+                t = time.perf_counter()
+                r = http.get("/v1/quota")
+                quota_ms.append((time.perf_counter() - t) * 1000)
+                errors += r.status_code != 200
+            used = http.get("/v1/quota").json()["used"]["queued_jobs"]
+    finally:
+        if server is not None:
+            server.terminate()
+            server.join(10)
+        redis.stop()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    submit, quota = _quantiles(submit_ms), _quantiles(quota_ms)
+    return {"mode": "active_jobs", "active_jobs": args.active_jobs,
+            "other_teams": args.other_teams, "submits": args.submits,
+            "submit_p50_ms": submit[0], "submit_p99_ms": submit[1],
+            "quota_p50_ms": quota[0], "quota_p99_ms": quota[1], "errors": errors,
+            "queued_after": used, "seed_s": seed_s, "commit": commit}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.jobs_api", description=__doc__
                                      .split("\n\n")[0])
@@ -160,10 +282,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--interval-ms", type=float, default=100.0)
-    parser.add_argument("--submits", type=int, default=3)
+    parser.add_argument("--submits", type=int, default=None,
+                        help="jobs submitted (default 3; 100 with --active-jobs)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--model", default="", help="the policy (default: configs/serve.yaml's)")
+    parser.add_argument("--active-jobs", type=int, default=0,
+                        help="measure submission with this many active jobs of other teams")
+    parser.add_argument("--other-teams", type=int, default=50)
     args = parser.parse_args(argv)
+    if args.submits is None:
+        args.submits = 100 if args.active_jobs else 3
+    if args.active_jobs:
+        result = run_active(args)
+        print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+        return 0 if result["errors"] == 0 else 1
     result = run(args)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0 if result["errors"] == 0 else 1

@@ -82,13 +82,16 @@ def jobs_api_specs(config: JobConfig, policy: PolicyConfig, metrics: PublishConf
     keep every other env setting: placement, restarts) and its HTTP side."""
     api = config.api
     tokens = str(Path(api.tokens_file).resolve())
+    # Both sides (separate processes, whatever their working folder) share one directory.
+    blobs = replace(api.blobs, dir=str(Path(api.blobs.dir).resolve()))
     rollout = rollout_spec(config, policy, metrics, workers=api.workers, suite_dir=suite_dir)
     scheduler = SchedulerSpec(rollout=rollout, scheduler=api.scheduler,
                               redis_url=config.stream.url, prefix=api.prefix,
-                              tokens_file=tokens, models=tuple(api.models.items()))
+                              tokens_file=tokens, models=tuple(api.models.items()),
+                              blobs=blobs, retention=api.retention)
     http = HttpSpec(redis_url=config.stream.url, prefix=api.prefix, tokens_file=tokens,
                     models=("live", ORACLE_MODEL, *api.models), sse_max_s=api.sse_max_s,
-                    suite_dir=rollout.suite_dir)
+                    suite_dir=rollout.suite_dir, blobs=blobs, retention=api.retention)
     return scheduler, http
 
 

@@ -18,6 +18,8 @@ from reward_service.fusion import RewardConfig
 from rollout_service.agent import AgentConfig
 from rollout_service.experience import StreamConfig
 from rollout_service.jobs.schema import ORACLE_MODEL
+from rollout_service.jobs.blobs import BlobConfig
+from rollout_service.jobs.retention import RetentionConfig
 from rollout_service.jobs.scheduler import SchedulerConfig
 from rollout_service.orchestrator import OrchestratorConfig
 from rollout_service.policy import PolicyConfig
@@ -137,7 +139,11 @@ class ApiSection:
     workers run API jobs, leasing from the same account pool as training (``env``);
     ``models``: checkpoints or run folders the operator registers by name (besides ``live``
     and ``oracle``, the scripted teacher, which every jobs API offers);
-    ``hosting``: ``actor`` (uvicorn in a Ray actor) or ``serve`` (Ray Serve)."""
+    ``hosting``: ``actor`` (uvicorn in a Ray actor) or ``serve`` (Ray Serve); ``blobs``: where
+    artifacts' bytes go (:class:`~rollout_service.jobs.blobs.BlobConfig`: a local directory,
+    or an OSS bucket whose AccessKey is read from environment variables); ``retention``: how
+    long finished jobs and their screenshots are kept, per team
+    (:class:`~rollout_service.jobs.retention.RetentionConfig`)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -149,6 +155,8 @@ class ApiSection:
     hosting: str = "actor"
     sse_max_s: float = 300.0
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    blobs: BlobConfig = field(default_factory=BlobConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     def __post_init__(self) -> None:
         if self.hosting not in ("actor", "serve"):

@@ -16,7 +16,7 @@ import gc
 import os
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ from rollout_service.agent import AgentConfig, AgentLoop
 from rollout_service.episode import EpisodeRunner
 from rollout_service.jobs.app import build_app
 from rollout_service.jobs.auth import TokenBook
+from rollout_service.jobs.blobs import BlobConfig
+from rollout_service.jobs.retention import RetentionConfig, StorageSweeper
 from rollout_service.jobs.scheduler import JobScheduler, SchedulerConfig
 from rollout_service.jobs.schema import ORACLE_MODEL
 from rollout_service.jobs.store import JobStore
@@ -43,8 +45,9 @@ SCHEDULER_NAME = "consolerl-api-scheduler"
 @dataclass(frozen=True)
 class SchedulerSpec:
     """What the scheduler actor is built from (component configs only): the rollout side,
-    the scheduler's settings, the jobs' Redis and key prefix, the tokens file, and the
-    checkpoints or run folders registered by name."""
+    the scheduler's settings, the jobs' Redis and key prefix, the tokens file, the
+    checkpoints or run folders registered by name, the artifacts' blob store and the
+    retention of finished jobs (its sweep runs beside the scheduler)."""
 
     rollout: RolloutSpec
     scheduler: SchedulerConfig
@@ -52,6 +55,8 @@ class SchedulerSpec:
     prefix: str
     tokens_file: str
     models: tuple[tuple[str, str], ...] = ()
+    blobs: BlobConfig = field(default_factory=BlobConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,8 @@ class HttpSpec:
     sse_max_s: float = 300.0
     suite_dir: str = str(TASKS_DIR)
     scheduler_name: str = SCHEDULER_NAME
+    blobs: BlobConfig = field(default_factory=BlobConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
 
 class JobsScheduler:
@@ -77,7 +84,8 @@ class JobsScheduler:
         self.side = RolloutSide(spec.rollout, servers)
         self.registered = dict(spec.models)
         self.extra: dict[str, tuple[list[Any], PolicyRouter, HFChatTokenizer]] = {}
-        self.store = JobStore(spec.redis_url, spec.prefix)
+        self.store = JobStore(spec.redis_url, spec.prefix, blobs=spec.blobs,
+                              retention=spec.retention)
         self.tokens = TokenBook(Path(spec.tokens_file))
         # The pool the env workers lease from: the start-up sweep ends a dead predecessor's
         # leases and sees which of its episodes their accounts still record.
@@ -87,6 +95,7 @@ class JobsScheduler:
             EpisodeRunner(self.side.accounts, spec.rollout.endpoint, self.side.reward.score),
             self.side.pool.actors, {t.id: t for t in self.side.tasks}, self.agent_for,
             self.tokens.quota, spec.rollout.agent, leases=self.leases)
+        self.sweeper = StorageSweeper(self.store)
         self._lock = asyncio.Lock()
 
     async def agent_for(self, model: str, config: AgentConfig) -> AgentLoop:
@@ -108,14 +117,21 @@ class JobsScheduler:
         return AgentLoop(router, tokenizer, config)
 
     async def run(self) -> None:
-        await self.scheduler.run()
+        """The scheduler, and beside it the retention sweep."""
+        sweep = asyncio.ensure_future(self.sweeper.run())
+        try:
+            await self.scheduler.run()
+        finally:
+            self.sweeper.stop()
+            await sweep
 
     async def stop(self) -> None:
         self.scheduler.stop()
+        self.sweeper.stop()
 
     async def metrics(self) -> bytes:
         return generate_latest(self.scheduler.registry) + \
-            generate_latest(self.side.reward.registry)
+            generate_latest(self.sweeper.registry) + generate_latest(self.side.reward.registry)
 
     def drain(self) -> None:
         self.side.drain()
@@ -136,9 +152,10 @@ def http_app(spec: HttpSpec, scheduler_metrics: Any = None):
     async def by_name() -> bytes:
         actor = ray.get_actor(spec.scheduler_name) if ray.is_initialized() else None
         return await actor.metrics.remote() if actor is not None else b""
-    return build_app(JobStore(spec.redis_url, spec.prefix), TokenBook(Path(spec.tokens_file)),
-                     suite, models=spec.models, sse_max_s=spec.sse_max_s,
-                     extra_metrics=scheduler_metrics or by_name)
+    return build_app(JobStore(spec.redis_url, spec.prefix, blobs=spec.blobs,
+                              retention=spec.retention),
+                     TokenBook(Path(spec.tokens_file)), suite, models=spec.models,
+                     sse_max_s=spec.sse_max_s, extra_metrics=scheduler_metrics or by_name)
 
 
 class HttpServer:

@@ -152,6 +152,8 @@ class CloudApp:
             Route("/", self.rpc, methods=["GET", "POST", "PUT", "DELETE", "HEAD"]),
             Route("/{bucket}", self.oss.handle, methods=["GET", "POST", "PUT", "DELETE", "HEAD"]),
             Route("/{bucket}/", self.oss.handle, methods=["GET", "POST", "PUT", "DELETE", "HEAD"]),
+            Route("/{bucket}/{key:path}", self.oss.handle,
+                  methods=["GET", "POST", "PUT", "DELETE", "HEAD"]),
         ]
 
 

@@ -1,4 +1,4 @@
-"""SQLite persistence of the local cloud: resources, audit events, used nonces.
+"""SQLite persistence of the local cloud: resources, audit events, used nonces, OSS objects.
 
 One connection, used from the server's event-loop thread only; WAL with synchronous=NORMAL
 survives a process crash (a power loss may drop the last commits, which is fine for an emulator).
@@ -61,6 +61,16 @@ CREATE TABLE IF NOT EXISTS nonces (
     nonce TEXT PRIMARY KEY,
     ts_ms INTEGER NOT NULL
 ) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS objects (
+    bucket       TEXT NOT NULL,
+    key          TEXT NOT NULL,
+    data         BLOB NOT NULL,
+    content_type TEXT NOT NULL,
+    etag         TEXT NOT NULL,
+    modified_ms  INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS obj_key ON objects (bucket, key);
 """
 
 
@@ -159,3 +169,36 @@ class Store:
 
     def prune_nonces(self, before_ms: int) -> None:
         self.db.execute("DELETE FROM nonces WHERE ts_ms < ?", (before_ms,))
+
+    # ---- OSS objects (a bucket's name is global, so objects are keyed by bucket and key) -----
+    def put_object(self, bucket: str, key: str, data: bytes, content_type: str, etag: str,
+                   modified_ms: int) -> None:
+        self.db.execute(
+            "INSERT INTO objects (bucket, key, data, content_type, etag, modified_ms)"
+            " VALUES (?,?,?,?,?,?) ON CONFLICT (bucket, key) DO UPDATE SET data=excluded.data,"
+            " content_type=excluded.content_type, etag=excluded.etag,"
+            " modified_ms=excluded.modified_ms",
+            (bucket, key, data, content_type, etag, modified_ms))
+
+    def get_object(self, bucket: str, key: str) -> tuple[bytes, str, str, int] | None:
+        """(data, content type, etag, modified ms), or None."""
+        row = self.db.execute("SELECT data, content_type, etag, modified_ms FROM objects"
+                              " WHERE bucket=? AND key=?", (bucket, key)).fetchone()
+        return (bytes(row[0]), row[1], row[2], row[3]) if row else None
+
+    def delete_object(self, bucket: str, key: str) -> bool:
+        cur = self.db.execute("DELETE FROM objects WHERE bucket=? AND key=?", (bucket, key))
+        return cur.rowcount > 0
+
+    def list_objects(self, bucket: str, prefix: str, after: str, limit: int
+                     ) -> list[tuple[str, int, str, int]]:
+        """(key, size, etag, modified ms) of keys starting with ``prefix`` after ``after``, in
+        key order (byte order of the UTF-8 text, as OSS lists), at most ``limit``."""
+        return list(self.db.execute(
+            "SELECT key, length(data), etag, modified_ms FROM objects WHERE bucket=? AND key>?"
+            " AND substr(key, 1, ?)=? ORDER BY key LIMIT ?",
+            (bucket, after, len(prefix), prefix, limit)))
+
+    def count_objects(self, bucket: str) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM objects WHERE bucket=?",
+                               (bucket,)).fetchone()[0]

@@ -516,8 +516,29 @@ def local_cloud() -> Dashboard:
     ), (RUN_VARIABLE,))
 
 
+def jobs_api() -> Dashboard:
+    return Dashboard("consolerl-jobs-api", "console-rl / Jobs API",
+                     "The jobs API other teams call: what it keeps, per team, and the Redis it "
+                     "shares with training.", (
+        Row("Storage", (
+            Panel("Storage per team", "Bytes the jobs API keeps per team until retention "
+                  "removes them (api.retention): blobs = screenshots in the blob store, redis "
+                  "= finished jobs' results in Redis. Growing without levelling off: "
+                  "retention is too long for the load, or the sweep is failing "
+                  "(consolerl_jobs_sweep_errors_total).", "bytes",
+                  (Query(f"max by (team, kind) ({sel('consolerl_jobs_storage_bytes')})",
+                         "{{team}} {{kind}}"),), stacked=True),
+            Panel("Redis memory", "Memory Redis uses and its maxmemory (0: no limit), from "
+                  "the Redis exporter. At maxmemory Redis refuses writes for training, leases "
+                  "and the API alike (ConsoleRLRedisNearMaxmemory fires at 85%).", "bytes",
+                  (Query("max(redis_memory_used_bytes)", "used"),
+                   Query("max(redis_memory_max_bytes)", "maxmemory"))),
+        )),
+    ), (RUN_VARIABLE,))
+
+
 DASHBOARDS = (overview, env_pool, policy_serving, freshness, stream, reward, trainer,
-              local_cloud)
+              local_cloud, jobs_api)
 
 
 # ---- rendering -----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ are enforced by the scheduler (the job waits).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -26,6 +27,7 @@ from consolerl.tasks import Task
 from infra.http_errors import install_validation_handler
 
 from .auth import TokenBook
+from .blobs import BlobUnavailable
 from .routers import catalog as catalog_routes
 from .routers import docs as docs_routes
 from .routers import events, jobs, ops, results
@@ -33,6 +35,7 @@ from .routers.context import ApiContext, ApiMetrics, unprocessable
 from .store import JobStore
 
 __all__ = ["ApiContext", "ApiMetrics", "build_app", "unprocessable"]
+log = logging.getLogger("rollout_service.jobs.app")
 
 
 class _Measure:
@@ -120,6 +123,13 @@ async def _store_down(request: Request, exc: Exception) -> JSONResponse:
                         status_code=503, headers={"Retry-After": "2"})
 
 
+async def _blobs_down(request: Request, exc: Exception) -> JSONResponse:
+    # The message names the operation and the key, never a credential; the logs get it.
+    log.warning("%s %s: %s", request.method, request.url.path[:200], exc)
+    return JSONResponse({"detail": "the artifact store is unreachable; retry shortly"},
+                        status_code=503, headers={"Retry-After": "5"})
+
+
 def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *,
               models: tuple[str, ...] = ("live",), registry: CollectorRegistry | None = None,
               extra_metrics: Callable[[], Awaitable[bytes]] | None = None,
@@ -151,6 +161,7 @@ def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *
     app.add_middleware(_Measure, metrics=metrics)
     app.add_exception_handler(RedisConnectionError, _store_down)
     app.add_exception_handler(RedisTimeoutError, _store_down)
+    app.add_exception_handler(BlobUnavailable, _blobs_down)
     # The order of the routes is the order of the OpenAPI document's paths.
     for module in (jobs, events, results, docs_routes, catalog_routes, ops):
         app.include_router(module.router)

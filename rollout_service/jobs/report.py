@@ -175,9 +175,11 @@ def _step_html(s: dict[str, Any]) -> str:
             f"data-label='{_e(label or '')}'>{badge} {_e(s['text'])}{near}{detail}</li>")
 
 
-def _image(aid: str | None, images: Mapping[str, tuple[str, bytes]], alt: str) -> str:
+def _image(aid: str | None, images: Mapping[str, tuple[str, bytes] | None], alt: str) -> str:
     if not aid:
         return ""
+    if aid in images and images[aid] is None:
+        return "<p class=noshot>Screenshot no longer kept (past its retention).</p>"
     found = images.get(aid)
     if found is None:
         return (f"<p class=noshot>Screenshot <code>{_e(aid)}</code> (not embedded: "
@@ -209,7 +211,8 @@ def _failure_html(f: dict[str, Any]) -> str:
             f"<ul>{events}</ul></div>")
 
 
-def _procedure_html(p: dict[str, Any], images: Mapping[str, tuple[str, bytes]]) -> str:
+def _procedure_html(p: dict[str, Any],
+                    images: Mapping[str, tuple[str, bytes] | None]) -> str:
     rate = "–" if p["pass_rate"] is None else f"{p['pass_rate'] * 100:.0f}%"
     evidence = "".join(
         f"<li><b>{_e(ev['kind'])}</b>{' (' + _e(ev['ref']) + ')' if ev['ref'] else ''}"
@@ -229,11 +232,11 @@ def _procedure_html(p: dict[str, Any], images: Mapping[str, tuple[str, bytes]]) 
 
 
 def render_html(report: dict[str, Any],
-                images: Mapping[str, tuple[str, bytes]] | None = None) -> str:
+                images: Mapping[str, tuple[str, bytes] | None] | None = None) -> str:
     """The report as one self-contained page: per documentation page its procedures, each with
     its verdict, evidence, steps annotated with the static check, and the screenshot embedded
-    from ``images`` (artifact id -> (mime, bytes); one it lacks is named, not linked). Every
-    text from a page, an agent or the console is escaped."""
+    from ``images`` (artifact id -> (mime, bytes); None: no longer kept, said so; one it lacks
+    is named, not linked). Every text from a page, an agent or the console is escaped."""
     images = images or {}
     pages: dict[str, list[str]] = {}
     for p in report["procedures"]:

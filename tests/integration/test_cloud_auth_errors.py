@@ -305,10 +305,12 @@ def _oss_headers(account, method: str, resource: str) -> dict[str, str]:
     ("GET", "/?acl=%ff", "/?acl=\ufffd", "InvalidArgument", '"acl"'),
     ("PUT", "/%ff/", "/\ufffd/", "InvalidBucketName", "bucket"),
     ("GET", "/ab%c3/?acl", "/ab\ufffd/?acl", "InvalidBucketName", "bucket"),
+    ("GET", "/some-bucket/k%ff", "/some-bucket/k\ufffd", "InvalidObjectName", "object key"),
+    ("PUT", "/some-bucket/a/%c3", "/some-bucket/a/\ufffd", "InvalidObjectName", "object key"),
 ])
 def test_oss_refuses_invalid_utf8_in_query_and_path(cloud, accounts, method, raw, resource,
                                                     code, named):
-    """A signed OSS request whose query or bucket path percent-decodes to invalid UTF-8 is a
+    """A signed OSS request whose query, bucket or object key percent-decodes to invalid UTF-8 is a
     400 naming the parameter, as the OpenAPI answers, never a lookup with U+FFFD in it."""
     import httpx
     headers = _oss_headers(accounts[0], method, resource)

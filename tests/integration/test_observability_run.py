@@ -35,6 +35,8 @@ NO_DATA_IN_SMOKE: dict[tuple[str, str], str] = {
     ("console-rl / Reward", "Judge calls"):
         "the smoke run configures no judges (reward.judges is off); the series exist from the "
         "first episode of a run that has them",
+    ("console-rl / Jobs API", "Storage per team"):
+        "the smoke run is a training job: no jobs API runs, so nothing is kept for a team",
     ("console-rl / Local cloud", "Console operations"):
         "the smoke run's tiny random policy never completes a change in the console; a series "
         "appears with the first one (product, action and code are not known before)",

@@ -78,7 +78,7 @@ def test_generated_dashboards_are_current():
     assert set(on_disk) == set(rendered), "python -m infra.observability.dashboards"
     stale = [name for name in rendered if on_disk[name] != rendered[name]]
     assert not stale, f"regenerate (python -m infra.observability.dashboards): {stale}"
-    assert len(rendered) == 8
+    assert len(rendered) == 9
 
 
 def test_inventory_matches_the_code():
@@ -103,7 +103,8 @@ def test_dashboards_follow_the_conventions():
     assert titles == {"console-rl / Overview", "console-rl / Env pool",
                       "console-rl / Policy serving", "console-rl / Freshness",
                       "console-rl / Experience stream", "console-rl / Reward",
-                      "console-rl / Trainer", "console-rl / Local cloud"}
+                      "console-rl / Trainer", "console-rl / Local cloud",
+                      "console-rl / Jobs API"}
 
 
 def test_the_linter_catches_what_it_claims_to():

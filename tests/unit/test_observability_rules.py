@@ -31,6 +31,7 @@ ALERT_NAMES = {
     "ConsoleRLTargetDown",
     "ConsoleRLComponentMissing",
     "ConsoleRLRedisExporterDown",
+    "ConsoleRLRedisNearMaxmemory",
 }
 RECORDED_NAMES = {
     "consolerl:env_utilisation:ratio",

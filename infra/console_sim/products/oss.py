@@ -1,17 +1,26 @@
 """OSS buckets over OSS's real REST protocol (what the official ``oss2`` SDK speaks), path-style:
 ``GET /`` ListBuckets, ``PUT /bucket/`` PutBucket, ``PUT|GET /bucket/?acl``, ``GET
-/bucket/?bucketInfo``, ``DELETE /bucket/``. Signature V1 (``Authorization: OSS AK:sig``, HMAC-SHA1
-over verb, Content-MD5, Content-Type, Date, x-oss-* headers and the resource). Objects are out of
-scope. Every call goes through the shared service layer, so it is audited like any API call."""
+/bucket/?bucketInfo``, ``DELETE /bucket/`` (BucketNotEmpty while it holds objects). Signature V1
+(``Authorization: OSS AK:sig``, HMAC-SHA1 over verb, Content-MD5, Content-Type, Date, x-oss-*
+headers and the resource). Every bucket call goes through the shared service layer, so it is
+audited like any API call.
+
+Objects, enough for a blob store (``rollout_service.jobs.blobs.OssBlobs``): ``PUT|GET|HEAD|DELETE
+/bucket/key`` (PutObject, GetObject, HeadObject, DeleteObject), ``GET /bucket/`` ListObjects
+(prefix, marker, max-keys, delimiter, encoding-type=url) and ``POST /bucket/?delete``
+DeleteMultipleObjects, at most :data:`OBJECT_MAX_BYTES` an object. They are data events, which
+ActionTrail does not record by default, so they are not audited; they are refused like any
+call (signature, clock, the bucket's owner)."""
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
 import re
-from email.utils import parsedate_to_datetime
+from email.utils import formatdate, parsedate_to_datetime
 from typing import Any
-from urllib.parse import unquote_plus, unquote_to_bytes
+from urllib.parse import quote, unquote, unquote_plus, unquote_to_bytes
+from xml.etree import ElementTree
 from xml.sax.saxutils import escape
 
 from starlette.requests import Request
@@ -36,6 +45,9 @@ _SUBRESOURCES = frozenset({"acl", "bucketInfo", "location", "stat", "tagging", "
                            "logging", "website", "referer", "policy", "versioning", "encryption",
                            "uploads", "delete", "resourceGroup"})
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+OBJECT_MAX_BYTES = 16 * 2 ** 20     # the emulator's limit for one PutObject (OSS: 5 GB)
+OBJECT_KEY_MAX_BYTES = 1023
+DELETE_MAX_KEYS = 1000              # DeleteMultipleObjects, as OSS
 
 
 def _region(ctx: CallContext) -> str:
@@ -126,6 +138,8 @@ def get_bucket_info(ctx: CallContext, p: Params) -> dict[str, Any]:
 def delete_bucket(ctx: CallContext, p: Params) -> dict[str, Any]:
     bucket = get_bucket(ctx, _bucket_name(p))
     ctx.region = bucket["Region"]
+    if ctx.store.count_objects(bucket["Name"]):
+        raise CloudError("BucketNotEmpty", "The bucket you tried to delete is not empty.", 409)
     ctx.store.delete(ctx.account_id, BUCKET, bucket["Name"])
     return {}
 
@@ -205,15 +219,18 @@ def _not_utf8(name: str) -> CloudError:
 
 
 def check_path(raw_path: bytes | None) -> None:
-    """The request path (the bucket name; objects are not served) must percent-decode to
-    valid UTF-8: the server's own decoding would put U+FFFD in the bucket name instead."""
+    """The request path (``/bucket/object-key``) must percent-decode to valid UTF-8: the
+    server's own decoding would put U+FFFD in the bucket name or the object's key instead."""
     if raw_path is None:
         return
-    try:
-        unquote_to_bytes(raw_path).decode("utf-8")
-    except UnicodeDecodeError:
-        raise CloudError("InvalidBucketName", "The bucket name in the request path is not "
-                         "valid UTF-8 once percent-decoded.", 400) from None
+    bucket, _, key = raw_path.lstrip(b"/").partition(b"/")
+    for part, code, what in ((bucket, "InvalidBucketName", "bucket name"),
+                             (key, "InvalidObjectName", "object key")):
+        try:
+            unquote_to_bytes(part).decode("utf-8")
+        except UnicodeDecodeError:
+            raise CloudError(code, f"The {what} in the request path is not valid UTF-8 once "
+                             "percent-decoded.", 400) from None
 
 
 class OssApi:
@@ -263,16 +280,25 @@ class OssApi:
         try:
             check_path(request.scope.get("raw_path"))
         except CloudError as err:
-            return self._error(err, request_id)     # the bucket name would carry U+FFFD
+            return self._error(err, request_id)     # the name would carry U+FFFD
         try:
             query = parse_query(request.scope.get("query_string", b""))
         except CloudError as err:
             return self._error(err, request_id, bucket)
+        key = request.path_params.get("key", "")
+        if key and not request.headers.get("authorization", "").startswith("OSS "):
+            # /a/b without an OSS signature is no object request (the console's paths are
+            # routed before this one): what any unknown path gets.
+            return Response("Not Found", 404, media_type="text/plain")
         sub = sorted(k for k in query if k in _SUBRESOURCES)
         sub_string = ("?" + "&".join(f"{k}={query[k]}" if query[k] else k for k in sub)) if sub else ""
-        resource = f"/{bucket}/{sub_string}" if bucket else f"/{sub_string}"
+        resource = f"/{bucket}/{key}{sub_string}" if bucket else f"/{sub_string}"
         try:
             account, access_key_id = self._authenticate(request, resource)
+            if key or (bucket and (request.method, tuple(sub)) in (("GET", ()),
+                                                                   ("POST", ("delete",)))):
+                return await self._object_call(request, account, bucket, key, query,
+                                               request_id)
             action, params = self._route(request, bucket, query, sub)
             if request.method == "PUT" and action == "PutBucket":
                 body = await request.body()
@@ -343,3 +369,143 @@ class OssApi:
             return Response(text, 200, media_type="application/xml", headers=headers)
         status = 204 if action == "DeleteBucket" else 200
         return Response(b"", status, headers=headers)
+
+    # ---- objects (data events: not audited) -----------------------------------------------
+    def _own_bucket(self, account: Account, name: str) -> None:
+        if not _BUCKET_RE.fullmatch(name):
+            raise CloudError("InvalidBucketName", "The specified bucket is not valid.", 400)
+        store = self.service.store
+        if store.get(account.account_id, BUCKET, name) is None:
+            if store.owner_of_name(BUCKET, name) is not None:
+                raise CloudError("AccessDenied", "You have no right to access this bucket.", 403)
+            raise CloudError("NoSuchBucket", "The specified bucket does not exist.", 404)
+
+    async def _body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > OBJECT_MAX_BYTES:
+            raise CloudError("EntityTooLarge", f"Your proposed upload exceeds the maximum "
+                             f"allowed size ({OBJECT_MAX_BYTES} bytes here).", 400)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > OBJECT_MAX_BYTES:
+                raise CloudError("EntityTooLarge", f"Your proposed upload exceeds the maximum "
+                                 f"allowed size ({OBJECT_MAX_BYTES} bytes here).", 400)
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        md5 = request.headers.get("content-md5")
+        if md5 is not None and md5 != base64.b64encode(hashlib.md5(body).digest()).decode():
+            raise CloudError("InvalidDigest", "The Content-MD5 you specified is not valid.", 400)
+        return body
+
+    async def _object_call(self, request: Request, account: Account, bucket: str, key: str,
+                           query: dict[str, str], request_id: str) -> Response:
+        self._own_bucket(account, bucket)
+        store, method = self.service.store, request.method
+        headers = {"x-oss-request-id": request_id}
+        if not key and method == "GET":
+            return self._list_objects(bucket, query, headers)
+        if not key:
+            return self._delete_objects(bucket, await self._body(request), query, headers)
+        if len(key.encode()) > OBJECT_KEY_MAX_BYTES or key.startswith(("/", "\\")):
+            raise CloudError("InvalidObjectName", "The specified object name is not valid: 1 "
+                             f"to {OBJECT_KEY_MAX_BYTES} bytes of UTF-8, not starting with / "
+                             "or \\.", 400)
+        if method == "PUT":
+            body = await self._body(request)
+            etag = hashlib.md5(body).hexdigest().upper()
+            store.put_object(bucket, key, body, request.headers.get(
+                "content-type", "application/octet-stream")[:256], etag, timeutil.now_ms())
+            return Response(b"", 200, headers={**headers, "ETag": f'"{etag}"'})
+        if method == "DELETE":
+            store.delete_object(bucket, key)
+            return Response(b"", 204, headers=headers)
+        if method not in ("GET", "HEAD"):
+            raise CloudError("MethodNotAllowed", "The specified method is not allowed against "
+                             "this resource.", 405)
+        found = store.get_object(bucket, key)
+        if found is None:
+            raise CloudError("NoSuchKey", "The specified key does not exist.", 404)
+        data, content_type, etag, modified_ms = found
+        headers.update({"ETag": f'"{etag}"', "Last-Modified": _http_date(modified_ms),
+                        "x-oss-object-type": "Normal", "x-oss-storage-class": "Standard"})
+        if method == "HEAD":
+            headers["Content-Length"] = str(len(data))
+            return Response(b"", 200, media_type=content_type, headers=headers)
+        return Response(data, 200, media_type=content_type, headers=headers)
+
+    def _list_objects(self, bucket: str, query: dict[str, str],
+                      headers: dict[str, str]) -> Response:
+        prefix, marker = query.get("prefix", ""), query.get("marker", "")
+        delimiter = query.get("delimiter", "")
+        raw_max = query.get("max-keys", "100") or "100"
+        if not raw_max.isdigit() or not 1 <= int(raw_max) <= 1000:
+            raise CloudError("InvalidArgument", "max-keys must be an integer from 1 to 1000.",
+                             400)
+        max_keys, url = int(raw_max), query.get("encoding-type") == "url"
+        contents: list[tuple[str, int, str, int]] = []
+        prefixes: list[str] = []
+        after, truncated, last = marker, False, ""
+        store = self.service.store
+        while not truncated:
+            rows = store.list_objects(bucket, prefix, after, 1000)
+            if not rows:
+                break
+            for row in rows:
+                name = row[0]
+                cut = name.find(delimiter, len(prefix)) if delimiter else -1
+                if len(contents) + len(prefixes) == max_keys:
+                    truncated = True
+                    break
+                if cut >= 0:
+                    common = name[:cut + len(delimiter)]
+                    prefixes.append(common)
+                    last = after = common + "\U0010ffff"   # past every key under it
+                    break
+                contents.append(row)
+                last = after = name
+            else:
+                if len(rows) < 1000:
+                    break
+        enc = (lambda t: quote(t, safe="")) if url else (lambda t: t)
+        items = "".join(_xml("Contents", {
+            "Key": enc(k), "LastModified": iso(ms).replace("Z", ".000Z"), "ETag": f'"{etag}"',
+            "Type": "Normal", "Size": size, "StorageClass": "Standard"})
+            for k, size, etag, ms in contents)
+        items += "".join(_xml("CommonPrefixes", {"Prefix": enc(c)}) for c in prefixes)
+        head = {"Name": bucket, "Prefix": enc(prefix), "Marker": enc(marker),
+                "MaxKeys": max_keys, "Delimiter": enc(delimiter), "IsTruncated": truncated}
+        if truncated:
+            head["NextMarker"] = enc(last.removesuffix("\U0010ffff"))
+        if url:
+            head["EncodingType"] = "url"
+        text = ('<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult>'
+                + "".join(_xml(k, v) for k, v in head.items()) + items + "</ListBucketResult>")
+        return Response(text, 200, media_type="application/xml", headers=headers)
+
+    def _delete_objects(self, bucket: str, body: bytes, query: dict[str, str],
+                        headers: dict[str, str]) -> Response:
+        try:
+            root = ElementTree.fromstring(body)
+        except ElementTree.ParseError:
+            raise CloudError("MalformedXML", "The XML you provided was not well-formed.",
+                             400) from None
+        keys = [k.text or "" for k in root.iter("Key")]
+        if not keys or len(keys) > DELETE_MAX_KEYS:
+            raise CloudError("MalformedXML", f"Delete 1 to {DELETE_MAX_KEYS} keys a request.",
+                             400)
+        url = query.get("encoding-type") == "url"
+        if url:
+            keys = [unquote(k) for k in keys]
+        for key in keys:
+            self.service.store.delete_object(bucket, key)
+        quiet = (root.findtext("Quiet") or "false").strip().lower() == "true"
+        enc = (lambda t: quote(t, safe="")) if url else (lambda t: t)
+        deleted = "" if quiet else "".join(_xml("Deleted", {"Key": enc(k)}) for k in keys)
+        text = ('<?xml version="1.0" encoding="UTF-8"?>\n<DeleteResult>'
+                + (_xml("EncodingType", "url") if url else "") + deleted + "</DeleteResult>")
+        return Response(text, 200, media_type="application/xml", headers=headers)
+
+
+def _http_date(ms: int) -> str:
+    return formatdate(ms / 1000, usegmt=True)

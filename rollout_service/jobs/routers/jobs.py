@@ -17,7 +17,7 @@ from ...oracle import why_no_oracle
 from ..auth import Principal
 from ..schema import (ORACLE_MODEL, TERMINAL, Job, JobCompletedEvent, JobCreate, JobList,
                       JobStatusEvent)
-from ..store import StoreConflict, body_hash
+from ..store import QueueFull, StoreConflict, body_hash
 from .context import (ERRORS, NOT_FOUND, ApiContext, Context, Cursor, Detail, KeyPart, auth,
                       own_job, unprocessable)
 
@@ -127,13 +127,6 @@ async def enqueue(ctx: ApiContext, who: Principal, request: JobCreate, ids: list
                             headers={"Retry-After": str(_midnight_s())})
     body = hashed if hashed is not None else request.model_dump(mode="json")
     idem = (idempotency_key, body_hash(body)) if idempotency_key else None
-    if idem is None or not await store.idempotency_known(who.team, idem[0]):
-        queued = sum(j.team == who.team and j.state == "queued"
-                     for j in await store.active_jobs())
-        if queued >= quota.queued_jobs:
-            metrics.rejected.labels("queued_jobs").inc()
-            raise HTTPException(429, f"your team has {queued} queued jobs, its quota",
-                                headers={"Retry-After": "30"})
     now = time.time()
     job = Job(id=await store.new_job_id(), team=who.team, state="queued", created_at=now,
               expires_at=None if request.deadline_s is None else now + request.deadline_s,
@@ -141,10 +134,15 @@ async def enqueue(ctx: ApiContext, who: Principal, request: JobCreate, ids: list
               sampling=request.sampling, priority=request.priority, task_ids=ids,
               metadata=request.metadata)
     try:
-        job, created = await store.create_job(job, spec, idem)
+        # The team's queued jobs are counted from its index, in the transaction that
+        # creates the job (a known Idempotency-Key returns its job whatever the count).
+        job, created = await store.create_job(job, spec, idem, max_queued=quota.queued_jobs)
     except StoreConflict as exc:
         raise HTTPException(422, [{"loc": ["header", "Idempotency-Key"], "msg": str(exc),
                                    "type": "value_error"}]) from None
+    except QueueFull as exc:
+        metrics.rejected.labels("queued_jobs").inc()
+        raise HTTPException(429, str(exc), headers={"Retry-After": "30"}) from None
     if created:
         metrics.submitted.labels(who.team).inc()
         await store.add_event(job.id, JobStatusEvent(state="queued"))

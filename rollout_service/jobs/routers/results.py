@@ -12,6 +12,7 @@ from consolerl.errors import ConfigError
 
 from ...docs.service import DocsUnavailable
 from ..auth import Principal
+from ..blobs import BlobUnavailable
 from ..report import build_report, render_html, screenshot_ids
 from ..schema import Job, ResultPage, Rollout, RolloutSummary, spec_docs, spec_tasks
 from .context import (ERRORS, NOT_FOUND, ApiContext, Context, Cursor, Detail, KeyPart, auth,
@@ -82,11 +83,12 @@ async def report_page(ctx: ApiContext, job_id: str, who: Principal) -> str:
     artifacts: the page needs no credential to show them)."""
     job = await own_job(ctx, job_id, who)
     data = await _report(ctx, job)
-    images = {}
+    images: dict[str, tuple[str, bytes] | None] = {}
     for aid in screenshot_ids(data):
-        found = await ctx.store.get_artifact(job.team, aid)
-        if found is not None:
-            images[aid] = found
+        try:
+            images[aid] = await ctx.store.get_artifact(job.team, aid)   # None: expired
+        except BlobUnavailable:
+            pass                         # the page without it, rather than no page
     return render_html(data, images)
 
 
