@@ -125,6 +125,9 @@ class VllmEngine:
         env["CONSOLERL_VLLM_ADDRESS"] = address
         env["CONSOLERL_VLLM_AUTHKEY"] = authkey.hex()
         env.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+        # vLLM's metrics without a ``*_created`` family beside each counter and histogram
+        # (half the families the PolicyServer's endpoint would pass on; nothing reads them).
+        env.setdefault("PROMETHEUS_DISABLE_CREATED_SERIES", "True")
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
                 [self._python, "-m", "rollout_service.vllm_server", json.dumps(args)],
