@@ -41,7 +41,7 @@ class Metric:
                              ("_seconds_total", "seconds"), ("_bytes", "bytes")):
             if self.name.endswith(suffix):
                 return unit
-        if self.name.endswith(("_rate", "_fraction", "_ratio")):
+        if self.name.endswith(("_rate", "_fraction", "_ratio", "_perc")):   # vLLM: _perc
             return "ratio"
         if self.name.endswith("_total") or self.type in ("counter",):
             return "events"
