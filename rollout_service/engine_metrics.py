@@ -102,12 +102,15 @@ class EngineMetrics:
         return True
 
     def _fail(self, why: str, drop: bool = False) -> list[Metric]:
-        """Note the failure (logged once per change); with ``drop``, forget the last answer."""
+        """Note the failure; with ``drop``, forget the last answer. Only a drop is a warning
+        (once per change): an engine busy for a scrape or two is normal under load on CPU."""
+        if not drop:
+            log.debug("metrics of engine %s: %s", self.server, why)
+            return []
         if why != self._failing:
             log.warning("metrics of engine %s: %s", self.server, why)
             self._failing = why
-        if drop:
-            self._families, self._at = [], 0.0
+        self._families, self._at = [], 0.0
         return []
 
     def _relabel(self, text: str) -> list[Metric]:

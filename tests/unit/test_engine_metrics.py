@@ -133,6 +133,31 @@ def test_a_dead_engine_serves_nothing_and_does_not_raise():
     assert EngineMetrics("policy-2", lambda: failed).families() == []
 
 
+PROMETHEUS_2_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+                       "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+
+
+@pytest.mark.parametrize("accept", [PROMETHEUS_2_ACCEPT, "text/plain;version=0.0.4", ""])
+def test_the_endpoint_keeps_the_colon_in_vllms_names_in_every_format(accept):
+    """What Prometheus 2.42 asks for (OpenMetrics, no escaping) gets the names as declared:
+    ``vllm:kv_cache_usage_perc``, not ``vllm_kv_cache_usage_perc`` (client_python#1177)."""
+    from infra.observability.discovery import metrics_app
+
+    server = PolicyServer(engine=Engine(lambda: _done(VLLM_TEXT)), name="policy-4")
+    app = metrics_app([server.registry, server.engine_registry])
+    status: list[str] = []
+    body = b"".join(app({"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics",
+                         "QUERY_STRING": "", "HTTP_ACCEPT": accept},
+                        lambda s, headers: status.append(s))).decode()
+    assert status == ["200 OK"]
+    samples = [line.split("{")[0].split(" ")[0] for line in body.splitlines()
+               if line and not line.startswith("#")]
+    assert "vllm:kv_cache_usage_perc" in samples and "vllm:num_preemptions_total" in samples
+    assert not [n for n in samples if n.startswith("vllm_")], samples
+    assert "consolerl_policy_weight_version" in samples
+    assert body.rstrip().endswith("# EOF") == accept.startswith("application/openmetrics")
+
+
 # -- the real owner and child, vLLM replaced -------------------------------------------------------
 
 CHILD = '''
