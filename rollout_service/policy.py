@@ -39,6 +39,7 @@ from consolerl.tensors import PartialWeights
 from infra.observability.discovery import PublishConfig, publish
 
 from .agent import Generation, SamplingParams
+from .engine_metrics import EngineMetrics
 from .models import resolve_model
 from .weight_transfer import GroupSpec, WeightGroup, join_group, receive
 
@@ -319,7 +320,12 @@ class PolicyServer:
     """An engine behind the PolicyServer interface, with its metrics
     (``consolerl_policy_*``). Used in process (tests, one machine) or as the Ray actor
     :data:`PolicyServerActor`. ``engine`` is built by :func:`make_engine` from ``config`` when not
-    given."""
+    given.
+
+    An engine with metrics of its own (``request_metrics``: vLLM's ``vllm:*``) has them served
+    by the same endpoint and :meth:`metrics`, with a ``server`` label of this replica's name
+    (:mod:`rollout_service.engine_metrics`: a scrape waits at most half a second for the
+    engine, then serves its last answer)."""
 
     def __init__(self, config: PolicyConfig | None = None, engine: Engine | None = None,
                  registry: CollectorRegistry | None = None, name: str = "policy-0",
@@ -354,7 +360,14 @@ class PolicyServer:
         Gauge("consolerl_policy_requests_waiting", "Generate requests accepted and waiting for "
               "a slot in the engine.", registry=self.registry).set_function(
             lambda: float(self.in_flight - self.running))
-        self._endpoint = publish(metrics, [self.registry], "policy", name)
+        # The engine's families in a registry of their own: never mixed into a registry the
+        # caller passed (and may share), so each family is exposed once.
+        self.engine_registry = CollectorRegistry()
+        request = getattr(self.engine, "request_metrics", None)
+        if request is not None:
+            self.engine_registry.register(EngineMetrics(name, request))
+        self._endpoint = publish(metrics, [self.registry, self.engine_registry], "policy",
+                                 name)
         # Restarted by Ray after a crash: the engine holds the start model, not the weights
         # the trainer published since. It serves again once they arrive (the job sends them
         # to any replica whose version() differs from the trainer's).
@@ -466,7 +479,9 @@ class PolicyServer:
         return float(self.engine.busy_s)
 
     async def metrics(self) -> bytes:
-        return generate_latest(self.registry)
+        """This replica's metrics and its engine's, as its endpoint serves them."""
+        engine = await asyncio.to_thread(generate_latest, self.engine_registry)
+        return generate_latest(self.registry) + engine
 
     async def shutdown(self) -> None:
         """Stop the engine's processes (vLLM); a no-op for in-process engines."""

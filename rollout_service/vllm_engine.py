@@ -19,6 +19,10 @@ cache; the prefix cache is reset with them), arrive two ways:
   disk falls back to the engine's own folder once, then is an :class:`EngineError` naming the
   size and the free space.
 
+vLLM's own metrics (``vllm:*``, in the child's registry) come back over the same socket:
+:meth:`VllmEngine.request_metrics`, served by the PolicyServer's endpoint
+(:mod:`rollout_service.engine_metrics`).
+
 Log-probs are vLLM's ``processed_logprobs``: under the temperature-scaled distribution, after
 top-p truncation (identical to the transformers engine's when ``top_p`` is 1, the RL default).
 """
@@ -121,6 +125,9 @@ class VllmEngine:
         env["CONSOLERL_VLLM_ADDRESS"] = address
         env["CONSOLERL_VLLM_AUTHKEY"] = authkey.hex()
         env.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+        # vLLM's metrics without a ``*_created`` family beside each counter and histogram
+        # (half the families the PolicyServer's endpoint would pass on; nothing reads them).
+        env.setdefault("PROMETHEUS_DISABLE_CREATED_SERIES", "True")
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
                 [self._python, "-m", "rollout_service.vllm_server", json.dumps(args)],
@@ -202,6 +209,9 @@ class VllmEngine:
                 future.set_exception(EngineError(self._dead))
 
     def _request(self, kind: str, *payload: Any, timeout: float | None = None) -> Any:
+        return self._submit(kind, *payload).result(timeout=timeout)
+
+    def _submit(self, kind: str, *payload: Any) -> concurrent.futures.Future:
         if self._dead or self._conn is None:
             raise EngineError(f"vLLM engine is not running: {self._dead or 'closed'}")
         rid = f"r{next(self._ids)}"
@@ -213,7 +223,7 @@ class VllmEngine:
         except (OSError, EOFError) as exc:
             self._pending.pop(rid, None)
             raise EngineError(f"vLLM engine is not reachable: {exc}") from exc
-        return future.result(timeout=timeout)
+        return future
 
     # -- Engine interface ------------------------------------------------------------------------
 
@@ -286,6 +296,13 @@ class VllmEngine:
             raise EngineError(f"no room for the weights file of {_gib(size)}: "
                               f"{', '.join(tried)} full") from exc
         return path
+
+    def request_metrics(self) -> concurrent.futures.Future:
+        """Ask vLLM for its metrics: a future of the Prometheus text of its registry (the
+        child answers from its connection thread, not from its busy event loop); raises
+        :class:`EngineError` when the engine is gone. Served by the PolicyServer through
+        :class:`~rollout_service.engine_metrics.EngineMetrics`."""
+        return self._submit("metrics")
 
     # -- weights over a process group ---------------------------------------------------------
 

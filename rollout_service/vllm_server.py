@@ -4,13 +4,19 @@ Run by the interpreter that has vLLM (``python -m rollout_service.vllm_server``;
 the ``.venv-vllm`` environment, whose pins clash with the services'), it builds vLLM's
 ``AsyncLLM`` and serves requests from the engine's owner over a local authenticated socket
 (``multiprocessing.connection``). It imports nothing from console-rl but this module,
-:mod:`rollout_service.weight_transfer` and :mod:`consolerl.errors` (standard library only), so
-the vLLM environment needs only vLLM.
+:mod:`rollout_service.weight_transfer` and :mod:`consolerl.errors` (standard library only), and
+of the rest only vLLM and what vLLM depends on (``prometheus_client``), so the vLLM environment
+needs only vLLM.
 
 Messages (tuples), owner -> here: ``("generate", rid, prompt_ids, sampling)``,
 ``("update", rid, version, path, partial)``, ``("open_group", rid, spec)``,
-``("receive", rid, version, key)``, ``("shutdown", rid)``; here -> owner: ``("ready", info)``,
-``("result", rid, payload)``, ``("error", rid, message)``, ``("fatal", message)``.
+``("receive", rid, version, key)``, ``("metrics", rid)``, ``("shutdown", rid)``; here -> owner:
+``("ready", info)``, ``("result", rid, payload)``, ``("error", rid, message)``,
+``("fatal", message)``.
+
+``metrics`` is answered with the Prometheus text of vLLM's registry (its stat logging is on:
+``vllm:*`` gauges, counters and histograms) straight from the thread that reads the socket, so
+an event loop kept busy by the engine does not delay it.
 
 Weights arrive two ways, both loaded in place by every vLLM worker through
 :class:`WeightLoader`, a worker extension that ``collective_rpc`` calls by name; the model's own
@@ -183,12 +189,27 @@ class _Server:
         self.cond = asyncio.Condition()
         self.closed = asyncio.Event()
         self.engine: Any = None
+        self._send_lock = threading.Lock()      # the event loop and the reader both send
 
     def send(self, message: tuple) -> None:
         try:
-            self.conn.send(message)
+            with self._send_lock:
+                self.conn.send(message)
         except (OSError, EOFError):
             self.closed.set()
+
+    def metrics(self, rid: str) -> None:
+        """Answer ``("metrics", rid)`` with the text of vLLM's registry (from any thread:
+        ``prometheus_client`` values are locked)."""
+        try:
+            from prometheus_client import generate_latest
+            from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+            text = generate_latest(get_prometheus_registry()).decode()
+        except Exception as exc:  # noqa: BLE001 - goes back to the caller
+            self.send(("error", rid, f"{type(exc).__name__}: {exc}"))
+            return
+        self.send(("result", rid, text))
 
     async def start(self) -> None:
         from vllm import AsyncEngineArgs
@@ -209,7 +230,9 @@ class _Server:
             tensor_parallel_size=int(a.get("tensor_parallel_size", 1)),
             distributed_executor_backend="mp" if int(a.get("tensor_parallel_size", 1)) > 1
             else None,
-            enable_prefix_caching=True, disable_log_stats=True,
+            # Stats on: vLLM's Prometheus metrics (served through ``metrics``) are only
+            # recorded with them.
+            enable_prefix_caching=True, disable_log_stats=False,
             logprobs_mode="processed_logprobs",
             worker_extension_cls="rollout_service.vllm_server.WeightLoader")
         self.engine = AsyncLLM.from_engine_args(engine_args)
@@ -315,6 +338,9 @@ class _Server:
             except (EOFError, OSError):
                 loop.call_soon_threadsafe(self.closed.set)
                 return
+            if message[0] == "metrics":
+                self.metrics(message[1])
+                continue
             loop.call_soon_threadsafe(lambda m=message: loop.create_task(self.handle(m)))
 
 

@@ -273,6 +273,33 @@ def policy_serving() -> Dashboard:
                   (Query(f"max by (server) ({sel('consolerl_policy_weight_version')})",
                          "{{server}}"),)),
         )),
+        # vLLM's own metrics (pinned to vllm 0.31), served by each replica's endpoint with
+        # its server label; no data where the policy backend is transformers.
+        Row("Engine (vLLM)", (
+            Panel("KV-cache use", "Share of each replica's KV-cache blocks in use (backend "
+                  "vllm). Near 100% for long: vLLM preempts running requests and queues new "
+                  "ones; give the replica more KV cache (policy.kv_cache_gib) or fewer "
+                  "concurrent episodes.", "percentunit",
+                  (Query(f"max by (server) ({sel('vllm:kv_cache_usage_perc')})",
+                         "{{server}}"),)),
+            Panel("Engine queue", "Requests in vLLM's scheduler per replica: running (in the "
+                  "batch) and waiting (for KV cache or a batch slot). Waiting above zero for "
+                  "long: the replica is saturated (add replicas or KV cache).", "short",
+                  (Query(f"sum by (server) ({sel('vllm:num_requests_running')})",
+                         "running {{server}}"),
+                   Query(f"sum by (server) ({sel('vllm:num_requests_waiting')})",
+                         "waiting {{server}}"))),
+            Panel("Preemptions", "Requests vLLM preempted per minute (their KV cache taken "
+                  "back and recomputed later) per replica. Anything but rare: the KV cache "
+                  "is too small for the load; every preemption repeats a prefill.", "opm",
+                  (Query(rate("vllm:num_preemptions_total", by="server", scale=" * 60"),
+                         "{{server}}"),)),
+            Panel("Time to first token", "From a request's arrival in vLLM to its first "
+                  "sampled token (queueing and prefill), per replica. p95 rising while p50 "
+                  "holds: requests queue behind others; both rising: prompts grow or the "
+                  "replica is slow.", "s",
+                  quantiles("vllm:time_to_first_token_seconds", by="server", qs=(0.5, 0.95))),
+        )),
     ), (RUN_VARIABLE,))
 
 

@@ -14,6 +14,9 @@ component belongs to), ``node`` (the Ray node id, or the host name outside Ray) 
 target (shown down: ``up == 0``) for that long, then leaves; a clean stop removes it at once
 (:meth:`Announcement.close`, :func:`forget_run`).
 
+Names with a colon (vLLM's ``vllm:*``, passed on by the policy replicas) are served intact in
+both exposition formats (:func:`metrics_app`).
+
 Why not ``ray.util.metrics``: its names get a ``ray_`` prefix and lose the histogram buckets and
 labels the code and the dashboards already use, and every metric would need rewriting. Ray's
 own node metrics are scraped as well, from Ray's ``prom_metrics_service_discovery.json``.
@@ -32,7 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import redis as redis_lib
-from prometheus_client import start_http_server
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 log = logging.getLogger("infra.observability.discovery")
@@ -118,14 +124,46 @@ class Announcement:
         self.redis.close()
 
 
+def metrics_app(registries: Iterable[Collector]):
+    """The WSGI app that serves ``registries`` as one, in the format the scraper asks for.
+
+    prometheus_client (0.26, client_python#1177) answers an OpenMetrics request without an
+    ``escaping`` parameter (what Prometheus 2.x sends) with each sample's name spelled in the
+    label-name alphabet: ``vllm:kv_cache_usage_perc`` is declared under that name and its
+    sample comes out as ``vllm_kv_cache_usage_perc``, which Prometheus stores. Such requests
+    are answered with ``escaping=allow-utf-8`` instead, which leaves every name that is valid
+    in the classic alphabet (all of console-rl's and vLLM's) exactly as it is."""
+    app = make_wsgi_app(_Union(registries))
+
+    def keep_names(environ: dict[str, Any], start_response: Any) -> Any:
+        accept = environ.get("HTTP_ACCEPT") or ""
+        if "application/openmetrics-text" in accept and "escaping=" not in accept:
+            environ = {**environ, "HTTP_ACCEPT": ",".join(
+                part + ";escaping=allow-utf-8"
+                if part.split(";")[0].strip() == "application/openmetrics-text" else part
+                for part in accept.split(","))}
+        return app(environ, start_response)
+    return keep_names
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        """Scrapes are not logged."""
+
+
 class MetricsEndpoint:
-    """``registries`` served over HTTP on a free port, and announced."""
+    """``registries`` served over HTTP on a free port (:func:`metrics_app`), and announced."""
 
     def __init__(self, config: PublishConfig, registries: Iterable[Collector], component: str,
                  name: str, labels: Mapping[str, str] | None = None):
         node = _node()
         host = config.host or node[1]
-        self.server, _thread = start_http_server(0, addr=host, registry=_Union(registries))
+        family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+        server_class = type("MetricsServer", (ThreadingWSGIServer,), {"address_family": family})
+        self.server = make_server(host, 0, metrics_app(registries), server_class,
+                                  handler_class=_Quiet)
+        threading.Thread(target=self.server.serve_forever, daemon=True,
+                         name=f"metrics-http-{name}").start()
         self.address = f"{host}:{self.server.server_port}"
         self.url = f"http://{self.address}/metrics"
         self.announcement = Announcement(config, self.address, component, name, labels,

@@ -41,7 +41,7 @@ class Metric:
                              ("_seconds_total", "seconds"), ("_bytes", "bytes")):
             if self.name.endswith(suffix):
                 return unit
-        if self.name.endswith(("_rate", "_fraction", "_ratio")):
+        if self.name.endswith(("_rate", "_fraction", "_ratio", "_perc")):   # vLLM: _perc
             return "ratio"
         if self.name.endswith("_total") or self.type in ("counter",):
             return "events"
@@ -56,9 +56,14 @@ class Metric:
         return tuple(dict.fromkeys(names))
 
 
+# vLLM's own metrics as vllm(-cpu) 0.31 names them (vllm/v1/metrics/loggers.py), served by
+# each PolicyServer's endpoint with ``server`` added (rollout_service/engine_metrics.py).
+VLLM_LABELS = ("model_name", "engine", "server")
+VLLM = "vllm 0.31 via the PolicyServer"
+
 # Metrics of other programs that the dashboards and rules use. Names as the installed
 # versions expose them: Prometheus 2.42 (``up``, set per target), prometheus-redis-exporter
-# 1.45 with --check-streams.
+# 1.45 with --check-streams, vLLM 0.31.
 EXTERNAL = (
     Metric("up", "gauge", ("job", "instance", "component", "name", "run", "node"),
            "1 when Prometheus's last scrape of the target succeeded, else 0.", "prometheus"),
@@ -81,6 +86,16 @@ EXTERNAL = (
     Metric("redis_stream_group_consumer_messages_pending", "gauge",
            ("db", "stream", "group", "consumer"),
            "Entries delivered to the consumer and not acknowledged.", "redis-exporter"),
+    Metric("vllm:kv_cache_usage_perc", "gauge", VLLM_LABELS,
+           "KV-cache usage. 1 means 100 percent usage.", VLLM),
+    Metric("vllm:num_requests_running", "gauge", VLLM_LABELS,
+           "Number of requests in model execution batches.", VLLM),
+    Metric("vllm:num_requests_waiting", "gauge", VLLM_LABELS,
+           "Number of requests waiting to be processed.", VLLM),
+    Metric("vllm:num_preemptions_total", "counter", VLLM_LABELS,
+           "Cumulative number of preemption from the engine.", VLLM),
+    Metric("vllm:time_to_first_token_seconds", "histogram", VLLM_LABELS,
+           "Histogram of time to first token in seconds.", VLLM),
 )
 
 
@@ -140,6 +155,9 @@ def render(metrics: list[Metric]) -> str:
              "names a metric that is not listed here.", "",
              "Every console-rl target also carries the labels `component`, `name`, `run`, "
              "`node` and `node_ip` (set by discovery, see README.md).", "",
+             "A policy replica with the vLLM backend also serves vLLM's own `vllm:*` metrics "
+             "(all that its engine registers, with the label `server` added); those the "
+             "dashboards and rules use are listed.", "",
              "| metric | type | labels | unit | meaning | defined in |",
              "|---|---|---|---|---|---|"]
     for m in metrics:

@@ -4,11 +4,18 @@ policy replica, the rollout actor, the trainer, the local cloud). After the run,
 query of every dashboard and every recording rule parses and returns at least one series over
 the run's time range; every component was discovered and scraped.
 
+The smoke run serves its policy with transformers; the panels of vLLM's own metrics are checked
+against a vLLM replica of their own (the default model, ``.venv-vllm``) published to a second
+Prometheus: its ``vllm:*`` series are scraped through the replica's endpoint and those panels
+return data, grouped by the replica's ``server`` label.
+
 Writes the scrape target list and a PNG of one panel's data to test-artifacts/observability/.
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,15 +25,22 @@ from pathlib import Path
 import pytest
 import yaml
 
+from consolerl.errors import ConfigError
 from infra.local_cloud import free_port
-from infra.observability.dashboards import DASHBOARDS, render
+from infra.observability.dashboards import DASHBOARDS, policy_serving, render
+from infra.observability.discovery import PublishConfig
 from infra.observability.observe import ObserveConfig, Observatory
+from tests.conftest import run_async
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "observability"
 RUN = "observe-smoke"
 SCRAPE_S = 1
 RATE_WINDOW = "10s"              # what Grafana's $__rate_interval would be at this scrape rate
+VLLM_RUN = "observe-vllm"
+ENGINE_ROW = "Engine (vLLM)"     # the Policy serving row of vLLM's own metrics
+ENGINE_PANELS = {(policy_serving().title, p.title) for row in policy_serving().rows
+                 if row.title == ENGINE_ROW for p in row.panels}
 
 # Panels that legitimately have no data in a smoke run, with the reason. Keep this short.
 NO_DATA_IN_SMOKE: dict[tuple[str, str], str] = {
@@ -40,6 +54,9 @@ NO_DATA_IN_SMOKE: dict[tuple[str, str], str] = {
     ("console-rl / Local cloud", "Console operations"):
         "the smoke run's tiny random policy never completes a change in the console; a series "
         "appears with the first one (product, action and code are not known before)",
+    **{key: "the smoke run's policy backend is transformers (no vLLM engine); "
+            "test_engine_panels_return_data_for_a_vllm_replica checks them" for key in
+       ENGINE_PANELS},
 }
 
 pytestmark = pytest.mark.skipif(
@@ -74,8 +91,8 @@ def _range(obs: Observatory, expr: str, started: float, ended: float) -> list[di
     return obs.query(expr, start=started, end=ended + 10, step="2s")
 
 
-def _concrete(expr: str) -> str:
-    return (expr.replace("$__rate_interval", RATE_WINDOW).replace("$run", RUN)
+def _concrete(expr: str, run: str = RUN) -> str:
+    return (expr.replace("$__rate_interval", RATE_WINDOW).replace("$run", run)
             .replace("$stream", ".*"))
 
 
@@ -166,3 +183,82 @@ def test_panel_png(observed):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     fig.savefig(ARTIFACTS / "env-utilisation.png", dpi=110)
     assert (ARTIFACTS / "env-utilisation.png").stat().st_size > 5000
+
+
+@pytest.fixture(scope="module")
+def vllm_observed(redis_server, tmp_path_factory):
+    """A vLLM PolicyServer (in this process) publishing to a Prometheus of its own, asked for
+    two rounds of concurrent generations between scrapes."""
+    from rollout_service.agent import SamplingParams
+    from rollout_service.models import default_model
+    from rollout_service.policy import PolicyConfig, PolicyServer
+    from rollout_service.vllm_engine import vllm_python
+    try:
+        vllm_python()
+    except ConfigError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"vLLM not installed: {exc}")
+    tmp = tmp_path_factory.mktemp("observe-vllm")
+    obs = Observatory(ObserveConfig(redis_server.url, tmp / "observe", free_port(),
+                                    free_port(), f"{SCRAPE_S}s", "2s", streams="none",
+                                    sd_interval_s=0.5)).start()
+    server = None
+    try:
+        started = time.time()
+        config = PolicyConfig(model=str(default_model()), backend="vllm", max_model_len=1024,
+                              kv_cache_gib=0.5, enforce_eager=True)
+        server = PolicyServer(config, name="policy-vllm", metrics=PublishConfig(
+            redis_server.url, run=VLLM_RUN, host="127.0.0.1", renew_s=1.0))
+
+        async def burst(seeds):
+            return await asyncio.gather(*(server.generate(list(range(1, 60)),
+                                                          SamplingParams(8, 1.0, seed=s))
+                                          for s in seeds))
+        for seeds in (range(4), range(4, 10)):
+            assert all(g.token_ids for g in run_async(burst(seeds)))
+            time.sleep(5 * SCRAPE_S)
+        yield obs, started, time.time()
+    finally:
+        if server is not None:
+            run_async(server.shutdown())
+        obs.stop()
+
+
+def test_engine_panels_return_data_for_a_vllm_replica(vllm_observed):
+    obs, started, ended = vllm_observed
+    # Up to the end of the generations (not the shutdown after them, which a scrape may
+    # catch): every scrape of the replica was answered and parsed (no family declared twice).
+    ups = obs.query(f'up{{job="consolerl", run="{VLLM_RUN}"}}', start=started, end=ended,
+                    step="1s")
+    assert [(s["metric"]["component"], s["metric"]["name"]) for s in ups] == \
+        [("policy", "policy-vllm")]
+    assert ups[0]["values"] and all(v == "1" for _, v in ups[0]["values"]), ups
+    # Every vllm: series the engine registers came through the replica's endpoint, with the
+    # replica's server label beside vLLM's own labels and the target's.
+    scraped = _range(obs, f'{{__name__=~"vllm:.+", run="{VLLM_RUN}"}}', started, ended)
+    names = {s["metric"]["__name__"] for s in scraped}
+    assert {"vllm:kv_cache_usage_perc", "vllm:num_requests_running",
+            "vllm:num_requests_waiting", "vllm:num_preemptions_total",
+            "vllm:time_to_first_token_seconds_bucket"} <= names, sorted(names)
+    assert len(names) > 20, sorted(names)
+    assert all(s["metric"]["server"] == "policy-vllm" and "engine" in s["metric"] and
+               s["metric"]["component"] == "policy" for s in scraped)
+    ttft = _range(obs, f'max(vllm:time_to_first_token_seconds_count{{run="{VLLM_RUN}"}})',
+                  started, ended)
+    assert float(ttft[0]["values"][-1][1]) == 10                 # both bursts' requests
+
+    dashboard = render(policy_serving())
+    checked = 0
+    for panel in dashboard["panels"]:
+        if (dashboard["title"], panel["title"]) not in ENGINE_PANELS:
+            continue
+        for target in panel["targets"]:
+            expr = _concrete(target["expr"], VLLM_RUN)
+            series = _range(obs, expr, started, ended)
+            assert series, f"{panel['title']}: no data: {expr}"
+            assert {s["metric"].get("server") for s in series} == {"policy-vllm"}, series
+            values = [float(v) for s in series for _, v in s["values"]]
+            assert any(v == v for v in values), f"{panel['title']}: only NaN: {expr}"
+            checked += 1
+    assert checked == 6 and len(ENGINE_PANELS) == 4          # 4 panels, 6 queries

@@ -3,7 +3,7 @@ the default model: generation with log-probs that a transformers forward pass re
 in-place weight updates to a perturbed copy and back, the version carried by every
 generation, concurrent requests, a clear error for a prompt that does not fit, and weights
 streamed over a process group (whole and partial) serving what the same weights through the
-object store serve.
+object store serve, and vLLM's own ``vllm:*`` metrics served with the replica's.
 
 vLLM takes 30-90 s to start here. Where ``.venv-vllm`` is missing the test is skipped, except
 in CI, where ``make setup`` installs it and a skip would hide a broken set-up."""
@@ -116,6 +116,35 @@ def test_vllm_server_generates_updates_weights_and_reports_versions(server, mode
     metrics = ray.get(server.metrics.remote()).decode()
     assert 'consolerl_policy_weight_version{server="vllm-0"} 2.0' in metrics
     assert 'consolerl_policy_weight_update_seconds_count{server="vllm-0"} 2.0' in metrics
+
+
+def test_vllm_server_serves_the_engines_metrics_with_its_server_label(server):
+    """vLLM's registry (in its child process) comes out of the replica's metrics, each family
+    once, vLLM's labels kept and ``server`` added; what the dashboards read is there."""
+    from collections import Counter
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ray.get([server.generate.remote([1, 2, 3, 4], SamplingParams(4, 1.0, seed=s))
+             for s in range(3)], timeout=300)
+    text = ray.get(server.metrics.remote()).decode()
+    declared = Counter(line.split()[2] for line in text.splitlines()
+                       if line.startswith("# TYPE "))
+    assert not [name for name, n in declared.items() if n > 1], declared
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    engine = {name: f for name, f in families.items() if name.startswith("vllm:")}
+    assert {"vllm:kv_cache_usage_perc", "vllm:num_requests_running",
+            "vllm:num_requests_waiting", "vllm:num_preemptions",
+            "vllm:time_to_first_token_seconds"} <= set(engine), sorted(engine)
+    assert not [n for n in engine if n.endswith("_created")]     # left out in the child
+    assert not [n for n in families if n.startswith(("process_", "python_"))]
+    for family in engine.values():
+        for sample in family.samples:
+            assert sample.labels["server"] == "vllm-0", sample
+            assert "engine" in sample.labels, sample                  # vLLM's own labels
+    ttft = {s.name: s.value for s in engine["vllm:time_to_first_token_seconds"].samples}
+    assert ttft["vllm:time_to_first_token_seconds_count"] >= 3
+    assert families["consolerl_policy_requests"].samples                # the replica's own
 
 
 def test_vllm_server_rejects_a_prompt_longer_than_the_model_length(server):
