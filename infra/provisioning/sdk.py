@@ -301,6 +301,17 @@ class SdkProvisioner:
         left += [f"oss_bucket {n}" for n in self._named_buckets(episode_id)]
         return left
 
+    def inventory(self) -> set[str]:
+        """Every resource of the account of the kinds episodes provision, episode's or not
+        (``"vpc vpc-..."``, ``"ram_user name"``, ...): what a soak run compares before and
+        after to find what nobody destroyed."""
+        found = {f"{kind} {rid}" for region in self.regions
+                 for kind in ("instance", "security_group", "vswitch", "vpc")
+                 for rid in self._tagged(region, kind, None)}
+        found |= {f"ram_user {n}" for n in self._named_users("")}
+        found |= {f"oss_bucket {n}" for n in self._named_buckets("")}
+        return found
+
     def _delete(self, report: DestroyReport, what: str, call: Callable[[], Any],
                 missing: str) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
@@ -338,14 +349,15 @@ class SdkProvisioner:
         "vpc": ("Vpc", "DescribeVpcs", "Vpcs.Vpc", "VpcId", 50),
     }
 
-    def _tagged(self, region: str, kind: str, episode_id: str) -> list[str]:
+    def _tagged(self, region: str, kind: str, episode_id: str | None) -> list[str]:
+        """The ids of ``kind`` tagged for ``episode_id`` (None: all of them, tagged or not)."""
         product, action, path, key, size = self._LISTS[kind]
         found: list[str] = []
         page = 1
+        tag = {} if episode_id is None else {"Tag.1.Key": EPISODE_TAG, "Tag.1.Value": episode_id}
         while True:
             body = self.client.rpc(product, action, {
-                "RegionId": region, "PageNumber": str(page), "PageSize": str(size),
-                "Tag.1.Key": EPISODE_TAG, "Tag.1.Value": episode_id})
+                "RegionId": region, "PageNumber": str(page), "PageSize": str(size), **tag})
             items: Any = body
             for part in path.split("."):
                 items = items[part]
