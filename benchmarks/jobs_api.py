@@ -41,7 +41,7 @@ import aiohttp
 import httpx
 import ray
 
-from benchmarks.services import cloud_and_redis
+from benchmarks.services import cloud_and_redis, wait_http
 from cluster.config import JobConfig
 from cluster.serve import Stack
 from consolerl.config import load_config
@@ -143,11 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             url = stack.start_http()
             with httpx.Client(base_url=url, timeout=60,
                               headers={"Authorization": f"Bearer {token}"}) as http:
-                deadline = time.monotonic() + 300
-                while http.get("/readyz").status_code != 200:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the API never became ready")
-                    time.sleep(0.5)
+                wait_http(f"{url}/readyz", 300)
                 submits = []
                 for i in range(args.submits):
                     submits.append(round(submit_to_first_episode(http), 1))
@@ -232,16 +228,7 @@ def run_active(args: argparse.Namespace) -> dict[str, Any]:
         quota_ms: list[float] = []
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120,
                           headers={"Authorization": f"Bearer {token}"}) as http:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if http.get("/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the API did not start")
-                time.sleep(0.2)
+            wait_http(f"http://127.0.0.1:{port}/healthz", 60, poll_s=0.2)
             body = {"tasks": {"ids": ["ram-create-user-0"]}, "samples_per_task": 1}
             for _ in range(3):                     # warm up (imports, connections)
                 http.get("/v1/quota")

@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import sys
 import tempfile
 import threading
@@ -45,7 +44,7 @@ import psutil
 import ray
 import redis
 
-from benchmarks.services import cloud_and_redis
+from benchmarks.services import cloud_and_redis, wait_http
 from cluster.config import JobConfig
 from cluster.serve import TEAM_SCOPES, Stack
 from consolerl.accounts import load_accounts
@@ -238,7 +237,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                  f"screenshots {args.screenshots_ttl_s} s")
             stack.start_scheduler()
             url = stack.start_http()
-            _wait_ready(url)
+            wait_http(f"{url}/readyz", 300)
             before = cloud_inventory(cloud.endpoint)
             stand_in = TrainingStandIn(config, args.training_leases) \
                 if args.training_leases else None
@@ -304,19 +303,6 @@ def cloud_inventory(endpoint: str) -> set[str]:
         found |= {f"{account.account_id} {item}"
                   for item in SdkProvisioner(client).inventory()}
     return found
-
-
-def _wait_ready(url: str, limit_s: float = 300) -> None:
-    deadline = time.monotonic() + limit_s
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("the API never became ready")
-        time.sleep(0.5)
 
 
 def _sample(r: redis.Redis, samples: list[dict[str, Any]], stop: threading.Event,
