@@ -19,6 +19,8 @@ Prints one JSON object:
   of a shorter run), all requests of all teams;
 - ``redis_used_mb``: first / peak / last (``INFO memory``), with ``redis_maxmemory_mb``;
 - ``rss_mb``: the scheduler actor's and the HTTP actor's resident size, first / last;
+- ``api_gc``: the HTTP side's timed full collections (``consolerl_api_gc_pause_seconds``):
+  how many and their mean pause;
 - ``leases_leaked``: leases still held once the stack and the stand-in have stopped (must
   be 0); ``resources_leaked``: what the episodes provisioned and the cloud still holds, by
   the provisioner's own inventory of every episode of the run (must be 0).
@@ -31,6 +33,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import sys
 import tempfile
 import threading
@@ -255,6 +258,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             asyncio.run(load_all())
             stop.set()
             sampler.join(timeout=30)
+            api_gc = gc_pauses(httpx.get(f"{url}/metrics", timeout=30).text)
         finally:
             if stand_in is not None:
                 stand_in.stop()
@@ -278,10 +282,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rss_mb": {name: {"first": next((s[name] for s in samples if s[name]), None),
                           "last": next((s[name] for s in reversed(samples) if s[name]), None)}
                    for name in ("scheduler", "http")},
+        "api_gc": api_gc,
         "leases_leaked": leases, "resources_leaked": len(leaked),
         "resources_leaked_samples": leaked[:10],
         "samples": samples,
     }
+
+
+def gc_pauses(metrics: str) -> dict[str, float]:
+    """How many timed full collections the HTTP side ran, and their mean pause."""
+    found = {m[1]: float(m[2]) for m in re.finditer(
+        r"^consolerl_api_gc_pause_seconds_(count|sum) (\S+)$", metrics, re.M)}
+    count = found.get("count", 0.0)
+    return {"collections": int(count),
+            "mean_pause_ms": round(1000 * found.get("sum", 0.0) / count, 2) if count else None}
 
 
 def retention_overrides(args: argparse.Namespace, tmp: Path) -> list[str]:

@@ -32,6 +32,7 @@ from rollout_service.episode import EpisodeRunner
 from rollout_service.jobs.app import build_app
 from rollout_service.jobs.auth import TokenBook
 from rollout_service.jobs.blobs import BlobConfig
+from rollout_service.jobs.routers.context import ApiMetrics
 from rollout_service.jobs.retention import RetentionConfig, StorageSweeper
 from rollout_service.jobs.scheduler import JobScheduler, SchedulerConfig
 from rollout_service.jobs.schema import ORACLE_MODEL
@@ -40,6 +41,13 @@ from rollout_service.models import HFChatTokenizer, resolve_model
 from rollout_service.policy import PolicyRouter
 
 SCHEDULER_NAME = "consolerl-api-scheduler"
+# The HTTP side collects its young generation rarely (HttpServer.start) and, left to the
+# thresholds, the oldest almost never (after 1,000 middle collections: many hours). Cyclic
+# garbage that was still referenced at a young collection (a request in flight) then piled up
+# in the oldest generation: the actor's RSS grew ~0.25 MB a minute under the soak's traffic
+# (docs/results/2026-11-26-soak.md). A full collection on a timer bounds it; its pause is
+# consolerl_api_gc_pause_seconds.
+GC_EVERY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -162,7 +170,7 @@ class HttpServer:
     """uvicorn serving :func:`http_app` inside a Ray actor, on a thread of its own with its own
     (uvloop) event loop: the actor's asyncio loop shares its thread with Ray's calls."""
 
-    def __init__(self, spec: HttpSpec, host: str, port: int):
+    def __init__(self, spec: HttpSpec, host: str, port: int, gc_every_s: float = GC_EVERY_S):
         import uvicorn  # noqa: PLC0415 - only in the actor's process
         # Ray starts worker processes at niceness 15; the front door should not wait behind
         # browsers and the policy on a busy node. Needs CAP_SYS_NICE (root here); without it
@@ -171,20 +179,26 @@ class HttpServer:
             os.setpriority(os.PRIO_PROCESS, 0, 0)
         except OSError:
             pass
-        config = uvicorn.Config(http_app(spec), host=host, port=port, log_level="warning",
+        app = http_app(spec)
+        self.metrics: ApiMetrics = app.state.jobs_api.metrics
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                                 access_log=False, loop="uvloop", http="httptools")
         self.server = uvicorn.Server(config)
         self.thread: threading.Thread | None = None
+        self.gc_every_s = gc_every_s
+        self._stopping = threading.Event()
 
     def start(self) -> str:
         # Fewer, cheaper garbage collections: what start-up made is frozen out of every
-        # collection, and the young generation collects every 100k allocations, not 700
-        # (the tail latency of GET /v1/jobs/{id} under load: benchmarks.jobs_api).
+        # collection, the young generation collects every 100k allocations, not 700 (the
+        # tail latency of GET /v1/jobs/{id} under load: benchmarks.jobs_api), and the whole
+        # heap every gc_every_s, on a thread of its own (GC_EVERY_S).
         gc.collect()
         gc.freeze()
         gc.set_threshold(100_000, 50, 1000)
         self.thread = threading.Thread(target=self.server.run, daemon=True, name="api-http")
         self.thread.start()
+        threading.Thread(target=self._collect, daemon=True, name="api-gc").start()
         deadline = time.monotonic() + 30
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
@@ -192,7 +206,15 @@ class HttpServer:
             time.sleep(0.05)
         return f"http://{self.server.config.host}:{self.server.config.port}"
 
+    def _collect(self) -> None:
+        """A full collection every ``gc_every_s`` (see :data:`GC_EVERY_S`)."""
+        while not self._stopping.wait(self.gc_every_s):
+            started = time.perf_counter()
+            gc.collect()
+            self.metrics.gc_pause.observe(time.perf_counter() - started)
+
     def stop(self) -> None:
+        self._stopping.set()
         self.server.should_exit = True
         if self.thread is not None:
             self.thread.join(10)

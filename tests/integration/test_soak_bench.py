@@ -22,6 +22,7 @@ def test_ten_minutes_of_teams_and_training_stay_bounded():
     result = json.loads(proc.stdout)
     assert result["errors"] == 0, result["error_samples"]
     assert result["leases_leaked"] == 0
+    assert result["api_gc"]["collections"] >= 10, result["api_gc"]     # one every 30 s
     assert result["resources_leaked"] == 0, result["resources_leaked_samples"]
     assert result["jobs"] >= 20 and result["jobs_completed"] == result["jobs"]
     assert result["episodes"] == result["jobs"]

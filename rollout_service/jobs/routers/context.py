@@ -68,6 +68,11 @@ class ApiMetrics:
                                  "team.", ["team"], registry=registry)
         self.rejected = Counter("consolerl_api_quota_rejections_total", "Submissions refused "
                                 "by a quota, by quota.", ["quota"], registry=registry)
+        # Observed where the server runs timed full collections (the Ray actor hosting).
+        self.gc_pause = Histogram("consolerl_api_gc_pause_seconds", "Full garbage "
+                                  "collections the HTTP side runs on a timer, by duration.",
+                                  registry=registry,
+                                  buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, 1))
 
 
 @dataclass(frozen=True)
