@@ -102,6 +102,19 @@ def run_async(coro):
         return pool.submit(asyncio.run, coro).result()
 
 
+def require_vllm() -> None:
+    """Skip the calling test where vLLM (``.venv-vllm``, or ``policy.vllm_python``) is not
+    installed, except under CI, where its absence is a failure: ``make setup`` installs it."""
+    from consolerl.errors import ConfigError                 # noqa: PLC0415
+    from rollout_service.vllm_engine import vllm_python      # noqa: PLC0415
+    try:
+        vllm_python()
+    except ConfigError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"vLLM not installed: {exc}")
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
     deadline = time.monotonic() + timeout
     while True:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import subprocess
 import sys
@@ -25,12 +24,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from consolerl.errors import ConfigError
 from infra.local_cloud import free_port
 from infra.observability.dashboards import DASHBOARDS, policy_serving, render
 from infra.observability.discovery import PublishConfig
 from infra.observability.observe import ObserveConfig, Observatory
-from tests.conftest import run_async
+from tests.conftest import require_vllm, run_async
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "observability"
@@ -192,13 +190,7 @@ def vllm_observed(redis_server, tmp_path_factory):
     from rollout_service.agent import SamplingParams
     from rollout_service.models import default_model
     from rollout_service.policy import PolicyConfig, PolicyServer
-    from rollout_service.vllm_engine import vllm_python
-    try:
-        vllm_python()
-    except ConfigError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"vLLM not installed: {exc}")
+    require_vllm()
     tmp = tmp_path_factory.mktemp("observe-vllm")
     obs = Observatory(ObserveConfig(redis_server.url, tmp / "observe", free_port(),
                                     free_port(), f"{SCRAPE_S}s", "2s", streams="none",

@@ -9,28 +9,16 @@ vLLM takes 30-90 s to start here. Where ``.venv-vllm`` is missing the test is sk
 in CI, where ``make setup`` installs it and a skip would hide a broken set-up."""
 from __future__ import annotations
 
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 
-from consolerl.errors import ConfigError  # noqa: E402
 from rollout_service.agent import SamplingParams  # noqa: E402
 from rollout_service.models import HFChatTokenizer, default_model  # noqa: E402
 from rollout_service.policy import PolicyConfig, PolicyServerActor  # noqa: E402
-from rollout_service.vllm_engine import vllm_python  # noqa: E402
+from tests.conftest import require_vllm  # noqa: E402
 from tests.integration.weight_kit import stream_update  # noqa: E402
-
-
-def _require_vllm() -> None:
-    try:
-        vllm_python()
-    except ConfigError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"vLLM not installed: {exc}")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +28,7 @@ def model_path():
 
 @pytest.fixture(scope="module")
 def server(model_path):
-    _require_vllm()
+    require_vllm()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = PolicyConfig(model=str(model_path), backend="vllm", max_model_len=1024,
                           kv_cache_gib=0.5, enforce_eager=True, seed=0)
