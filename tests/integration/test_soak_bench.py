@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)          # the suite's default is 300 s; this run takes ~15 minutes
 def test_ten_minutes_of_teams_and_training_stay_bounded():
     proc = subprocess.run([sys.executable, "-m", "benchmarks.soak", "--json", "--minutes", "10",
                            "--results-ttl-s", "120", "--screenshots-ttl-s", "60"],
