@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import json
 import random
-import re
 import sys
 import tempfile
 import threading
@@ -46,6 +45,7 @@ import httpx
 import psutil
 import ray
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.services import cloud_and_redis, wait_http
 from cluster.config import JobConfig
@@ -291,11 +291,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def gc_pauses(metrics: str) -> dict[str, float]:
     """How many timed full collections the HTTP side ran, and their mean pause."""
-    found = {m[1]: float(m[2]) for m in re.finditer(
-        r"^consolerl_api_gc_pause_seconds_(count|sum) (\S+)$", metrics, re.M)}
-    count = found.get("count", 0.0)
+    found = {sample.name: sample.value
+             for family in text_string_to_metric_families(metrics)
+             if family.name == "consolerl_api_gc_pause_seconds" for sample in family.samples}
+    count = found.get("consolerl_api_gc_pause_seconds_count", 0.0)
+    total = found.get("consolerl_api_gc_pause_seconds_sum", 0.0)
     return {"collections": int(count),
-            "mean_pause_ms": round(1000 * found.get("sum", 0.0) / count, 2) if count else None}
+            "mean_pause_ms": round(1000 * total / count, 2) if count else None}
 
 
 def retention_overrides(args: argparse.Namespace, tmp: Path) -> list[str]:
