@@ -82,6 +82,19 @@ def _node(item: Any) -> _Node | None:
     return _Node(m["role"], name, attrs, str(value), children)
 
 
+def _typed(node: _Node) -> str:
+    """What a text field holds when the snapshot gives it as a child (a field with a
+    placeholder: ``- textbox "Port Range":`` then ``- /placeholder: 22/22`` and ``- text:
+    443/443``); the placeholder itself is not a value."""
+    if node.role not in ("textbox", "searchbox") or not node.name:
+        return ""
+    for item in node.children:
+        if isinstance(item, dict) and len(item) == 1 and "text" in item:
+            value = item["text"]
+            return value if isinstance(value, str) else ""
+    return ""
+
+
 class _Renderer:
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -182,7 +195,8 @@ class _Renderer:
             bid = self.bid_for(node)
             head = f"[{bid}] " if bid else ""
             label = node.name or self.inline(node.children)
-            value = f": {node.text}" if node.text and node.text != label else ""
+            text = node.text or _typed(node)
+            value = f": {text}" if text and text != label else ""
             self.lines.append(f'{pad}{head}{role} "{label}"{self.state(node)}{value}')
             return
         if role in LANDMARKS and (node.name or role in ("dialog", "alert", "status", "table")):

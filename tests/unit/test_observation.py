@@ -77,3 +77,21 @@ def test_driver_lookups():
     assert find_bid(text, "button", "Save") is None          # disabled: no bid
     assert find_in_row(text, "ops", "Delete") == "5"
     assert find_in_row(text, "ops", "Start") is None
+
+
+def test_a_field_with_a_placeholder_shows_what_was_typed_not_the_placeholder():
+    """Chromium's snapshot gives such a field's value as a child ``text:`` beside
+    ``/placeholder:``; the agent (and the teacher) must see what it typed there."""
+    snapshot = """\
+- textbox "Port Range" [ref=f2e1]:
+  - /placeholder: 22/22
+  - text: 443/443
+- textbox "Authorization Object" [ref=f2e2]:
+  - /placeholder: 0.0.0.0/0
+- textbox "Name" [ref=f2e3]: xyz
+"""
+    text = render_snapshot(snapshot).text
+    assert '[1] textbox "Port Range": 443/443' in text
+    assert '[2] textbox "Authorization Object"\n' in text + "\n"
+    assert "22/22" not in text and "0.0.0.0/0" not in text
+    assert '[3] textbox "Name": xyz' in text
