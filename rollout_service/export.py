@@ -324,6 +324,37 @@ class _Exporter:
                   + f" ({time.monotonic() - self.started:.0f} s)")
 
 
+def start_services(scratch: Path, cloud_endpoint: str, redis_url: str, accounts_file: str,
+                   lease_prefix: str, started: list[Any]
+                   ) -> tuple[str, PoolConfig, list[Account]]:
+    """The cloud and the lease Redis an offline collection runs against: the running ones
+    named, else a local cloud and a Redis under ``scratch`` (appended to ``started``, for
+    :func:`stop_services`). Returns the cloud endpoint, the lease pool and its accounts."""
+    endpoint = cloud_endpoint
+    if not endpoint:
+        args = ("--lookup-qps", "0", "--transition", "1", "--network-ready", "0.3")
+        if accounts_file:
+            args += ("--accounts", accounts_file)
+        (scratch / "cloud").mkdir()
+        cloud = LocalCloud(scratch / "cloud", args).start()
+        started.append(cloud)
+        endpoint = cloud.endpoint
+    if not redis_url:
+        redis_server = RedisServer(scratch / "redis").start()
+        started.append(redis_server)
+        redis_url = redis_server.url
+    pool_config = PoolConfig(redis_url=redis_url, key_prefix=lease_prefix,
+                             accounts_source="file" if accounts_file else "local",
+                             accounts_file=accounts_file or None)
+    return endpoint, pool_config, load_pool_accounts(pool_config)
+
+
+def stop_services(started: list[Any], scratch: Path) -> None:
+    for server in reversed(started):
+        server.stop()
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
 async def run_export(config: ExportConfig, *, on_record: Callable[[dict[str, Any],
                      Recording], None] | None = None) -> dict[str, Any]:
     """Run the export; returns the summary. ``on_record(record, recording)`` sees each kept
@@ -334,7 +365,7 @@ async def run_export(config: ExportConfig, *, on_record: Callable[[dict[str, Any
     out = Path(config.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="export-"))
-    cloud = redis_server = None
+    started_here: list[Any] = []
     fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     sink = os.fdopen(fd, "w", encoding="utf-8")
     started = time.monotonic()
@@ -344,22 +375,9 @@ async def run_export(config: ExportConfig, *, on_record: Callable[[dict[str, Any
             jobs.put_nowait(task)
     tally = _Tally(total=jobs.qsize())
     try:
-        endpoint = config.cloud_endpoint
-        if not endpoint:
-            args = ("--lookup-qps", "0", "--transition", "1", "--network-ready", "0.3")
-            if config.accounts_file:
-                args += ("--accounts", config.accounts_file)
-            (scratch / "cloud").mkdir()
-            cloud = LocalCloud(scratch / "cloud", args).start()
-            endpoint = cloud.endpoint
-        redis_url = config.redis_url
-        if not redis_url:
-            redis_server = RedisServer(scratch / "redis").start()
-            redis_url = redis_server.url
-        pool_config = PoolConfig(redis_url=redis_url, key_prefix=config.lease_prefix,
-                                 accounts_source="file" if config.accounts_file else "local",
-                                 accounts_file=config.accounts_file or None)
-        accounts = load_pool_accounts(pool_config)
+        endpoint, pool_config, accounts = start_services(
+            scratch, config.cloud_endpoint, config.redis_url, config.accounts_file,
+            config.lease_prefix, started_here)
         _progress(f"{tally.total} episodes of {len(tasks)} tasks against http://{endpoint}, "
                   f"{config.workers} browsers")
         exporter = _Exporter(config, endpoint, pool_config, accounts, tasks, tokenizer, sink,
@@ -384,11 +402,7 @@ async def run_export(config: ExportConfig, *, on_record: Callable[[dict[str, Any
         Path(tmp_name).unlink(missing_ok=True)
         raise
     finally:
-        if redis_server is not None:
-            redis_server.stop()
-        if cloud is not None:
-            cloud.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
+        stop_services(started_here, scratch)
     summary = asdict(tally)
     summary.pop("total")
     return {"out": str(out), "tasks": len(tasks), **summary,
