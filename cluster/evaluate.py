@@ -39,6 +39,7 @@ from consolerl.stats import (bootstrap_mean_ci as bootstrap_ci,
                              stratified_diff_ci as stratified_bootstrap_diff)
 from consolerl.tasks import TASKS_DIR, load_suite
 from rollout_service.models import resolve_model
+from rollout_service.orchestrator import OrchestratorConfig
 from rollout_service.policy import PolicyConfig
 
 
@@ -114,6 +115,17 @@ def _difference(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def run_orchestrator(config: OrchestratorConfig, split: str, tasks: str | None, run: int
+                     ) -> OrchestratorConfig:
+    """The orchestrator of one evaluation run (seed ``run + 1``): groups of one episode, none
+    dropped, the tasks in turn, so that the run's ``len(selected) x per_task`` groups are each
+    selected task ``per_task`` times (the training curriculum would sample some tasks more
+    than others)."""
+    return replace(config, group_size=1, groups_per_step=1, max_staleness=10**6,
+                   mode="async", drop_uniform_groups=False, split=split,
+                   task_filter=tasks or "", seed=run + 1, curriculum="round_robin")
+
+
 def _one_run(config: JobConfig, policy: PolicyConfig, servers: Any, selected: list[str],
              per_task: int, temp: float, split: str, tasks: str | None, label: str, run: int
              ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -122,9 +134,7 @@ def _one_run(config: JobConfig, policy: PolicyConfig, servers: Any, selected: li
     cfg = replace(
         config,
         agent=replace(config.agent, temperature=temp))
-    orchestrator = replace(config.orchestrator, group_size=1, groups_per_step=1,
-                           max_staleness=10**6, mode="async", drop_uniform_groups=False,
-                           split=split, task_filter=tasks or "", seed=run + 1)
+    orchestrator = run_orchestrator(config.orchestrator, split, tasks, run)
     stream = replace(config.stream, stream=f"{config.stream.stream}:{label}")
     actor = TrainingRolloutsActor.options(num_cpus=0, scheduling_strategy=on_driver_node()
                                           ).remote(rollout_spec(cfg, policy, None),

@@ -19,6 +19,10 @@ would stall the rollouts while the trainer waits for a group that is never opene
 whose rewards are all equal are counted and, with ``drop_uniform_groups``, not pushed (GRPO
 learns nothing from them).
 
+The task of each new group comes from the run's curriculum (``curriculum.py``): by default
+sampled by the task's recent success estimate, preferring p near 0.5 (the tasks whose groups
+GRPO learns from), with a floor so that no task starves; or each task in turn.
+
 Sync mode: open ``groups_per_step`` groups, run all their episodes, push them, then wait until
 the trainer's version moves before the next batch (the batch barrier of verl's colocated loop).
 
@@ -54,6 +58,7 @@ from env_workers.pool import actor_state
 from infra.cloud import CloudClient
 
 from .agent import AgentLoop
+from .curriculum import BANDS, CURRICULA, Curriculum
 from .episode import (EpisodeOutcome, EpisodePolicy, EpisodeRunner, WorkerSidePolicy,
                       model_policy)
 from .experience import ExperienceStream
@@ -84,11 +89,19 @@ class OrchestratorConfig:
     task_filter: str = ""                 # regular expression over task ids ("": all)
     acquire_timeout_s: float = 300.0
     seed: int = 0
-    # Online filtering: a task whose last ``uniform_streak`` groups all had one outcome (all
-    # solved or all failed: nothing for GRPO to learn) sits out the next ``uniform_cooldown``
-    # groups opened, then is tried again (the policy has moved). 0 = off.
-    uniform_streak: int = 0
-    uniform_cooldown: int = 8
+    # Which task each group is opened on (rollout_service/curriculum.py): ``success``
+    # samples tasks by their recent success estimate, preferring p near 0.5 (the groups GRPO
+    # learns from), after one pass over every task; ``round_robin``, each task in turn
+    # (evaluation, which must run every task the same number of times).
+    curriculum: str = "success"
+    # The least weight a task keeps against 1 for a task at p = 0.5: 0.1, a task the policy
+    # always fails or always solves is still opened a tenth as often, so its estimate follows
+    # the policy. In (0, 1]; 1 samples uniformly.
+    curriculum_floor: float = 0.1
+    # About how many of a task's latest episodes its estimate weighs (each older one by
+    # 1 - 1/window once more per newer episode): 32, the last 4 to 8 groups of 4 to 8, so an
+    # estimate follows a policy that learns (or unlearns) the task within a few groups.
+    curriculum_window: int = 32
     # Threads for the episodes' blocking calls (SDK, audit log, scoring); 0: one per env
     # worker plus 4, so no episode queues behind another's ActionTrail wait.
     io_threads: int = 0
@@ -105,14 +118,20 @@ class OrchestratorConfig:
 
     def __post_init__(self) -> None:
         for name, low in (("group_size", 1), ("max_staleness", 0), ("groups_per_step", 1),
-                          ("max_env_retries", 0), ("uniform_streak", 0),
-                          ("uniform_cooldown", 1), ("io_threads", 0),
-                          ("lost_probes_dead", 1)):
+                          ("max_env_retries", 0), ("curriculum_window", 1),
+                          ("io_threads", 0), ("lost_probes_dead", 1)):
             check_int(f"OrchestratorConfig.{name}", getattr(self, name), low)
         if isinstance(self.lost_probe_s, bool) or not isinstance(
                 self.lost_probe_s, (int, float)) or not 0 < self.lost_probe_s <= 3600:
             raise ConfigError(f"OrchestratorConfig.lost_probe_s: must be a number of seconds "
                               f"in (0, 3600], got {self.lost_probe_s!r}")
+        if self.curriculum not in CURRICULA:
+            raise ConfigError(f"OrchestratorConfig.curriculum: must be one of "
+                              f"{', '.join(CURRICULA)}, got {self.curriculum!r}")
+        if isinstance(self.curriculum_floor, bool) or not isinstance(
+                self.curriculum_floor, (int, float)) or not 0 < self.curriculum_floor <= 1:
+            raise ConfigError(f"OrchestratorConfig.curriculum_floor: must be a number in "
+                              f"(0, 1], got {self.curriculum_floor!r}")
         if self.turn_loop not in ("auto", "worker", "orchestrator"):
             raise ConfigError(f"OrchestratorConfig.turn_loop: must be auto, worker or "
                               f"orchestrator, got {self.turn_loop!r}")
@@ -190,9 +209,17 @@ class RolloutMetrics:
                               registry=registry)
         self.retries = Counter("consolerl_rollout_env_retries_total", "Episodes retried after "
                                "an env error.", registry=registry)
-        self.tasks_skipped = Counter("consolerl_rollout_tasks_skipped_total", "Groups not "
-                                     "opened on a task because its recent groups were uniform "
-                                     "(orchestrator.uniform_streak).", registry=registry)
+        self.curriculum_picks = Counter(
+            "consolerl_curriculum_picks_total", "Groups opened, by the success estimate of "
+            "their task when it was picked: unscored (no episode scored yet), low (p < 0.2), "
+            "mid, high (p > 0.8).", ["estimate"], registry=registry)
+        for band in BANDS:
+            self.curriculum_picks.labels(band)
+        # One series per task of the run (its split and task_filter: the suite's size).
+        self.estimated_success = Gauge(
+            "consolerl_curriculum_estimated_success_ratio", "Each task's recent success "
+            "estimate (about its last orchestrator.curriculum_window episodes, Beta(1, 1) "
+            "prior: 0.5 before any).", ["task"], registry=registry)
         self.seconds = Histogram("consolerl_rollout_episode_seconds", "Wall time of an episode "
                                  "on its worker (lease to release).", registry=registry,
                                  buckets=(1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640))
@@ -225,7 +252,8 @@ class Orchestrator:
     ``accounts``: the accounts the workers lease (their credentials provision and destroy);
     ``endpoint``: the cloud's OpenAPI endpoint; ``scorer``: ``RewardService.score`` or a
     ``RewardActor`` handle's ``score`` (see :class:`~rollout_service.episode.EpisodeRunner`).
-    Tasks are taken in turn, one per group.
+    Each group's task is picked by the run's :class:`~rollout_service.curriculum.Curriculum`
+    (``config.curriculum``), which hears every complete, scored group.
     """
 
     def __init__(self, config: OrchestratorConfig, tasks: Sequence[Task],
@@ -262,9 +290,12 @@ class Orchestrator:
               registry=self.registry).set(config.max_staleness)
         self.groups_opened = 0
         self.groups_pushed = 0
-        self._next_task = 0
-        self._streak: dict[str, int] = {}          # consecutive uniform groups, by task
-        self._resting: dict[str, int] = {}         # task -> groups_opened when it may return
+        self.curriculum = Curriculum([t.id for t in pick], config.curriculum,
+                                     config.curriculum_floor, config.curriculum_window,
+                                     config.seed)
+        self._by_id = {t.id: t for t in pick}
+        for t in pick:
+            self.metrics.estimated_success.labels(t.id).set(self.curriculum.estimate(t.id))
         self.groups_dropped = 0
         self.groups_abandoned = 0
         self.episodes: list[EpisodeSummary] = []
@@ -395,29 +426,13 @@ class Orchestrator:
         return _Group(f"g-{secrets.token_hex(6)}", task, n, [None] * n, list(range(n)))
 
     def _pick_task(self) -> Task:
-        """The tasks in turn, passing over those resting after uniform groups (when every task
-        rests, the one due back first)."""
-        count = len(self.tasks)
-        for k in range(count):
-            task = self.tasks[(self._next_task + k) % count]
-            if self._resting.get(task.id, 0) <= self.groups_opened:
-                self.metrics.tasks_skipped.inc(k)
-                self._next_task = (self._next_task + k + 1) % count
-                return task
-        task = min(self.tasks, key=lambda t: self._resting.get(t.id, 0))
-        self._next_task = (self.tasks.index(task) + 1) % count
-        return task
+        task_id = self.curriculum.pick()
+        self.metrics.curriculum_picks.labels(self.curriculum.band(task_id)).inc()
+        return self._by_id[task_id]
 
     def _note_outcome(self, task_id: str, rewards: list[float]) -> None:
-        if not self.config.uniform_streak or not rewards:
-            return
-        if len(set(rewards)) > 1:
-            self._streak[task_id] = 0
-            return
-        self._streak[task_id] = self._streak.get(task_id, 0) + 1
-        if self._streak[task_id] >= self.config.uniform_streak:
-            self._resting[task_id] = self.groups_opened + self.config.uniform_cooldown
-            self._streak[task_id] = 0
+        self.curriculum.note(task_id, rewards)
+        self.metrics.estimated_success.labels(task_id).set(self.curriculum.estimate(task_id))
 
     def _finish(self, group: _Group) -> str:
         """Push or drop a complete group; returns the outcome."""

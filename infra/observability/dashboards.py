@@ -333,6 +333,12 @@ def freshness() -> Dashboard:
                   "High: the trainer is the bottleneck; rollouts are held back so samples "
                   "stay fresh.", "short",
                   (Query(rate("consolerl_rollout_admission_wait_seconds_total"), "waiting"),)),
+            Panel("Groups opened by task estimate", "Groups opened per minute, by the recent "
+                  "success estimate of their task when the curriculum picked it (unscored, "
+                  "low p < 0.2, mid, high p > 0.8). Mostly low and high after the first pass: "
+                  "few tasks are near p = 0.5, so most groups will be uniform.", "opm",
+                  (Query(rate("consolerl_curriculum_picks_total", by="estimate",
+                              scale=" * 60"), "{{estimate}}"),), stacked=True),
         )),
     ), (RUN_VARIABLE,))
 

@@ -1,5 +1,6 @@
 """The orchestrator's group logic with fake episodes (no browser, no cloud): env-error retries
-and abandoning, uniform groups dropped, staleness capacity, and the sync barrier."""
+and abandoning, uniform groups dropped, staleness capacity, the sync barrier, and the
+curriculum that picks each group's task."""
 from __future__ import annotations
 
 import asyncio
@@ -159,7 +160,12 @@ def test_sync_mode_waits_for_the_trainer_between_batches():
 
 @pytest.mark.parametrize("kwargs,field", [(dict(group_size=0), "group_size"),
                                           (dict(mode="batch"), "mode"),
-                                          (dict(task_filter="("), "task_filter")])
+                                          (dict(task_filter="("), "task_filter"),
+                                          (dict(curriculum="uniform"), "curriculum"),
+                                          (dict(curriculum_floor=0), "curriculum_floor"),
+                                          (dict(curriculum_floor=1.5), "curriculum_floor"),
+                                          (dict(curriculum_floor=True), "curriculum_floor"),
+                                          (dict(curriculum_window=0), "curriculum_window")])
 def test_bad_config(kwargs, field):
     with pytest.raises(ConfigError, match=field):
         OrchestratorConfig(**kwargs)
@@ -178,33 +184,101 @@ def test_a_stop_before_the_run_starts_ends_that_run_and_only_that_one(mode):
     assert summary["groups_pushed"] == 1 and calls[0] == 2
 
 
-def test_tasks_whose_groups_are_uniform_rest_then_return():
-    # ram-create-user-0 always all-fail (uniform); ram-grant-policy-0 mixed.
-    config = OrchestratorConfig(group_size=2, max_staleness=100, uniform_streak=2,
-                                uniform_cooldown=3, drop_uniform_groups=True)
-    orch, stream, _ = orchestrator(config, lambda n, i: 0.0, workers=1)
+THREE = [t for t in load_suite(TASKS_DIR)
+         if t.id in ("ram-create-user-0", "ram-delete-user-1", "ram-grant-policy-0")]
+MIXED, NEVER, ALWAYS = "ram-create-user-0", "ram-delete-user-1", "ram-grant-policy-0"
 
-    async def one(task_rewards):
-        g = orch._open_group()
-        for i in range(g.n):
-            r = task_rewards[g.task.id][i]
-            turn = Turn((1,), (2,), (-0.1,), (1,), 0, "x", "click(1)")
-            traj = Trajectory(f"{g.group_id}-{i}", g.task.id, (turn,), "stop", answer="done")
-            g.results[i] = EpisodeOutcome(g.task.id, g.task.expected, "e", traj, RewardResult(
-                r, True, "success" if r else "failure", "rule"))
-            g.pending.remove(i)
-        orch._finish(g)
-        return g.task.id
 
-    rewards = {"ram-create-user-0": [0.0, 0.0], "ram-grant-policy-0": [0.0, 1.0]}
-    opened = [run_async(one(rewards)) for _ in range(10)]
-    a, b = "ram-create-user-0", "ram-grant-policy-0"
-    # a, b, a (second uniform: rests 3 groups), b, b, b, then a is back
-    assert opened[:7] == [a, b, a, b, b, b, a], opened
-    assert orch.metrics.tasks_skipped._value.get() >= 2
-    off = OrchestratorConfig(group_size=2)
-    orch2, _, _ = orchestrator(off, lambda n, i: 0.0, workers=1)
-    assert [orch2._open_group().task.id for _ in range(4)] == [a, b, a, b]
+def curriculum_orchestrator(**kwargs):
+    config = OrchestratorConfig(group_size=4, max_staleness=100, **kwargs)
+    return Orchestrator(config, THREE, [object()], [], "127.0.0.1:1",
+                        AgentLoop(None, None, AgentConfig()), None, FakeStream())
+
+
+def open_and_finish(orch, rewards_of):
+    """Open one group and finish it at once with ``rewards_of[task id]`` (through
+    ``_finish``, as a run does); returns the task id."""
+    g = orch._open_group()
+    for i, r in enumerate(rewards_of[g.task.id]):
+        turn = Turn((1,), (2,), (-0.1,), (1,), 0, "x", "click(1)")
+        traj = Trajectory(f"{g.group_id}-{i}", g.task.id, (turn,), "stop", answer="done")
+        g.results[i] = EpisodeOutcome(g.task.id, g.task.expected, "e", traj, RewardResult(
+            r, True, "success" if r >= 1 else "failure", "rule"))
+        g.pending.remove(i)
+    orch._finish(g)
+    return g.task.id
+
+
+# Half solved, never solved, always solved.
+REWARDS = {MIXED: [0.0, 1.0, 1.0, 0.0], NEVER: [0.0] * 4, ALWAYS: [1.0] * 4}
+
+
+def test_the_curriculum_opens_each_task_once_then_prefers_tasks_near_half_success():
+    orch = curriculum_orchestrator()
+    opened = [open_and_finish(orch, REWARDS) for _ in range(1500)]
+    assert opened[:3] == [t.id for t in THREE]          # the first pass, in suite order
+    counts = {t: opened[3:].count(t) for t in (MIXED, NEVER, ALWAYS)}
+    # Weights: 1 at p = 0.5; the other two, their counts near the 32-episode window under
+    # the Beta(1, 1) prior, p = 1/34 and 33/34, 4 p (1 - p) = 0.11: about 9 to 1 each.
+    assert counts[MIXED] > 5 * counts[NEVER] and counts[MIXED] > 5 * counts[ALWAYS], counts
+    assert orch.curriculum.estimate(MIXED) == pytest.approx(0.5, abs=0.01)
+    assert orch.curriculum.estimate(NEVER) < 0.05 < 0.95 < orch.curriculum.estimate(ALWAYS)
+    registry = orch.registry
+    assert registry.get_sample_value("consolerl_curriculum_estimated_success_ratio",
+                                     {"task": NEVER}) == orch.curriculum.estimate(NEVER)
+    picks = {b: registry.get_sample_value("consolerl_curriculum_picks_total", {"estimate": b})
+             for b in ("unscored", "low", "mid", "high")}
+    assert picks == {"unscored": 3, "low": counts[NEVER], "mid": counts[MIXED],
+                     "high": counts[ALWAYS]}
+
+
+def test_the_floor_keeps_every_task_in_play():
+    # A long window drives the hopeless tasks' 4 p (1 - p) to 0.012: only the floor keeps
+    # them picked, at floor / (1 + 2 floor) of the picks.
+    def shares(floor):
+        orch = curriculum_orchestrator(curriculum_floor=floor, curriculum_window=1000)
+        for _ in range(100):                     # the hopeless tasks' estimates near 0 and 1
+            for task in (NEVER, ALWAYS):
+                orch._note_outcome(task, REWARDS[task])
+        for _ in range(3):
+            orch._pick_task()                    # past the first pass
+        opened = [orch._pick_task().id for _ in range(3000)]
+        return {t: opened.count(t) for t in (NEVER, ALWAYS)}
+    floored = shares(0.1)                        # expected 3000 x 0.1 / 1.2 = 250 each
+    assert min(floored.values()) >= 180, floored
+    unfloored = shares(0.001)                    # expected 3000 x 0.012 / 1.024 = 35
+    assert max(unfloored.values()) < 80, unfloored
+
+
+def test_the_curriculum_is_deterministic_for_a_seed():
+    def picks(seed):
+        orch = curriculum_orchestrator(seed=seed)
+        return [open_and_finish(orch, REWARDS) for _ in range(200)]
+    assert picks(7) == picks(7)
+    assert picks(7) != picks(8)
+
+
+def test_round_robin_visits_the_tasks_in_order_whatever_their_outcomes():
+    orch = curriculum_orchestrator(curriculum="round_robin")
+    opened = [open_and_finish(orch, REWARDS) for _ in range(9)]
+    assert opened == [t.id for t in THREE] * 3
+
+
+def test_evaluation_runs_every_task_per_task_times_in_order():
+    # Evaluation runs len(selected) x per_task groups of one episode and expects each task
+    # per_task times, whatever the training config's curriculum.
+    from cluster.evaluate import run_orchestrator
+    base = OrchestratorConfig()
+    assert base.curriculum == "success"
+    config = run_orchestrator(base, "train", "^ram-(create-user|delete-user|grant-policy)-",
+                              run=0)
+    orch = Orchestrator(config, load_suite(TASKS_DIR), [object()], [], "127.0.0.1:1",
+                        AgentLoop(None, None, AgentConfig()), None, FakeStream())
+    selected = [t.id for t in orch.tasks]
+    assert len(selected) >= 5
+    uniform = {t: [0.0] for t in selected}      # every group of one is uniform
+    opened = [open_and_finish(orch, uniform) for _ in range(2 * len(selected))]
+    assert opened == selected * 2
 
 
 def test_the_orchestrator_keeps_a_summary_of_each_episode_not_its_trajectory():
