@@ -1,5 +1,6 @@
 """Success of a model on a task split, episodes in real browsers scored by the reward service:
-``python -m cluster.evaluate --config configs/cpu.yaml --model FOLDER [--runs 3] [key=value]``.
+``python -m cluster.evaluate --config configs/cpu.yaml --model FOLDER [--runs 3] [--table]
+[key=value]``.
 
 The same machinery as training (env worker actors, PolicyServers, the orchestrator, the reward
 service), with groups of one episode, nothing trained: each run does every selected task
@@ -12,6 +13,26 @@ paired bootstrap interval (resampling tasks). ``by_expected`` gives the same fig
 for the tasks expected to succeed and the tasks whose documentation is wrong (expected
 infeasible: success is reporting them infeasible for a confirmed reason), for each model and
 in the comparison.
+
+Beside those, for each model:
+
+- ``pass_at_1``: the success rate of each run (``per_run``; ``None`` for a run without a
+  scored episode) and their mean and sample standard deviation (``std`` ``None`` with one run);
+  ``over_tasks``: the pass@1 estimator below (each task weighted alike);
+- ``pass_at_3``: per task, the unbiased ``1 - C(n-c, 3) / C(n, 3)`` over its ``n`` scored
+  episodes (all runs) with ``c`` successes, averaged over the tasks with ``n >= 3``
+  (``tasks``); ``tasks_short`` counts those left out (too few runs, or env errors), and
+  ``value`` is ``None`` when no task has 3 episodes;
+- ``by_family`` and ``by_product``: pooled success, scored episodes and selected tasks per
+  oracle family and per product (see :func:`family_of`); a group whose episodes all ended in
+  env errors has ``success`` ``None``;
+- ``cost``: per episode (env errors included: they cost too), the mean and total of the
+  prompt tokens, generated tokens and wall seconds holding an env account (``env_s``), each
+  with the number of episodes that carry it (runs recorded before these were kept have none:
+  their figures are ``None``).
+
+``--table`` prints :func:`summary_table` (markdown, one row per model) instead of the JSON;
+a saved result renders the same way: ``summary_table(json.load(open(FILE)))``.
 """
 from __future__ import annotations
 
@@ -34,8 +55,8 @@ from cluster.runtime import Session, on_driver_node, stop_actors
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
 from consolerl.stats import (bootstrap_mean_ci as bootstrap_ci,
-                             grouped_diff_ci as paired_bootstrap_diff,
-                             paired_diff_ci as paired_episode_diff,
+                             grouped_diff_ci as paired_bootstrap_diff, mean_std,
+                             paired_diff_ci as paired_episode_diff, pass_at_k,
                              stratified_diff_ci as stratified_bootstrap_diff)
 from consolerl.tasks import TASKS_DIR, load_suite
 from rollout_service.models import resolve_model
@@ -72,6 +93,102 @@ def success_by_expected(per_task: dict[str, list[float]], expected: dict[str, st
                       "success": sum(pooled) / len(pooled) if pooled else None,
                       "success_ci95": [lo, hi]}
     return out
+
+
+def family_of(task_id: str, oracle_family: str, product: str) -> str:
+    """The group a task's figures go to in ``by_family``: its oracle family; for a task
+    without one, its id without the trailing ``-N`` index (``ram-create-user-3`` ->
+    ``ram-create-user``), or ``<product>-wrongdoc`` for a wrong-documentation task (id ending
+    in ``-wrongdoc``)."""
+    if oracle_family:
+        return oracle_family
+    if task_id.endswith("-wrongdoc"):
+        return f"{product}-wrongdoc"
+    return re.sub(r"-\d+$", "", task_id)
+
+
+def success_by_group(per_task: dict[str, list[float]], group_of: dict[str, str]
+                     ) -> dict[str, dict[str, Any]]:
+    """Per group (``group_of``: task -> group; a task missing from it is its own group), the
+    pooled success over the group's episodes, the number of episodes and of tasks (a task
+    without episodes counts as a task); ``success`` ``None`` without episodes."""
+    groups: dict[str, list[list[float]]] = {}
+    for task, wins in per_task.items():
+        groups.setdefault(group_of.get(task, task), []).append(wins)
+    out: dict[str, dict[str, Any]] = {}
+    for group in sorted(groups):
+        pooled = [w for ws in groups[group] for w in ws]
+        out[group] = {"success": sum(pooled) / len(pooled) if pooled else None,
+                      "episodes": len(pooled), "tasks": len(groups[group])}
+    return out
+
+
+def pass_at(per_task: dict[str, list[float]], k: int) -> dict[str, Any]:
+    """The unbiased pass@k of each task over its episodes (wins of 1.0 or 0.0), averaged over
+    the tasks with at least ``k`` episodes (``tasks``); ``tasks_short``: the tasks left out;
+    ``value`` ``None`` when none has ``k``."""
+    each = [pass_at_k(len(ws), sum(1 for w in ws if w >= 1.0), k) for ws in per_task.values()]
+    got = [v for v in each if v is not None]
+    return {"value": sum(got) / len(got) if got else None, "tasks": len(got),
+            "tasks_short": len(each) - len(got)}
+
+
+def pass_at_1(run_wins: list[list[float]], per_task: dict[str, list[float]]
+              ) -> dict[str, Any]:
+    """Each run's success rate (``None`` for a run without a scored episode), their mean and
+    sample standard deviation, and the pass@1 estimator over tasks (:func:`pass_at`)."""
+    per_run = [sum(ws) / len(ws) if ws else None for ws in run_wins]
+    mean, std = mean_std([r for r in per_run if r is not None])
+    return {"mean": mean, "std": std, "per_run": per_run,
+            "over_tasks": pass_at(per_task, 1)["value"]}
+
+
+COST_KEYS = ("prompt_tokens", "completion_tokens", "env_s")
+
+
+def cost_per_episode(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean and total of each of :data:`COST_KEYS` over the episodes whose result carries it
+    (``episodes``: how many; results recorded before these keys existed carry none); mean and
+    total ``None`` when no episode does. ``episodes`` at the top: all of them."""
+    out: dict[str, Any] = {"episodes": len(results)}
+    for key in COST_KEYS:
+        xs = [r[key] for r in results if r.get(key) is not None]
+        out[key] = {"mean": sum(xs) / len(xs) if xs else None,
+                    "total": sum(xs) if xs else None, "episodes": len(xs)}
+    return out
+
+
+def _num(x: float | None, spec: str = ".2f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def summary_table(result: dict[str, Any]) -> str:
+    """A markdown table of an :func:`evaluate` result, or of ``main``'s comparison
+    (``baseline`` and ``model``): one row per model; pass@1 mean ± std over runs, pass@3,
+    success of the tasks expected to succeed and of those expected infeasible (episodes in
+    brackets), tokens and env seconds per episode. A figure the result lacks shows ``–``."""
+    # A single result names its model in "model" (a string); a comparison holds two results.
+    rows = ([("baseline", result["baseline"]), ("model", result["model"])]
+            if "baseline" in result else [("model", result)])
+    lines = ["| | model | pass@1 (mean ± std over runs) | pass@3 | success: expected success "
+             "| success: expected infeasible | tokens/episode (prompt + generated) "
+             "| env s/episode |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, r in rows:
+        p1 = r.get("pass_at_1") or {}
+        mean, std = (p1["mean"], p1["std"]) if p1 else mean_std(r.get("success_per_run", []))
+        runs = len(p1.get("per_run", r.get("success_per_run", [])))
+        pass1 = _num(mean) + ("" if std is None else f" ± {std:.2f}") + f" ({runs} runs)"
+        by_exp = r.get("by_expected", {})
+        exp = [f"{_num(g['success'])} ({g['episodes']})" if g else "–"
+               for g in (by_exp.get(e) for e in EXPECTED)]
+        cost = r.get("cost", {})
+        prompt, gen, env = ((cost.get(k) or {}).get("mean") for k in COST_KEYS)
+        tokens = "–" if prompt is None else f"{prompt:,.0f} + {_num(gen, ',.0f')}"
+        lines.append(f"| {label} | `{r.get('model', '')}` | {pass1} "
+                     f"| {_num((r.get('pass_at_3') or {}).get('value'))} | {exp[0]} | {exp[1]} "
+                     f"| {tokens} | {_num(env, '.1f')} |")
+    return "\n".join(lines) + "\n"
 
 
 def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -180,10 +297,11 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
              temperature: float | None = None, label: str = "eval",
              progress: Any = None, record: Path | None = None) -> dict[str, Any]:
     """Evaluate ``model_path`` (Ray initialised, Redis and the cloud up). Returns per-run and
-    pooled success, per-task outcomes, env errors and leaks. ``record``: a JSON-lines file
-    of finished runs; a run already in it (same label, model, split, tasks, temperature and
-    episodes per task: the same seeds) is taken from it, not run again, so an evaluation
-    that was stopped goes on where it stopped."""
+    pooled success, per-task outcomes, env errors and leaks, pass@1 and pass@3, success by
+    oracle family and by product, and the cost per episode (see the module docstring).
+    ``record``: a JSON-lines file of finished runs; a run already in it (same label, model,
+    split, tasks, temperature and episodes per task: the same seeds) is taken from it, not
+    run again, so an evaluation that was stopped goes on where it stopped."""
     ev = config.eval
     split = split or ev.split
     tasks = ev.tasks if tasks is None else tasks
@@ -197,6 +315,8 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
                                                             pattern.search(t.id))]
     selected = [t.id for t in chosen]
     expected = {t.id: t.expected for t in chosen}
+    family = {t.id: family_of(t.id, t.oracle_family, t.product) for t in chosen}
+    product = {t.id: t.product for t in chosen}
     if not selected:
         raise ConfigError(f"evaluate: no {split} task matches {tasks!r}")
     key = {"label": label, "model": str(model_path), "split": split, "tasks": tasks or "",
@@ -205,6 +325,8 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
     by_task: dict[str, list[float]] = {t: [] for t in selected}
     by_task_run: dict[str, list[list[float]]] = {t: [] for t in selected}
     per_run: list[float] = []
+    run_wins: list[list[float]] = []
+    every: list[dict[str, Any]] = []          # every episode's result, for the cost
     env_errors = leaked = 0
     policy = replace(config.policy, model=model_path)
     servers = None if all(r in done for r in range(runs)) else start_policy(policy)[0]
@@ -231,6 +353,8 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
                 by_task.setdefault(r["task_id"], []).append(w)
                 by_task_run.setdefault(r["task_id"], [[] for _ in range(run + 1)])[-1].append(w)
             per_run.append(sum(wins) / len(wins) if wins else 0.0)
+            run_wins.append(wins)
+            every.extend(results)
             if progress is not None:
                 progress(f"{label} run {run + 1}/{runs}: success {per_run[-1]:.2f} "
                          f"({len(wins)} episodes, {summary['env_errors']} env errors)")
@@ -245,6 +369,10 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
             "success": sum(pooled) / len(pooled) if pooled else 0.0,
             "success_ci95": [lo, hi], "success_per_run": per_run,
             "by_expected": success_by_expected(per_task_wins, expected),
+            "pass_at_1": pass_at_1(run_wins, by_task), "pass_at_3": pass_at(by_task, 3),
+            "by_family": success_by_group(by_task, family),
+            "by_product": success_by_group(by_task, product),
+            "cost": cost_per_episode(every),
             "expected": expected,
             "per_task": per_task_wins,
             "per_task_runs": {t: rs for t, rs in by_task_run.items() if any(rs)},
@@ -259,7 +387,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default="",
                         help="a second model evaluated first on the same tasks and seeds; "
                              "the output adds the difference model - baseline with its CI")
-    parser.add_argument("--json", action="store_true")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="the JSON result on one line")
+    shown.add_argument("--table", action="store_true",
+                       help="print a markdown summary table instead of the JSON (--out "
+                            "still writes the JSON)")
     parser.add_argument("--out", default="", help="also write the JSON result to this file")
     parser.add_argument("--record", default="",
                         help="JSON lines of finished runs (default: beside --out, "
@@ -293,7 +425,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    if args.table:
+        print(summary_table(result), end="")
+    else:
+        print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
 
 

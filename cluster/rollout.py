@@ -128,10 +128,12 @@ class TrainingRollouts:
         return await self.orchestrator.run(max_groups)
 
     async def results(self) -> list[dict[str, Any]]:
-        """Every episode so far: task, reward, verdict, env error (for evaluation)."""
+        """Every episode so far (for evaluation): task, reward, verdict, env error, and its
+        cost: prompt and generated tokens, wall seconds holding its env account."""
         return [{"task_id": e.task_id, "env_error": e.env_error, "reward": e.reward,
                  "verdict": e.verdict, "end_reason": e.end_reason, "steps": e.steps,
-                 "version": e.version}
+                 "version": e.version, "prompt_tokens": e.prompt_tokens,
+                 "completion_tokens": e.completion_tokens, "env_s": e.env_s}
                 for e in self.orchestrator.episodes]
 
     async def stop(self, interrupt: bool = False) -> None:

@@ -1,5 +1,6 @@
-"""Small statistics shared by the evaluation and the benchmarks: a percentile, and percentile
-bootstrap intervals of a mean and of a difference between two models.
+"""Small statistics shared by the evaluation and the benchmarks: a percentile, a mean with its
+sample standard deviation, the unbiased pass@k estimator, and percentile bootstrap intervals
+of a mean and of a difference between two models.
 
 Every interval is seeded (``seed``) and drawn with :class:`random.Random`, so the same inputs
 give the same numbers on every run. The differences are ``after - before`` and come in three
@@ -19,6 +20,7 @@ Imports nothing of the project: the standard library only.
 """
 from __future__ import annotations
 
+import math
 import random
 import statistics
 
@@ -27,6 +29,26 @@ def percentile(values: list[float], q: float) -> float:
     """The sample at index ``int(q * n)`` of the sorted values (capped at the last one)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    """The mean of ``values`` and their sample standard deviation (``n - 1`` in the
+    denominator); the mean is ``None`` without values, the deviation ``None`` below two."""
+    if not values:
+        return None, None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def pass_at_k(n: int, c: int, k: int) -> float | None:
+    """The unbiased estimate of pass@k (the chance that at least one of ``k`` attempts
+    succeeds) from ``n`` attempts of which ``c`` succeeded: ``1 - C(n-c, k) / C(n, k)``
+    (Chen et al. 2021, "Evaluating large language models trained on code"). ``None`` when
+    ``n < k``: ``n`` attempts say nothing unbiased about ``k``."""
+    if k < 1 or n < 0 or not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: need k >= 1 and 0 <= c <= n (got n={n}, c={c}, k={k})")
+    if n < k:
+        return None
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def _interval(boots: list[float], n: int, level: float) -> tuple[float, float]:

@@ -177,6 +177,9 @@ class EpisodeOutcome:
     fencing: int = 0
     worker_pid: int = 0
     provision_s: float = 0.0
+    # Wall seconds the episode held its account: from the lease taken to its release
+    # (provisioning, the agent's turns, scoring, clean-up); 0 when it ended before provisioning.
+    episode_s: float = 0.0
     broken_prerequisites: list[str] = field(default_factory=list)
     leaked: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
@@ -565,6 +568,7 @@ class EpisodeRunner:
         outcome = EpisodeOutcome(task.id, task.expected, secrets.token_hex(4),
                                  worker=start.worker, account_id=start.account_id,
                                  fencing=start.fencing, worker_pid=getattr(start, "pid", 0))
+        held = time.perf_counter()
         if start.env_error is not None:
             outcome.env_error = start.env_error
             return outcome
@@ -719,3 +723,4 @@ class EpisodeRunner:
                 # agent's alone.
                 outcome.env_error = EnvError("lease_lost", f"the lease on account "
                                              f"{account.account_id} expired during the episode")
+            outcome.episode_s = time.perf_counter() - held

@@ -171,15 +171,23 @@ class EpisodeSummary:
     steps: int
     version: int                   # the policy version of its first turn (-1: no turn)
     leaked: int
+    # Its cost: the tokens of its turns' prompts and generations (summed over turns), and
+    # the wall seconds it held its account (EpisodeOutcome.episode_s).
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    env_s: float = 0.0
 
     @classmethod
     def of(cls, e: EpisodeOutcome) -> EpisodeSummary:
         traj = e.trajectory
+        turns = traj.turns if traj else ()
         return cls(e.task_id, None if e.env_error is None else e.env_error.kind,
                    None if e.reward is None else e.reward.reward,
                    None if e.reward is None else e.reward.verdict,
-                   traj.end_reason if traj else None, len(traj.turns) if traj else 0,
-                   traj.turns[0].version if traj and traj.turns else -1, len(e.leaked))
+                   traj.end_reason if traj else None, len(turns),
+                   turns[0].version if turns else -1, len(e.leaked),
+                   sum(len(t.prompt_ids) for t in turns),
+                   sum(len(t.response_ids) for t in turns), round(e.episode_s, 3))
 
 
 @dataclass

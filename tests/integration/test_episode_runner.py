@@ -60,6 +60,7 @@ def test_the_oracle_episode_is_solved_scored_and_cleaned_up(runner_cloud, accoun
     assert all(t.action_text and not t.prompt_ids for t in outcome.trajectory.turns)
     assert outcome.reward.reward == 1.0 and outcome.reward.rule_verdict.verdict == "success"
     assert outcome.provision_s > 0 and outcome.fencing >= 1 and outcome.worker == "runner-test"
+    assert outcome.episode_s > outcome.provision_s      # provisioning is a part of it
     assert outcome.leaked == [] and outcome.broken_prerequisites == []
     leased = runner.accounts[outcome.account_id]
     assert runner.provisioner(leased).leftovers(outcome.episode_id) == []
@@ -282,5 +283,5 @@ def test_the_lease_is_told_before_anything_is_provisioned(runner_cloud, accounts
     (lease, _), = heard
     account = runner.accounts[lease.account_id]
     assert runner.provisioner(account).leftovers(lease.episode_id) == []
-    assert refused.trajectory is None and refused.provision_s == 0
+    assert refused.trajectory is None and refused.provision_s == refused.episode_s == 0
     assert not list(redis_server.client().scan_iter(f"{prefix}:lease:*"))

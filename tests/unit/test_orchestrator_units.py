@@ -14,7 +14,7 @@ from rollout_service.agent import AgentConfig, AgentLoop
 from consolerl.experience import Trajectory, Turn
 from consolerl.types import EnvError
 from rollout_service.episode import EpisodeOutcome
-from rollout_service.orchestrator import Orchestrator, OrchestratorConfig
+from rollout_service.orchestrator import EpisodeSummary, Orchestrator, OrchestratorConfig
 from tests.conftest import run_async
 
 TASKS = [t for t in load_suite(TASKS_DIR) if t.id in ("ram-create-user-0", "ram-grant-policy-0")]
@@ -293,6 +293,20 @@ def test_the_orchestrator_keeps_a_summary_of_each_episode_not_its_trajectory():
     assert second.env_error is None and second.steps == 1 and second.version == 3
     assert second.end_reason == "stop" and second.verdict in ("success", "failure")
     assert not any(hasattr(e, "trajectory") for e in orch.episodes)
+
+
+def test_an_episode_summary_carries_its_cost():
+    turns = (Turn((1, 2, 3), (6, 7), (-0.1, -0.2), (1, 1), 2, "x", "click(1)"),
+             Turn((1, 2, 3, 4, 5), (8,), (-0.3,), (1,), 3, "y", "click(2)"))
+    traj = Trajectory("t", "ram-create-user-0", turns, "stop", answer="done")
+    done = EpisodeSummary.of(EpisodeOutcome("ram-create-user-0", "success", "e", traj,
+                                            RewardResult(1.0, True, "success", "rule"),
+                                            episode_s=12.3456))
+    assert (done.prompt_tokens, done.completion_tokens, done.env_s) == (8, 3, 12.346)
+    assert done.steps == 2 and done.version == 2
+    broken = EpisodeSummary.of(EpisodeOutcome("ram-create-user-0", "success", "e",
+                                              env_error=EnvError("provision_failed", "x")))
+    assert (broken.prompt_tokens, broken.completion_tokens, broken.env_s) == (0, 0, 0.0)
 
 
 def test_blocking_calls_run_in_an_executor_sized_to_the_workers():

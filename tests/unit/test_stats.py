@@ -1,11 +1,14 @@
 """The shared statistics (:mod:`consolerl.stats`): bootstrap intervals of a success rate and
-of a difference between two models on the same tasks, paired or by task."""
+of a difference between two models on the same tasks, paired or by task; mean with its
+standard deviation; the pass@k estimator."""
 from __future__ import annotations
+
+from itertools import combinations
 
 import pytest
 
-from consolerl.stats import (bootstrap_mean_ci, grouped_diff_ci, paired_diff_ci,
-                             paired_lists_diff_ci95, stratified_diff_ci)
+from consolerl.stats import (bootstrap_mean_ci, grouped_diff_ci, mean_std, paired_diff_ci,
+                             paired_lists_diff_ci95, pass_at_k, stratified_diff_ci)
 
 
 def test_bootstrap_mean_ci_brackets_the_mean_and_narrows_with_more_data():
@@ -70,3 +73,28 @@ def test_paired_lists_interval_brackets_the_difference():
     assert lo < 0.3 < hi and lo > 0
     lo, hi = paired_lists_diff_ci95(before, before)
     assert lo == hi == 0
+
+
+def test_pass_at_k_by_hand():
+    assert pass_at_k(5, 2, 3) == pytest.approx(1 - 1 / 10)      # 1 - C(3,3)/C(5,3)
+    assert pass_at_k(6, 2, 3) == pytest.approx(1 - 4 / 20)      # 1 - C(4,3)/C(6,3)
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)            # pass@1 is c/n
+    assert pass_at_k(3, 1, 3) == 1.0 and pass_at_k(3, 0, 3) == 0.0
+    assert pass_at_k(2, 2, 3) is None                           # fewer attempts than k
+    for bad in ((3, 4, 1), (3, -1, 1), (3, 1, 0)):
+        with pytest.raises(ValueError):
+            pass_at_k(*bad)
+
+
+def test_pass_at_k_is_the_share_of_k_subsets_with_a_success():
+    outcomes = [1, 0, 0, 1, 0, 0, 0]
+    for k in range(1, len(outcomes) + 1):
+        subsets = list(combinations(outcomes, k))
+        share = sum(any(s) for s in subsets) / len(subsets)
+        assert pass_at_k(len(outcomes), sum(outcomes), k) == pytest.approx(share)
+
+
+def test_mean_std_uses_the_sample_deviation():
+    mean, std = mean_std([0.5, 0.75, 1.0])
+    assert mean == pytest.approx(0.75) and std == pytest.approx(0.25)   # sqrt(0.125 / 2)
+    assert mean_std([0.4]) == (0.4, None) and mean_std([]) == (None, None)
