@@ -23,6 +23,7 @@ from rollout_service.jobs.retention import RetentionConfig
 from rollout_service.jobs.scheduler import SchedulerConfig
 from rollout_service.orchestrator import OrchestratorConfig
 from rollout_service.policy import PolicyConfig
+from rollout_service.src import SRCConfig
 from trainer.config import TrainerConfig
 from trainer.sft import SftConfig
 
@@ -87,6 +88,40 @@ class SftSection(SftConfig):
     enabled: bool = False
     tasks: str = ""
     episodes_per_task: int = 1
+
+
+@dataclass(frozen=True)
+class SrcSection:
+    """Teacher-guided data after the oracle SFT (:mod:`rollout_service.src`): the SFT model
+    is the student, the state-aware oracle the teacher; ``mode`` src (speculative segments of
+    ``segment_steps``, review, rollback, at most ``max_rollbacks`` corrections an attempt) or
+    step (step-level labels); ``attempts_per_task`` attempts of each train-split task of
+    ``tasks`` ("" = ``sft.tasks``), sampled at ``temperature`` (None: the agent's); at most
+    ``archive_per_task`` distinct verifier-passing paths kept per task. The SFT model then
+    trains ``epochs`` more on the corrections and the archive (``lr`` None: ``sft.lr``) into
+    ``<run.dir>/sft-src``, where GRPO starts. ``data``: a JSONL file to train on instead of
+    collecting."""
+
+    enabled: bool = False
+    mode: str = "src"
+    segment_steps: int = 2
+    max_rollbacks: int = 3
+    max_steps: int = 10
+    archive_per_task: int = 3
+    attempts_per_task: int = 2
+    tasks: str = ""
+    temperature: float | None = None
+    epochs: int = 1
+    lr: float | None = None
+    data: str = ""
+
+    def __post_init__(self) -> None:
+        SRCConfig(self.mode, self.segment_steps, self.max_rollbacks, self.max_steps,
+                  self.archive_per_task)
+        for name in ("attempts_per_task", "epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"src.{name}: must be an integer >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -186,6 +221,7 @@ class JobConfig:
     # Training, evaluation and the run itself:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     sft: SftSection = field(default_factory=SftSection)
+    src: SrcSection = field(default_factory=SrcSection)
     eval: EvalSection = field(default_factory=EvalSection)
     run: RunSection = field(default_factory=RunSection)
     observe: ObserveSection = field(default_factory=ObserveSection)

@@ -52,6 +52,9 @@ from env_workers.leases import AccountPool
 from env_workers.pool import EnvPoolConfig
 from rollout_service.experience import ExperienceStream
 from rollout_service.export import ExportConfig, run_export
+from rollout_service.policy import PolicyConfig, PolicyServer
+from rollout_service.src import CollectConfig, ModelStudent, SRCConfig, run_collection
+from rollout_service.teacher import OracleTeacher
 from rollout_service.jobs.store import TrainingBeacon
 from rollout_service.models import HFChatTokenizer, resolve_model
 from trainer.curves import plot_curves
@@ -117,6 +120,8 @@ def _grpo(session: Session, run_dir: Path, summary: dict[str, Any], started: Sta
     start_model = config.trainer.model or config.policy.model
     if config.sft.enabled:
         start_model = _sft_stage(config, run_dir, start_model)
+    if config.src.enabled:
+        start_model = in_child(_src_child, config, str(run_dir), start_model)
     model_path = resolve_model(start_model)
     summary["start_model"] = model_path
     progress(f"GRPO: {config.trainer.steps} steps of {config.orchestrator.groups_per_step} "
@@ -271,6 +276,56 @@ def sft_stage(config: JobConfig, run_dir: Path, start_model: str,
         for line in (out / "metrics.jsonl").read_text().splitlines():
             f.write(json.dumps({"stage": "sft", **json.loads(line)}) + "\n")
     progress(f"SFT: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> "
+             f"{summary['last_loss']:.4f}, {summary['wall_s']} s")
+    return str(out)
+
+
+def _src_child(config: JobConfig, run_dir: str, start_model: str) -> str:
+    return src_stage(config, Path(run_dir), start_model, progress=progress)
+
+
+def src_stage(config: JobConfig, run_dir: Path, start_model: str,
+              progress: Callable[[str], None] = progress) -> str:
+    """The job's SRC stage (:class:`cluster.config.SrcSection`): ``start_model`` (the oracle
+    SFT model) as the student, corrections and the archive into ``<run_dir>/src-data.jsonl``
+    (its figures into ``<run_dir>/src_summary.json``) unless ``src.data`` names a file, then
+    ``src.epochs`` of SFT on them into ``<run_dir>/sft-src``. Resumes like the SFT stage."""
+    src, sft = config.src, config.sft
+    out = Path(run_dir) / "sft-src"
+    if (out / "sft_summary.json").exists():
+        progress(f"SRC: reusing {out}")
+        return str(out)
+    data = src.data
+    if not data:
+        data = str(Path(run_dir) / "src-data.jsonl")
+        pool = env_pool(config, None)
+        agent = replace(config.agent, temperature=config.agent.temperature
+                        if src.temperature is None else src.temperature)
+        server = PolicyServer(PolicyConfig(model=resolve_model(start_model),
+                                           backend="transformers", dtype="float32"))
+        tokenizer = HFChatTokenizer(resolve_model(start_model))
+        try:
+            figures = asyncio.run(run_collection(CollectConfig(
+                src=SRCConfig(src.mode, src.segment_steps, src.max_rollbacks, src.max_steps,
+                              src.archive_per_task),
+                split="train", tasks=src.tasks or sft.tasks,
+                attempts_per_task=src.attempts_per_task, workers=pool.workers, out=data,
+                cloud_endpoint=config.cloud.endpoint, console_url=pool.worker.console_url,
+                redis_url=pool.pool.redis_url, accounts_file=config.cloud.accounts_file,
+                lease_prefix=pool.pool.key_prefix), OracleTeacher(),
+                ModelStudent(server, tokenizer, agent), agent, tokenizer))
+        finally:
+            asyncio.run(server.shutdown())
+        (Path(run_dir) / "src_summary.json").write_text(json.dumps(figures, indent=2) + "\n")
+        progress(f"SRC: {figures['attempts']} attempts, {figures['trajectories']} passed, "
+                 f"{figures['corrections']} corrections, {figures['archived']} archived, "
+                 f"replay fidelity {figures['replay_fidelity']} ({figures['wall_s']} s)")
+    summary = train_sft(replace(sft, data=data, out=str(out), model=start_model,
+                                epochs=src.epochs, lr=sft.lr if src.lr is None else src.lr))
+    with (Path(run_dir) / "metrics.jsonl").open("a", encoding="utf-8") as f:
+        for line in (out / "metrics.jsonl").read_text().splitlines():
+            f.write(json.dumps({"stage": "sft-src", **json.loads(line)}) + "\n")
+    progress(f"SRC SFT: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> "
              f"{summary['last_loss']:.4f}, {summary['wall_s']} s")
     return str(out)
 
