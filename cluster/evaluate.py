@@ -168,7 +168,8 @@ def summary_table(result: dict[str, Any]) -> str:
     success of the tasks expected to succeed and of those expected infeasible (episodes in
     brackets), tokens and env seconds per episode. A figure the result lacks shows ``–``."""
     # A single result names its model in "model" (a string); a comparison holds two results.
-    rows = ([("baseline", result["baseline"]), ("model", result["model"])]
+    order = result.get("rows") or ["baseline", "model"]
+    rows = ([(label, result[label]) for label in order]
             if "baseline" in result else [("model", result)])
     lines = ["| | model | pass@1 (mean ± std over runs) | pass@3 | success: expected success "
              "| success: expected infeasible | tokens/episode (prompt + generated) "
@@ -387,6 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default="",
                         help="a second model evaluated first on the same tasks and seeds; "
                              "the output adds the difference model - baseline with its CI")
+    parser.add_argument("--also", action="append", default=[], metavar="LABEL=FOLDER",
+                        help="(with --baseline) a model evaluated between the baseline and "
+                             "--model on the same tasks and seeds, under LABEL; the output adds "
+                             "LABEL - baseline and model - LABEL (repeatable, in order)")
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true", help="the JSON result on one line")
     shown.add_argument("--table", action="store_true",
@@ -399,6 +404,16 @@ def main(argv: list[str] | None = None) -> int:
                              "a stopped evaluation goes on where it stopped")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    also = []
+    for item in args.also:
+        label, sep, folder = item.partition("=")
+        if not sep or not label or not folder or label in ("baseline", "model", "rows") \
+                or not re.fullmatch(r"[A-Za-z0-9_-]+", label):
+            parser.error(f"--also: LABEL=FOLDER with a label of letters, digits, - and _ "
+                         f"(not baseline, model or rows), got {item!r}")
+        also.append((label, folder))
+    if also and not args.baseline:
+        parser.error("--also needs --baseline")
     try:
         config = load_config(JobConfig, args.config, args.overrides)
     except (ConfigError, OSError) as exc:
@@ -416,9 +431,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline:
             before = evaluate(config, resolve_model(args.baseline), runs=args.runs,
                               label="baseline", progress=progress, record=record)
+            result = {"baseline": before}
+            order, previous = ["baseline"], "baseline"
+            for label, folder in also:
+                result[label] = evaluate(config, resolve_model(folder), runs=args.runs,
+                                         label=label, progress=progress, record=record)
+                result[f"difference {label} - {previous}"] = compare(result[previous],
+                                                                      result[label])
+                order.append(label)
+                previous = label
             after = evaluate(config, resolve_model(args.model), runs=args.runs,
                              label="model", progress=progress, record=record)
-            result = {"baseline": before, "model": after, "difference": compare(before, after)}
+            result.update(model=after, difference=compare(before, after))
+            if also:
+                result[f"difference model - {previous}"] = compare(result[previous], after)
+                result["rows"] = [*order, "model"]
         else:
             result = evaluate(config, resolve_model(args.model), runs=args.runs,
                               progress=progress, record=record)
