@@ -288,7 +288,7 @@ class Attempt:
             result = await send(fill(text, values), source, None)
             if result.done:
                 return result
-        if self.prefix and self.target_page is not None:
+        if self.target_page is not None:          # a rollback: is this its state?
             run.replays += 1
             run.replay_matches += normalize_page(obs[0].text, values) == self.target_page
         if self.correction is not None:
