@@ -100,9 +100,15 @@ class SrcSection:
     ``archive_per_task`` distinct verifier-passing paths kept per task. The SFT model then
     trains ``epochs`` more on the corrections and the archive (``lr`` None: ``sft.lr``) into
     ``<run.dir>/sft-src``, where GRPO starts. ``data``: a JSONL file to train on instead of
-    collecting."""
+    collecting. ``teacher``: ``oracle`` (the state-aware oracle) or an OpenAI-compatible
+    endpoint ``http(s)://host:port[/v1]`` (a frontier model: ``teacher_model`` names it,
+    ``teacher_api_key_env`` the environment variable with its key; its trajectories pass the
+    same verifier, its replies must parse and name an element on the page)."""
 
     enabled: bool = False
+    teacher: str = "oracle"
+    teacher_model: str = ""
+    teacher_api_key_env: str | None = None
     mode: str = "src"
     segment_steps: int = 2
     max_rollbacks: int = 3
@@ -118,6 +124,12 @@ class SrcSection:
     def __post_init__(self) -> None:
         SRCConfig(self.mode, self.segment_steps, self.max_rollbacks, self.max_steps,
                   self.archive_per_task)
+        if self.teacher != "oracle":
+            if not self.teacher.startswith(("http://", "https://")):
+                raise ConfigError(f"src.teacher: 'oracle' or an http(s):// endpoint, got "
+                                  f"{self.teacher!r}")
+            if not self.teacher_model:
+                raise ConfigError("src.teacher_model: required with an endpoint teacher")
         for name in ("attempts_per_task", "epochs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

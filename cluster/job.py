@@ -50,11 +50,12 @@ from consolerl.config import load_config, to_dict
 from consolerl.errors import ConfigError, ConsoleRLError
 from env_workers.leases import AccountPool
 from env_workers.pool import EnvPoolConfig
+from infra.llm import OpenAIChatClient
 from rollout_service.experience import ExperienceStream
 from rollout_service.export import ExportConfig, run_export
 from rollout_service.policy import PolicyConfig, PolicyServer
 from rollout_service.src import CollectConfig, ModelStudent, SRCConfig, run_collection
-from rollout_service.teacher import OracleTeacher
+from rollout_service.teacher import ChatTeacher, OracleTeacher
 from rollout_service.jobs.store import TrainingBeacon
 from rollout_service.models import HFChatTokenizer, resolve_model
 from trainer.curves import plot_curves
@@ -284,6 +285,14 @@ def _src_child(config: JobConfig, run_dir: str, start_model: str) -> str:
     return src_stage(config, Path(run_dir), start_model, progress=progress)
 
 
+def src_teacher(src: Any) -> Any:
+    """The SRC stage's teacher (:class:`cluster.config.SrcSection`)."""
+    if src.teacher == "oracle":
+        return OracleTeacher()
+    return ChatTeacher(OpenAIChatClient(src.teacher, src.teacher_model,
+                                        api_key_env=src.teacher_api_key_env, max_tokens=256))
+
+
 def src_stage(config: JobConfig, run_dir: Path, start_model: str,
               progress: Callable[[str], None] = progress) -> str:
     """The job's SRC stage (:class:`cluster.config.SrcSection`): ``start_model`` (the oracle
@@ -312,7 +321,7 @@ def src_stage(config: JobConfig, run_dir: Path, start_model: str,
                 attempts_per_task=src.attempts_per_task, workers=pool.workers, out=data,
                 cloud_endpoint=config.cloud.endpoint, console_url=pool.worker.console_url,
                 redis_url=pool.pool.redis_url, accounts_file=config.cloud.accounts_file,
-                lease_prefix=pool.pool.key_prefix), OracleTeacher(),
+                lease_prefix=pool.pool.key_prefix), src_teacher(src),
                 ModelStudent(server, tokenizer, agent), agent, tokenizer))
         finally:
             asyncio.run(server.shutdown())

@@ -192,3 +192,22 @@ def test_a_model_teachers_reply_counts_only_when_it_parses_and_names_an_element_
         s = bad.session(task, filled(task, {"dev": "dev-1"}), "")
         assert run_async(s.propose(page)) is None, reply
         assert s.failures == 1
+
+
+def test_the_jobs_src_section_names_its_teacher_and_refuses_a_half_configured_one():
+    import pytest  # noqa: PLC0415
+
+    from cluster.config import SrcSection
+    from cluster.job import src_teacher
+    from consolerl.errors import ConfigError
+
+    assert isinstance(src_teacher(SrcSection(enabled=True)), OracleTeacher)
+    chat = src_teacher(SrcSection(enabled=True, teacher="http://127.0.0.1:9/v1",
+                                  teacher_model="frontier"))
+    assert isinstance(chat, ChatTeacher) and chat.client.model == "frontier"
+    with pytest.raises(ConfigError, match="src.teacher_model"):
+        SrcSection(teacher="https://api.example/v1")
+    with pytest.raises(ConfigError, match="src.teacher"):
+        SrcSection(teacher="gpt-5")
+    with pytest.raises(ConfigError, match="segment_steps"):
+        SrcSection(segment_steps=0)
