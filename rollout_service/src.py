@@ -139,7 +139,8 @@ class PerturbedOracle:
     async def act(self, task: Task, procedure: str, history: Sequence[_Step],
                   observation: Observation, seed: int, values: Mapping[str, str],
                   past: Sequence[RecordedTurn]) -> StudentAction:
-        session = self.teacher.session(task, values, start_url_of(task, values, observation))
+        first = past[0].observation if past else observation    # the episode's opening page
+        session = self.teacher.session(task, values, start_url_of(task, values, first))
         for i, t in enumerate(past):
             after = past[i + 1].observation if i + 1 < len(past) else observation
             session.observe(t.observation, t.action_text,

@@ -288,7 +288,8 @@ class PlanSession:
         route = self._route(nxt, text)
         if route is not None:
             return route
-        if _same_page(observation.url, self.start_url):
+        if _same_page(observation.url, self.start_url) or \
+                not self.start_url.startswith(("http://", "https://")):
             return None
         return Proposal(Goto(self.start_url).to_text(), ROUTE, "back to the start page")
 

@@ -28,7 +28,7 @@ AGENT = AgentConfig(max_steps=6, history_turns=2, max_prompt_tokens=1024,
 def _tasks() -> list[str]:
     chosen: dict[str, str] = {}
     for t in load_suite(TASKS_DIR):
-        if t.split == "train" and t.oracle_family in FAMILIES and not t.drift:
+        if t.split == "train" and t.oracle_family in FAMILIES:
             chosen.setdefault(t.oracle_family, t.id)
     return sorted(chosen.values())
 
