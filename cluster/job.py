@@ -272,13 +272,21 @@ def sft_stage(config: JobConfig, run_dir: Path, start_model: str,
             lease_prefix=pool.pool.key_prefix)))
         progress(f"SFT: exported {exported['written']} oracle trajectories "
                  f"({exported['turns']} turns) in {exported['wall_s']} s")
-    summary = train_sft(replace(sft, data=data, out=str(out), model=start_model))
-    with (Path(run_dir) / "metrics.jsonl").open("a", encoding="utf-8") as f:
-        for line in (out / "metrics.jsonl").read_text().splitlines():
-            f.write(json.dumps({"stage": "sft", **json.loads(line)}) + "\n")
-    progress(f"SFT: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> "
-             f"{summary['last_loss']:.4f}, {summary['wall_s']} s")
+    _train_stage(replace(sft, data=data, out=str(out), model=start_model), run_dir, "sft",
+                 "SFT", progress)
     return str(out)
+
+
+def _train_stage(sft: Any, run_dir: Path, stage: str, name: str,
+                 progress: Callable[[str], None]) -> None:
+    """SFT with ``sft`` (its ``out`` the stage's folder); its steps appended to
+    ``<run_dir>/metrics.jsonl`` as ``"stage": stage``."""
+    summary = train_sft(sft)
+    with (Path(run_dir) / "metrics.jsonl").open("a", encoding="utf-8") as f:
+        for line in (Path(sft.out) / "metrics.jsonl").read_text().splitlines():
+            f.write(json.dumps({"stage": stage, **json.loads(line)}) + "\n")
+    progress(f"{name}: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> "
+             f"{summary['last_loss']:.4f}, {summary['wall_s']} s")
 
 
 def _src_child(config: JobConfig, run_dir: str, start_model: str) -> str:
@@ -329,13 +337,9 @@ def src_stage(config: JobConfig, run_dir: Path, start_model: str,
         progress(f"SRC: {figures['attempts']} attempts, {figures['trajectories']} passed, "
                  f"{figures['corrections']} corrections, {figures['archived']} archived, "
                  f"replay fidelity {figures['replay_fidelity']} ({figures['wall_s']} s)")
-    summary = train_sft(replace(sft, data=data, out=str(out), model=start_model,
-                                epochs=src.epochs, lr=sft.lr if src.lr is None else src.lr))
-    with (Path(run_dir) / "metrics.jsonl").open("a", encoding="utf-8") as f:
-        for line in (out / "metrics.jsonl").read_text().splitlines():
-            f.write(json.dumps({"stage": "sft-src", **json.loads(line)}) + "\n")
-    progress(f"SRC SFT: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> "
-             f"{summary['last_loss']:.4f}, {summary['wall_s']} s")
+    _train_stage(replace(sft, data=data, out=str(out), model=start_model, epochs=src.epochs,
+                         lr=sft.lr if src.lr is None else src.lr), run_dir, "sft-src",
+                 "SRC SFT", progress)
     return str(out)
 
 
