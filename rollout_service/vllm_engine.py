@@ -125,6 +125,8 @@ class VllmEngine:
         env["CONSOLERL_VLLM_ADDRESS"] = address
         env["CONSOLERL_VLLM_AUTHKEY"] = authkey.hex()
         env.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+        if getattr(c, "cpu_threads_bind", ""):
+            env["VLLM_CPU_OMP_THREADS_BIND"] = c.cpu_threads_bind
         # vLLM's metrics without a ``*_created`` family beside each counter and histogram
         # (half the families the PolicyServer's endpoint would pass on; nothing reads them).
         env.setdefault("PROMETHEUS_DISABLE_CREATED_SERIES", "True")

@@ -97,3 +97,18 @@ def test_vllm_is_told_the_tensor_parallel_size(tmp_path):
     with pytest.raises(EngineError, match="exited with 3"):
         VllmEngine("model", config, python=str(python))
     assert json.loads(seen.read_text())["tensor_parallel_size"] == 2
+
+
+def test_vllm_on_cpu_is_given_the_cores_named_for_its_threads(tmp_path):
+    """``cpu_threads_bind`` reaches the vLLM process as ``VLLM_CPU_OMP_THREADS_BIND`` (a
+    stand-in interpreter writes down what it was given); a malformed list is refused."""
+    seen = tmp_path / "bind"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nprintf %s "$VLLM_CPU_OMP_THREADS_BIND" > {seen}\nexit 3\n')
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    config = PolicyConfig(backend="vllm", cpu_threads_bind="0-1", startup_timeout_s=30)
+    with pytest.raises(EngineError, match="exited with 3"):
+        VllmEngine("model", config, python=str(python))
+    assert seen.read_text() == "0-1"
+    with pytest.raises(ConfigError, match="cpu_threads_bind"):
+        PolicyConfig(cpu_threads_bind="0-")
