@@ -22,7 +22,7 @@ CPU core). From the logits at the response's positions:
   run recorded (``runs/.../metrics.jsonl``).
 
 Prints one JSON object: ``data``, ``trajectories``, ``group_size``, ``models`` (per model:
-``turns``, ``greedy_turns``, ``greedy_trajectories``, ``by_temperature``, ``by_source``),
+``trajectories``, ``turns``, ``greedy_turns``, ``greedy_trajectories``, ``by_temperature``, ``by_source``),
 ``wall_s``.
 """
 from __future__ import annotations
@@ -127,7 +127,7 @@ def measure(label: str, path: str, data: Path, temperatures: list[float], group:
     wrongdoc = [n for n in lines if tasks[n].endswith("-wrongdoc")]
     procedure = [n for n in lines if not tasks[n].endswith("-wrongdoc")]
     result = {
-        "model": label, "path": path, "turns": len(turns),
+        "model": label, "path": path, "trajectories": len(lines), "turns": len(turns),
         "greedy_turns": round(sum(g for g, _ in turns) / len(turns), 4),
         "greedy_trajectories": round(
             sum(all(g for g, _ in by_line[n]) for n in lines) / len(lines), 4),
@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, OSError, json.JSONDecodeError) as exc:
         print(f"benchmarks.dose: {exc}", file=sys.stderr)
         return 2
-    examples = sum(1 for _ in data.open(encoding="utf-8") if _.strip())
-    out = {"data": str(data), "trajectories": examples, "group_size": args.group_size,
+    out = {"data": str(data), "trajectories": results[0]["trajectories"],
+           "group_size": args.group_size,
            "models": results, "wall_s": round(time.monotonic() - t0, 1)}
     print(json.dumps(out, indent=None if args.json else 2))
     return 0

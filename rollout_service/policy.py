@@ -58,9 +58,9 @@ class PolicyConfig:
     robust choice on CPU, where the share counts every process's memory), ``enforce_eager`` (no graph capture / compilation: faster
     start), ``cpu_threads_bind`` (on CPU, the cores of the model's threads, vLLM's
     ``VLLM_CPU_OMP_THREADS_BIND``: "" leaves vLLM's own choice, which keeps one core for its
-    scheduler process and so one thread on a 2-core machine; "0-1" puts the model on both,
-    measured 1.35x the episodes per minute there), ``startup_timeout_s``, ``tensor_parallel_size`` (one replica's model split over
-    that many GPUs of one node: vLLM on ``cuda`` only, with ``num_gpus_per_replica`` equal
+    scheduler process and so one thread on a 2-core machine; "0-1" puts the model on both),
+    ``startup_timeout_s``, ``tensor_parallel_size`` (one replica's model split over that many
+    GPUs of one node: vLLM on ``cuda`` only, with ``num_gpus_per_replica`` equal
     to it, so that the replica's actor holds exactly the GPUs its vLLM workers use)."""
 
     model: str = ""
