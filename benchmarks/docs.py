@@ -35,10 +35,10 @@ from typing import Any
 import yaml
 
 from consolerl.stats import percentile
-from rollout_service.docs.check import check_procedure
-from rollout_service.docs.extract import extract
-from rollout_service.docs.service import DocsService
-from rollout_service.docs.model import DEFECT_LABELS, Inventory, Procedure, StepCheck
+from doccheck.check import check_procedure
+from doccheck.extract import extract
+from doccheck.service import DocsService
+from doccheck.model import DEFECT_LABELS, Inventory, Procedure, StepCheck
 
 CORPUS = Path(__file__).resolve().parent.parent / "docs" / "corpus"
 
@@ -145,7 +145,7 @@ def static_figures(items: list[Item]) -> dict[str, Any]:
 
 
 def draft_all(items: list[Item]) -> None:
-    from rollout_service.docs.draft import draft_task
+    from doccheck.draft import draft_task
     invs, _ = inventories()
     for i, item in enumerate(items):
         if item.proc is None:
@@ -160,7 +160,7 @@ def draft_all(items: list[Item]) -> None:
 def validate_all(items: list[Item], cloud: Any) -> None:
     """Each drafted task validated against the local cloud, in its first account."""
     from env_workers.accounts import local_cloud_accounts
-    from rollout_service.docs.validate import validate_draft
+    from doccheck.validate import validate_draft
     account = local_cloud_accounts()[0]
     drafted = [i for i in items if i.draft is not None and i.draft.task is not None]
     for n, item in enumerate(drafted, 1):
@@ -190,7 +190,7 @@ def crawl_seconds(cloud: Any) -> float:
     import asyncio
 
     from env_workers.accounts import local_cloud_accounts
-    from rollout_service.docs.crawl import CrawlConfig, crawl
+    from doccheck.crawl import CrawlConfig, crawl
     started = time.perf_counter()
     inv = asyncio.run(crawl(cloud.url, local_cloud_accounts()[1],
                             config=CrawlConfig(trail_qps=50.0)))
@@ -200,13 +200,13 @@ def crawl_seconds(cloud: Any) -> float:
 
 def task_suite() -> dict[str, Any]:
     """The static check over the task suite's own procedures (``tasks/``, plain prose read by
-    :mod:`rollout_service.docs.prose`): every step that is not ``ok``. A task on a drift
+    :mod:`doccheck.prose`): every step that is not ``ok``. A task on a drift
     profile without a committed inventory (wizard, nav, more_menu, extra_confirm, all) is
     checked against the default console's."""
     from collections import Counter
 
     from consolerl.tasks import TASKS_DIR, load_suite
-    from rollout_service.docs.prose import procedure_from_text
+    from doccheck.prose import procedure_from_text
     invs, history = inventories()
     flags, counts = [], Counter()
     tasks = load_suite(TASKS_DIR)

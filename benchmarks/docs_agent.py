@@ -30,8 +30,8 @@ from typing import Any
 import yaml
 
 from benchmarks.docs import CORPUS, content_type
-from rollout_service.jobs.auth import TeamQuota, TokenBook
-from rollout_service.jobs.client import ApiError, JobsClient
+from jobsapi.auth import TeamQuota, TokenBook
+from jobsapi.client import ApiError, JobsClient
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_PAGES = 20          # pages per POST /v1/docs

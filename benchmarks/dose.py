@@ -4,7 +4,7 @@ its teacher's trajectories, and at which sampling temperature would GRPO's group
 --model oracle-sft=runs/learning-check/sft --model src-sft=runs/learning-check/sft-src``.
 
 One teacher-forced forward pass per turn of the data file (the oracle's trajectories as
-:mod:`rollout_service.export` writes them: each turn's prompt and the action the oracle took),
+:mod:`datagen.export` writes them: each turn's prompt and the action the oracle took),
 per model; no browser, no cloud (~1-3 s per turn of ~900 tokens on one
 CPU core). From the logits at the response's positions:
 

@@ -47,9 +47,9 @@ from cluster.serve import Stack
 from consolerl.config import load_config
 from infra.local_cloud import free_port
 from infra.redis_local import RedisServer
-from rollout_service.jobs.auth import TeamQuota, TokenBook
-from rollout_service.jobs.schema import Job, Sampling
-from rollout_service.jobs.store import JobStore
+from jobsapi.auth import TeamQuota, TokenBook
+from jobsapi.schema import Job, Sampling
+from jobsapi.store import JobStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -194,7 +194,7 @@ def _serve(redis_url: str, tokens_file: str, port: int) -> None:
     import uvicorn  # noqa: PLC0415 - the child's only
 
     from consolerl.tasks import TASKS_DIR, load_suite  # noqa: PLC0415
-    from rollout_service.jobs.app import build_app  # noqa: PLC0415
+    from jobsapi.app import build_app  # noqa: PLC0415
     app = build_app(JobStore(redis_url, PREFIX), TokenBook(Path(tokens_file)),
                     {t.id: t for t in load_suite(TASKS_DIR)}, scheduler_required=False)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,

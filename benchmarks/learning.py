@@ -2,7 +2,7 @@
 ``python -m benchmarks.learning --json``.
 
 One-step decisions replayed from recorded oracle states (``benchmarks/data/oracle-states.jsonl
-.gz``: the prompts of real oracle episodes, as :mod:`rollout_service.export` records them, and
+.gz``: the prompts of real oracle episodes, as :mod:`datagen.export` records them, and
 the action the oracle took there; train states from train-split tasks, held-out states from
 held-out tasks). The prompts use the compact system prompt and a short page (see ``--record``),
 so that a CPU step is seconds, not minutes.

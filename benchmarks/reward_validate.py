@@ -80,8 +80,8 @@ from reward_service.judges import JudgeChannel, JudgeConfig, judge_clients
 from reward_service.service import RewardService
 from rollout_service.episode import EpisodeOutcome, EpisodeRunner, scripted_policy
 from rollout_service.episode import Script as EpisodeScript
-from rollout_service.docs.inventory import labels_by_drift
-from rollout_service.oracle import FAMILIES, OracleDriver
+from doccheck.inventory import labels_by_drift
+from datagen.oracle import FAMILIES, OracleDriver
 
 MAX_STEPS = 40
 

@@ -47,7 +47,7 @@ from reward_service.service import RewardService
 from rollout_service.agent import SamplingParams
 from rollout_service.episode import EpisodeRunner, scripted_policy
 from rollout_service.models import HFChatTokenizer, resolve_model
-from rollout_service.oracle import run_oracle
+from datagen.oracle import run_oracle
 from rollout_service.policy import PolicyConfig, make_engine
 
 EPISODES = 12

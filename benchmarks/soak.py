@@ -58,8 +58,8 @@ from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from infra.local_cloud import free_port
 from infra.provisioning.sdk import SdkProvisioner
-from rollout_service.jobs.auth import TeamQuota, TokenBook
-from rollout_service.oracle import why_no_oracle
+from jobsapi.auth import TeamQuota, TokenBook
+from datagen.oracle import why_no_oracle
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -172,7 +172,7 @@ class TrainingStandIn:
 
     def __init__(self, config: JobConfig, leases: int) -> None:
         from env_workers.leases import AccountPool           # noqa: PLC0415
-        from rollout_service.jobs.store import TrainingBeacon  # noqa: PLC0415
+        from jobsapi.store import TrainingBeacon  # noqa: PLC0415
 
         self.pool = AccountPool.from_config(replace(
             config.env.pool, redis_url=config.stream.url,

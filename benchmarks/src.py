@@ -5,7 +5,7 @@
 
 Each mode runs every selected task ``--attempts`` times (seeds 0..n-1) through the one episode
 runner, in real Chromium against a local cloud of its own, with the state-aware oracle teacher
-(:mod:`rollout_service.teacher`) reviewing (``src``) or labelling every step (``step``). The
+(:mod:`datagen.teacher`) reviewing (``src``) or labelling every step (``step``). The
 student: ``perturbed`` (default; a calibration student: the oracle's action read from the page,
 replaced with probability ``--rate`` by a wrong click, a wrong value, going back or stopping:
 reproducible on any machine) or a model folder (the SFT checkpoint, e.g.
@@ -13,7 +13,7 @@ reproducible on any machine) or a model folder (the SFT checkpoint, e.g.
 transformers on CPU).
 
 Prints one JSON object: ``student``, ``tasks``, and per mode (``src``, ``step``) what
-:func:`rollout_service.src.summarize` returns: ``trajectories`` (verifier-passing attempts),
+:func:`datagen.src.summarize` returns: ``trajectories`` (verifier-passing attempts),
 ``corrections``, ``teacher_queries_per_trajectory`` (per attempt), ``recovery_rate`` (attempts
 where the student deviated and that still passed, over those where it deviated),
 ``replay_fidelity`` (replays whose page equals the page before the rollback; SRC only),
@@ -31,9 +31,9 @@ from pathlib import Path
 
 from rollout_service.agent import AgentConfig
 from rollout_service.models import HFChatTokenizer, resolve_model
-from rollout_service.src import (CollectConfig, ModelStudent, PerturbedOracle, SRCConfig,
-                                 run_collection)
-from rollout_service.teacher import OracleTeacher
+from datagen.src import (CollectConfig, ModelStudent, PerturbedOracle, SRCConfig,
+                         run_collection)
+from datagen.teacher import OracleTeacher
 
 # The learning check's agent settings (configs/learning-check.yaml): what the student sees.
 AGENT = AgentConfig(max_steps=6, history_turns=2, max_prompt_tokens=1024, max_new_tokens=48,

@@ -34,7 +34,7 @@ from infra.provisioning.sdk import SdkProvisioner
 from infra.provisioning.warm_pool import WarmPool
 from reward_service.service import RewardService
 from rollout_service.episode import EpisodeOutcome, EpisodeRunner, scripted_policy
-from rollout_service.oracle import run_oracle
+from datagen.oracle import run_oracle
 
 MAX_STEPS = 40
 

@@ -22,8 +22,8 @@ from cluster.rollout import RolloutSpec
 from consolerl.tasks import TASKS_DIR
 from env_workers.pool import EnvPoolConfig
 from infra.observability.discovery import PublishConfig
-from rollout_service.docs.inventory import labels_by_drift
-from rollout_service.jobs.schema import ORACLE_MODEL
+from doccheck import labels_by_drift
+from jobsapi.schema import ORACLE_MODEL
 from rollout_service.models import resolve_model
 from rollout_service.policy import PolicyConfig
 from trainer.algo import AlgoConfig

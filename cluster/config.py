@@ -17,13 +17,13 @@ from reward_service.actiontrail import TrailConfig
 from reward_service.fusion import RewardConfig
 from rollout_service.agent import AgentConfig
 from rollout_service.experience import StreamConfig
-from rollout_service.jobs.schema import ORACLE_MODEL
-from rollout_service.jobs.blobs import BlobConfig
-from rollout_service.jobs.retention import RetentionConfig
-from rollout_service.jobs.scheduler import SchedulerConfig
+from jobsapi.schema import ORACLE_MODEL
+from jobsapi.blobs import BlobConfig
+from jobsapi.retention import RetentionConfig
+from jobsapi.scheduler import SchedulerConfig
 from rollout_service.orchestrator import OrchestratorConfig
 from rollout_service.policy import PolicyConfig
-from rollout_service.src import SRCConfig
+from datagen.src import SRCConfig
 from trainer.config import TrainerConfig
 from trainer.sft import SftConfig
 
@@ -52,7 +52,7 @@ class CloudSection:
 class EvidenceSection:
     """``reward.evidence``: what the evidence channel (:mod:`reward_service.evidence`) checks
     an agent's infeasibility claim against besides the pages it saw. ``inventories``: drift
-    profile -> a crawl of the console under it (``python -m rollout_service.docs.crawl``);
+    profile -> a crawl of the console under it (``python -m doccheck.crawl``);
     empty: the committed crawls of the local console (``docs/inventory/``) when ``cloud.local``
     is on, none otherwise (claims are then checked against the pages seen only, and the agent
     must have followed the procedure up to the missing step)."""
@@ -92,7 +92,7 @@ class SftSection(SftConfig):
 
 @dataclass(frozen=True)
 class SrcSection:
-    """Teacher-guided data after the oracle SFT (:mod:`rollout_service.src`): the SFT model
+    """Teacher-guided data after the oracle SFT (:mod:`datagen.src`): the SFT model
     is the student, the state-aware oracle the teacher; ``mode`` src (speculative segments of
     ``segment_steps``, review, rollback, at most ``max_rollbacks`` corrections an attempt) or
     step (step-level labels); ``attempts_per_task`` attempts of each train-split task of
@@ -187,10 +187,10 @@ class ApiSection:
     ``models``: checkpoints or run folders the operator registers by name (besides ``live``
     and ``oracle``, the scripted teacher, which every jobs API offers);
     ``hosting``: ``actor`` (uvicorn in a Ray actor) or ``serve`` (Ray Serve); ``blobs``: where
-    artifacts' bytes go (:class:`~rollout_service.jobs.blobs.BlobConfig`: a local directory,
+    artifacts' bytes go (:class:`~jobsapi.blobs.BlobConfig`: a local directory,
     or an OSS bucket whose AccessKey is read from environment variables); ``retention``: how
     long finished jobs and their screenshots are kept, per team
-    (:class:`~rollout_service.jobs.retention.RetentionConfig`)."""
+    (:class:`~jobsapi.retention.RetentionConfig`)."""
 
     host: str = "127.0.0.1"
     port: int = 8000

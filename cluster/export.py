@@ -8,7 +8,7 @@
 Composition only: the flags and the ``agent`` section of ``--config`` (a rollout config; else
 4 history turns / 3,072 prompt tokens / 6,000 page characters, as ``configs/cpu.yaml``; flags
 override either, see :class:`rollout_service.agent.AgentConfig`) become an
-:class:`~rollout_service.export.ExportConfig`, and :func:`rollout_service.export.run_export`
+:class:`~datagen.export.ExportConfig`, and :func:`datagen.export.run_export`
 does the work (what is kept, the record format). ``--split test`` is the suite's ``heldout``
 split (``--split heldout`` works too). Progress goes to stderr, the JSON summary to stdout.
 """
@@ -28,7 +28,7 @@ from consolerl.config import build
 from consolerl.errors import ConfigError
 from consolerl.tasks import TASKS_DIR
 from rollout_service.agent import AgentConfig
-from rollout_service.export import SPLITS, ExportConfig, run_export
+from datagen.export import SPLITS, ExportConfig, run_export
 
 
 def agent_settings(config_path: str | None, overrides: Mapping[str, int | None]) -> AgentConfig:

@@ -52,11 +52,11 @@ from env_workers.leases import AccountPool
 from env_workers.pool import EnvPoolConfig
 from infra.llm import OpenAIChatClient
 from rollout_service.experience import ExperienceStream
-from rollout_service.export import ExportConfig, run_export
+from datagen.export import ExportConfig, run_export
 from rollout_service.policy import PolicyConfig, PolicyServer
-from rollout_service.src import CollectConfig, ModelStudent, SRCConfig, run_collection
-from rollout_service.teacher import ChatTeacher, OracleTeacher
-from rollout_service.jobs.store import TrainingBeacon
+from datagen.src import CollectConfig, ModelStudent, SRCConfig, run_collection
+from datagen.teacher import ChatTeacher, OracleTeacher
+from jobsapi.store import TrainingBeacon
 from rollout_service.models import HFChatTokenizer, resolve_model
 from trainer.curves import plot_curves
 from trainer.engine import EngineConfig, call_for_rank0, start_workers

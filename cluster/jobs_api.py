@@ -1,6 +1,6 @@
 """The jobs API on a Ray cluster: the scheduler actor (:class:`JobsScheduler`: the rollout
 side, :class:`~cluster.rollout.RolloutSide`, under a
-:class:`~rollout_service.jobs.scheduler.JobScheduler`) and the HTTP side, either uvicorn in a
+:class:`~jobsapi.scheduler.JobScheduler`) and the HTTP side, either uvicorn in a
 Ray actor (``api.hosting=actor``, what ``make serve`` runs: on a small machine Ray Serve's
 proxy and router cost more than the endpoint, see ``python -m benchmarks.jobs_api --hosting
 serve``) or a Ray Serve deployment with FastAPI ingress (``api.hosting=serve``, what a KubeRay
@@ -29,14 +29,14 @@ from consolerl.tasks import TASKS_DIR, load_suite
 from env_workers.leases import AccountPool
 from rollout_service.agent import AgentConfig, AgentLoop
 from rollout_service.episode import EpisodeRunner
-from rollout_service.jobs.app import build_app
-from rollout_service.jobs.auth import TokenBook
-from rollout_service.jobs.blobs import BlobConfig
-from rollout_service.jobs.routers.context import ApiMetrics
-from rollout_service.jobs.retention import RetentionConfig, StorageSweeper
-from rollout_service.jobs.scheduler import JobScheduler, SchedulerConfig
-from rollout_service.jobs.schema import ORACLE_MODEL
-from rollout_service.jobs.store import JobStore
+from jobsapi.app import build_app
+from jobsapi.auth import TokenBook
+from jobsapi.blobs import BlobConfig
+from jobsapi.routers.context import ApiMetrics
+from jobsapi.retention import RetentionConfig, StorageSweeper
+from jobsapi.scheduler import JobScheduler, SchedulerConfig
+from jobsapi.schema import ORACLE_MODEL
+from jobsapi.store import JobStore
 from rollout_service.models import HFChatTokenizer, resolve_model
 from rollout_service.policy import PolicyRouter
 

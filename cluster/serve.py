@@ -27,8 +27,8 @@ from cluster.runtime import (Session, handle_stop_signals, on_driver_node, progr
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
 from infra.observability.discovery import PublishConfig
-from rollout_service.jobs.auth import TokenBook
-from rollout_service.jobs.schema import SCOPES
+from jobsapi.auth import TokenBook
+from jobsapi.schema import SCOPES
 from rollout_service.models import resolve_model
 
 TEAM_SCOPES = [s for s in SCOPES if s != "admin"]

@@ -17,7 +17,7 @@ The env side is anything with the env worker's episode methods (``acquire``, ``r
 ``step``, ``close_browser``, ``end_episode``): :class:`env_workers.pool.LeasedEnvWorker` in
 process, or its Ray actor handle. A policy is any :data:`EpisodePolicy`; :func:`model_policy`
 adapts an :class:`~rollout_service.agent.AgentLoop`, :func:`scripted_policy` a scripted agent
-such as :func:`rollout_service.oracle.run_oracle`.
+such as :func:`datagen.oracle.run_oracle`.
 """
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ def wrongdoc(tid: str, product: str, title: str, steps: list[str], start: str, d
     form field it does not have; ``option``: a choice its select or radio group does not offer;
     ``refused``: a step whose documented values the console rejects with an error). ``oracle``
     is the ``wrongdoc_<kind>`` family's args: ``steps`` the documented steps as far as the
-    console allows (see rollout_service/oracle.py), then ``absent`` (names that must not be on
+    console allows (see datagen/oracle.py), then ``absent`` (names that must not be on
     the page reached), ``option`` or ``code`` (the error the console shows). ``reason`` names
     the missing thing exactly as the procedure writes it, or quotes the error code."""
     assert kind in ("missing", "field", "option", "refused"), kind

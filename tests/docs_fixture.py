@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from infra.llm import OpenAIChatClient
 
-from rollout_service.docs.model import (Control, DocStep, Form, FormField, Inventory, Mention,
-                                        PageEntry, Procedure, StepCheck)
+from doccheck.model import (Control, DocStep, Form, FormField, Inventory, Mention,
+                            PageEntry, Procedure, StepCheck)
 
 ACL_LABELS = ("Private", "Public Read", "Public Read/Write")
 ACL_VALUES = ("private", "public-read", "public-read-write")

@@ -2,7 +2,10 @@
 layers below it; and no modules of the project import each other in a circle.
 
     consolerl (0) -> infra (1) -> env_workers, reward_service (2, siblings) -> rollout_service (3)
-    -> trainer (4) -> cluster (5)
+    -> doccheck (4) -> datagen, trainer (5, siblings) -> jobsapi (6) -> cluster (7)
+
+A sealed package (:data:`SEALED`: the documentation checker) is imported from other layers by
+its own name only (``from doccheck import DocsService``), never by its modules.
 
 ``benchmarks`` and ``tests`` stand outside the layers: they may import anything, and nothing in
 a layer may import them.
@@ -46,10 +49,16 @@ LAYERS: dict[str, int] = {
     "env_workers": 2,
     "reward_service": 2,
     "rollout_service": 3,
-    "trainer": 4,
-    "cluster": 5,
+    "doccheck": 4,
+    "datagen": 5,
+    "trainer": 5,
+    "jobsapi": 6,
+    "cluster": 7,
 }
 OUTSIDE: frozenset[str] = frozenset({"benchmarks", "tests"})
+# Packages whose modules are theirs alone: another layer imports only the package itself (its
+# ``__init__`` is the public surface), never ``doccheck.check`` and the like.
+SEALED: frozenset[str] = frozenset({"doccheck"})
 _SKIP_DIRS = frozenset({"__pycache__", "node_modules"})
 
 
@@ -220,6 +229,11 @@ def check_source(source: str | bytes, rel_path: str, local: set[str] | None = No
                 path, line, importer, name,
                 f"{importer} ({_where(importer)}) has a relative import that climbs out of its "
                 f"package to {name or '<root>'}; import across packages absolutely"))
+        elif target in SEALED and target != importer and name != target:
+            out.append(Violation(
+                path, line, importer, name,
+                f"{importer} imports {name}, an internal module of {target}; import what it "
+                f"needs from {target} itself (its public surface)"))
         elif target in local and not _allowed(importer, target):
             sibling = ", a sibling" if target in LAYERS and LAYERS[target] == LAYERS[importer] else ""
             how = " through runpy" if imp.verb == "runs" else ""

@@ -4,7 +4,7 @@
 [--lr 5e-5] [--max-tokens-per-batch 8192] [--micro-batch-tokens 4096] [--seed 0]
 [--max-seq-len 4096] [--device auto|cpu|cuda] [--gradient-checkpointing] [--overwrite]``
 
-Data: JSON lines as :mod:`rollout_service.export` writes them, one trajectory each with ``turns``. A
+Data: JSON lines as :mod:`datagen.export` writes them, one trajectory each with ``turns``. A
 turn is trained as ``input = prompt + response``, ``labels = -100`` on every prompt token and
 the ids on the response tokens, where
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("consolerl", "infra", "env_workers", "reward_service", "rollout_service",
-            "trainer", "cluster")
+            "doccheck", "datagen", "trainer", "jobsapi", "cluster")
 MARKDOWN = Path(__file__).resolve().parent / "metrics.md"
 TYPES = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram",
          "Summary": "summary", "Info": "info", "Enum": "stateset"}

@@ -25,16 +25,16 @@ from schemathesis.checks import (content_type_conformance, not_a_server_error,
 
 from consolerl.tasks import TASKS_DIR, load_suite
 from infra.local_cloud import free_port
-from rollout_service.jobs.app import build_app
-from rollout_service.jobs.auth import TeamQuota, TokenBook
-from rollout_service.jobs.cli import main
-from rollout_service.jobs.schema import (EpisodeCounts, JobCompletedEvent, JobStatusEvent,
-                                         Rollout, RolloutCompletedEvent, Step, VerdictCounts,
-                                         AuditEvent)
-from rollout_service.jobs.store import JobStore
+from jobsapi.app import build_app
+from jobsapi.auth import TeamQuota, TokenBook
+from jobsapi.cli import main
+from jobsapi.schema import (EpisodeCounts, JobCompletedEvent, JobStatusEvent,
+                            Rollout, RolloutCompletedEvent, Step, VerdictCounts,
+                            AuditEvent)
+from jobsapi.store import JobStore
 from tests.conftest import run_async
 from tests.integration.api_kit import serving
-from rollout_service.docs.service import DocsService
+from doccheck.service import DocsService
 from tests.unit.docs_fakes import (NO_PROCEDURE_MD, OTHER_PRODUCT_MD, PAGE_MD, SCRIPT_HTML,
                                    STALE_MD)
 

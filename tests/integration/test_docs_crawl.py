@@ -12,9 +12,9 @@ from prometheus_client import CollectorRegistry
 
 from consolerl.accounts import Account
 from infra.cloud import CloudClient, CloudConfig, Credentials
-from rollout_service.docs.crawl import CrawlConfig, crawl
-from rollout_service.docs.inventory import default_inventories, diff, load, page_by_menu
-from rollout_service.docs.model import Inventory
+from doccheck.crawl import CrawlConfig, crawl
+from doccheck.inventory import default_inventories, diff, load, page_by_menu
+from doccheck.model import Inventory
 from tests.conftest import CloudServer, _server
 from tests.conftest import run_async as run
 

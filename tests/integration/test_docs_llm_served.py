@@ -14,9 +14,9 @@ from consolerl.tasks import parse_task
 from infra.llm import OpenAIChatClient
 from infra.local_cloud import free_port
 from rollout_service.chat_api import build_api
-from rollout_service.docs.extract import extract
-from rollout_service.docs.inventory import default_inventories, load
-from rollout_service.docs.llm_draft import llm_draft
+from doccheck.extract import extract
+from doccheck.inventory import default_inventories, load
+from doccheck.llm_draft import llm_draft
 from rollout_service.models import HFChatTokenizer, resolve_model
 from rollout_service.policy import PolicyConfig, PolicyRouter, PolicyServer, TransformersEngine
 from tests.conftest import wait_for

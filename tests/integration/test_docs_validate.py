@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from infra.cloud import CloudClient, CloudConfig, Credentials
-from rollout_service.docs.draft import draft_task
-from rollout_service.docs.validate import validate_draft
+from doccheck.draft import draft_task
+from doccheck.validate import validate_draft
 from tests import docs_fixture as fx
 from tests.conftest import CloudServer, _server
 
@@ -97,7 +97,7 @@ def test_stop_an_instance_the_twin_stops(twin_cloud, accounts):
 
 
 def test_an_llm_draft_passes_the_same_validation(twin_cloud, accounts):
-    from rollout_service.docs.llm_draft import llm_draft
+    from doccheck.llm_draft import llm_draft
     from tests.docs_fixture import GOOD, PROSE, FakeChat, fenced
     fake = FakeChat([fenced({k: v for k, v in GOOD.items() if k != "oracle"})])
     try:

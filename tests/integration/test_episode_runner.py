@@ -23,7 +23,7 @@ from reward_service.verifier import from_console
 from reward_service.service import RewardService
 from rollout_service import episode as episode_module
 from rollout_service.episode import EpisodeRunner, StepFn, scripted_policy
-from rollout_service.oracle import run_oracle
+from datagen.oracle import run_oracle
 from tests.conftest import _server, run_async
 
 TASK = load_task(TASKS_DIR / "ecs" / "ecs-add-rule-0.yaml")     # has prerequisites

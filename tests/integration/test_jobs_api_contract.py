@@ -12,9 +12,9 @@ import pytest
 
 from consolerl.tasks import TASKS_DIR, load_suite
 from tests.conftest import run_async
-from rollout_service.jobs.app import build_app
-from rollout_service.jobs.auth import TeamQuota, TokenBook
-from rollout_service.jobs.store import JobStore
+from jobsapi.app import build_app
+from jobsapi.auth import TeamQuota, TokenBook
+from jobsapi.store import JobStore
 from tests.integration.api_kit import serving
 
 SUITE = {t.id: t for t in load_suite(TASKS_DIR)}

@@ -35,7 +35,7 @@ from infra.cloud import CloudClient, CloudConfig, Credentials  # noqa: E402
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE  # noqa: E402
 from infra.local_cloud import free_port  # noqa: E402
 from infra.provisioning.sdk import SdkProvisioner  # noqa: E402
-from rollout_service.jobs.auth import TokenBook  # noqa: E402
+from jobsapi.auth import TokenBook  # noqa: E402
 from rollout_service.models import tiny_model  # noqa: E402
 from tests.conftest import ROOT, CloudServer, _server  # noqa: E402
 from tests.faults.harness import MARK, processes  # noqa: E402

@@ -20,11 +20,11 @@ from schemathesis.checks import (content_type_conformance, not_a_server_error,
                                  response_schema_conformance, status_code_conformance)
 
 from consolerl.tasks import TASKS_DIR, load_suite
-from rollout_service.jobs.app import build_app
-from rollout_service.jobs.auth import TeamQuota, TokenBook
-from rollout_service.jobs.store import JobStore
+from jobsapi.app import build_app
+from jobsapi.auth import TeamQuota, TokenBook
+from jobsapi.store import JobStore
 from tests.integration.api_kit import serving
-from rollout_service.docs.service import DocsService
+from doccheck.service import DocsService
 
 CHECKS = [not_a_server_error, response_schema_conformance, status_code_conformance,
           content_type_conformance]

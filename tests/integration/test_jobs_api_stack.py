@@ -27,7 +27,7 @@ from env_workers.accounts import PoolConfig  # noqa: E402
 from env_workers.leases import AccountPool  # noqa: E402
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE  # noqa: E402
 from infra.local_cloud import free_port  # noqa: E402
-from rollout_service.jobs.auth import TokenBook  # noqa: E402
+from jobsapi.auth import TokenBook  # noqa: E402
 from rollout_service.models import tiny_model  # noqa: E402
 from tests.conftest import CloudServer, _server  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The OSS blob store (rollout_service.jobs.blobs.OssBlobs, through the official oss2 SDK)
+"""The OSS blob store (jobsapi.blobs.OssBlobs, through the official oss2 SDK)
 against the real local cloud's OSS protocol: objects written, read, deleted by key and by
 folder (more than one listing page), a bucket that holds objects refuses to go; a wrong
 AccessKey, another account's bucket and a missing bucket are BlobUnavailable without the
@@ -10,9 +10,9 @@ import uuid
 import oss2
 import pytest
 
-from rollout_service.jobs.blobs import BlobConfig, BlobUnavailable, OssBlobs, open_blobs
-from rollout_service.jobs.schema import Job, Sampling
-from rollout_service.jobs.store import JobStore
+from jobsapi.blobs import BlobConfig, BlobUnavailable, OssBlobs, open_blobs
+from jobsapi.schema import Job, Sampling
+from jobsapi.store import JobStore
 from tests.conftest import run_async
 
 

@@ -16,15 +16,15 @@ import yaml
 from consolerl.tasks import TASKS_DIR, load_suite
 from infra.local_cloud import free_port
 from tests.conftest import run_async
-from rollout_service.jobs.app import build_app
-from rollout_service.jobs.auth import TeamQuota, TokenBook
-from rollout_service.jobs.cli import main
-from rollout_service.jobs.client import ApiError, JobsClient
-from rollout_service.jobs.schema import (Attempt, EpisodeCounts, JobCompletedEvent,
-                                         JobStatusEvent, Rollout, RolloutCompletedEvent,
-                                         RolloutStartedEvent, RolloutStepEvent, Step,
-                                         TaskSummaryEvent, VerdictCounts)
-from rollout_service.jobs.store import JobStore
+from jobsapi.app import build_app
+from jobsapi.auth import TeamQuota, TokenBook
+from jobsapi.cli import main
+from jobsapi.client import ApiError, JobsClient
+from jobsapi.schema import (Attempt, EpisodeCounts, JobCompletedEvent,
+                            JobStatusEvent, Rollout, RolloutCompletedEvent,
+                            RolloutStartedEvent, RolloutStepEvent, Step,
+                            TaskSummaryEvent, VerdictCounts)
+from jobsapi.store import JobStore
 from tests.integration.api_kit import serving
 
 SUITE = {t.id: t for t in load_suite(TASKS_DIR)}

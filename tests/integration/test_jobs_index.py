@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from consolerl.tasks import TASKS_DIR, load_suite
-from rollout_service.jobs.app import build_app
-from rollout_service.jobs.auth import TeamQuota, TokenBook
-from rollout_service.jobs.schema import Job, Sampling
-from rollout_service.jobs.store import JobStore, QueueFull
+from jobsapi.app import build_app
+from jobsapi.auth import TeamQuota, TokenBook
+from jobsapi.schema import Job, Sampling
+from jobsapi.store import JobStore, QueueFull
 from tests.conftest import run_async
 from tests.integration.api_kit import serving
 

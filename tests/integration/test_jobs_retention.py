@@ -15,13 +15,13 @@ import pytest
 from prometheus_client import generate_latest
 
 from consolerl.tasks import TASKS_DIR, load_suite
-from rollout_service.jobs.app import build_app
-from rollout_service.jobs.auth import TokenBook
-from rollout_service.jobs.blobs import BlobUnavailable, LocalBlobs
-from rollout_service.jobs.retention import RetentionConfig, StorageSweeper, TeamRetention
-from rollout_service.jobs.schema import (Job, JobCompletedEvent, JobStatusEvent, Rollout,
-                                         Sampling, Step)
-from rollout_service.jobs.store import JobStore
+from jobsapi.app import build_app
+from jobsapi.auth import TokenBook
+from jobsapi.blobs import BlobUnavailable, LocalBlobs
+from jobsapi.retention import RetentionConfig, StorageSweeper, TeamRetention
+from jobsapi.schema import (Job, JobCompletedEvent, JobStatusEvent, Rollout,
+                            Sampling, Step)
+from jobsapi.store import JobStore
 from tests.conftest import run_async
 from tests.integration.api_kit import serving
 

@@ -19,10 +19,10 @@ from consolerl.tasks import TASKS_DIR, load_suite
 from consolerl.types import EnvError, Observation, StepResult
 from tests.conftest import run_async
 from rollout_service.episode import EpisodeOutcome
-from rollout_service.jobs.auth import TeamQuota
-from rollout_service.jobs.schema import Job, Sampling
-from rollout_service.jobs.scheduler import JobScheduler, SchedulerConfig
-from rollout_service.jobs.store import JobStore, TrainingBeacon
+from jobsapi.auth import TeamQuota
+from jobsapi.schema import Job, Sampling
+from jobsapi.scheduler import JobScheduler, SchedulerConfig
+from jobsapi.store import JobStore, TrainingBeacon
 
 SUITE = {t.id: t for t in load_suite(TASKS_DIR)}
 TASKS = ["ram-create-user-0", "ecs-add-rule-0", "vpc-create-vpc-0"]
@@ -205,7 +205,7 @@ def test_a_restarted_scheduler_never_reruns_a_finished_episode(store):
         rollouts = await store.rollouts(job)
         queued = next(r for r in rollouts if r.state == "queued")
         queued.state = "running"
-        from rollout_service.jobs.schema import Attempt
+        from jobsapi.schema import Attempt
         queued.attempts.append(Attempt(attempt=1, started_at=time.time()))
         await store.put_rollout(queued)
         eps2 = Episodes(seconds=0.05)

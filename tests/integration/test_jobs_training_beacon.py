@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from rollout_service.jobs.auth import TeamQuota
-from rollout_service.jobs.scheduler import JobScheduler, SchedulerConfig
-from rollout_service.jobs.store import JobStore, TrainingBeacon
+from jobsapi.auth import TeamQuota
+from jobsapi.scheduler import JobScheduler, SchedulerConfig
+from jobsapi.store import JobStore, TrainingBeacon
 from tests.conftest import run_async
 
 PREFIX = "t:beacon"

@@ -133,7 +133,7 @@ def test_a_failed_provisioning_makes_the_episode_an_env_error(prov_cloud, accoun
     from env_workers.worker import WorkerConfig
     from reward_service.service import RewardService
     from rollout_service.episode import EpisodeRunner, scripted_policy
-    from rollout_service.oracle import run_oracle
+    from datagen.oracle import run_oracle
     from tests.conftest import run_async
 
     task = parse_task({

@@ -21,7 +21,7 @@ import redis
 from consolerl.accounts import load_accounts
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from infra.redis_local import RedisServer
-from rollout_service.jobs.auth import TokenBook
+from jobsapi.auth import TokenBook
 from tools import secrets_check as sc
 from tools.secrets.places import Places
 from tools.secrets.report import run_check

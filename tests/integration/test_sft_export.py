@@ -11,7 +11,7 @@ from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
 from consolerl.resources import fill
 from consolerl.tasks import TASKS_DIR, load_suite
 from rollout_service.agent import AgentConfig, AgentLoop, _Step
-from rollout_service.export import ExportConfig, run_export
+from datagen.export import ExportConfig, run_export
 from rollout_service.models import HFChatTokenizer, default_model, end_of_turn_id, tiny_model
 from tests.conftest import run_async
 from trainer.sft import SftConfig, train_sft

@@ -14,8 +14,8 @@ from consolerl.tasks import TASKS_DIR, load_suite
 from env_workers.actions import ActionError, parse_action
 from rollout_service.agent import AgentConfig
 from rollout_service.models import HFChatTokenizer, end_of_turn_id, resolve_model
-from rollout_service.src import (CollectConfig, PerturbedOracle, SRCConfig, run_collection)
-from rollout_service.teacher import OracleTeacher
+from datagen.src import (CollectConfig, PerturbedOracle, SRCConfig, run_collection)
+from datagen.teacher import OracleTeacher
 from tests.conftest import run_async
 from trainer.sft import load_examples
 

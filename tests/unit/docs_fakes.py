@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from rollout_service.docs.model import (Control, DocStep, Form, FormField, Inventory, Mention,
-                                        PageEntry, Procedure)
+from doccheck.model import (Control, DocStep, Form, FormField, Inventory, Mention,
+                            PageEntry, Procedure)
 
 ROOT = Path(__file__).resolve().parents[2]
 USERS = "/console/ram/users"
@@ -126,7 +126,7 @@ def fake_draft(proc, checks, inventory, *, task_id: str, drift: str = "") -> Dra
 
 def docs_service():
     """A DocsService over :func:`inventory` with the real checker and these stand-ins."""
-    from rollout_service.docs.check import check_procedure
-    from rollout_service.docs.service import DocsService
+    from doccheck.check import check_procedure
+    from doccheck.service import DocsService
     return DocsService({"": inventory()}, extractor=fake_extract, checker=check_procedure,
                        drafter=fake_draft)

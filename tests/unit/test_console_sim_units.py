@@ -381,7 +381,7 @@ def test_cross_site_names_the_check(method, headers, refused):
 @pytest.mark.parametrize("token", ["é", "\ud800", "Ã©" * 40, "crl_" + "é" * 43])
 def test_jobs_api_tokens_of_any_text_are_unknown_not_errors(tmp_path, token):
     """The jobs API looks a bearer token up by its SHA-256; odd text is just no team's."""
-    from rollout_service.jobs.auth import TokenBook
+    from jobsapi.auth import TokenBook
     book = TokenBook(tmp_path / "tokens.json")
     real = book.create("docs", ["jobs:read"])
     assert book.verify(token) is None and book.verify(real).team == "docs"

@@ -2,9 +2,9 @@
 VPC pages (the crawled inventory is exercised in tests/integration/test_docs_corpus_check.py)."""
 from __future__ import annotations
 
-from rollout_service.docs.check import check_procedure, known_renames, similarity
-from rollout_service.docs.model import (Control, DocStep, Form, FormField, Inventory, Mention,
-                                        PageEntry, Procedure)
+from doccheck.check import check_procedure, known_renames, similarity
+from doccheck.model import (Control, DocStep, Form, FormField, Inventory, Mention,
+                            PageEntry, Procedure)
 
 USERS = "/console/ram/users"
 

@@ -1,4 +1,4 @@
-"""Drafting a task from a procedure (rollout_service.docs.draft) against a hand-made inventory
+"""Drafting a task from a procedure (doccheck.draft) against a hand-made inventory
 of the local console: the operation, the success rule, generated values, prerequisites, and a
 reason when there is no task."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import re
 from consolerl.resources import fill
 from consolerl.tasks import parse_task
 from infra.console_sim.products import all_products
-from rollout_service.docs import operations
-from rollout_service.docs.draft import Draft, draft_task, norm, snake
-from rollout_service.docs.model import Form, FormField, PageEntry, StepCheck
+from doccheck import operations
+from doccheck.draft import Draft, draft_task, norm, snake
+from doccheck.model import Form, FormField, PageEntry, StepCheck
 from tests import docs_fixture as fx
 
 

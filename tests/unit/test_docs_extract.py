@@ -1,4 +1,4 @@
-"""rollout_service.docs.extract: help-center pages (Markdown and HTML) read into procedures, and
+"""doccheck.extract: help-center pages (Markdown and HTML) read into procedures, and
 the pages it refuses."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from consolerl.errors import ConsoleRLError
-from rollout_service.docs.extract import MAX_PAGE_BYTES, DocError, extract
-from rollout_service.docs.model import Mention, Procedure
+from doccheck.extract import MAX_PAGE_BYTES, DocError, extract
+from doccheck.model import Mention, Procedure
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "docs"
 

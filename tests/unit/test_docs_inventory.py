@@ -8,15 +8,15 @@ from dataclasses import replace
 
 import pytest
 
-from rollout_service.docs import inventory as inv_mod
-from rollout_service.docs.crawl_forms import text_value
-from rollout_service.docs.crawl_page import Normaliser, product_of
-from rollout_service.docs.inventory import (Change, InventoryError, default_inventories, diff,
-                                            diff_main, load, page_by_menu, pages_for_product,
-                                            save, version_of)
-from rollout_service.docs.model import (Control, Form, FormField, Inventory, PageEntry,
-                                        to_json)
-from rollout_service.jobs.cli import main as cli_main
+from doccheck import inventory as inv_mod
+from doccheck.crawl_forms import text_value
+from doccheck.crawl_page import Normaliser, product_of
+from doccheck.inventory import (Change, InventoryError, default_inventories, diff,
+                                diff_main, load, page_by_menu, pages_for_product,
+                                save, version_of)
+from doccheck.model import (Control, Form, FormField, Inventory, PageEntry,
+                            to_json)
+from jobsapi.cli import main as cli_main
 
 USERS = PageEntry(
     "/console/ram/users", "Users", "ram", ("RAM", "Users"),
@@ -212,7 +212,7 @@ def test_generated_values_follow_the_form():
 
 
 def test_what_a_request_sent_is_kept_only_where_the_console_chose_it():
-    from rollout_service.docs.crawl import normalise_sends
+    from doccheck.crawl import normalise_sends
     sent = {"UserName": "crawlab12r0-user", "PolicyName": "ReadOnlyAccess",
             "PolicyType": "System", "RegionId": "cn-hangzhou", "Amount": "1",
             "PortRange": "22/22", "Priority": "1"}
@@ -229,7 +229,7 @@ def test_what_a_request_sent_is_kept_only_where_the_console_chose_it():
 
 
 def test_actions_learnt_with_their_sends_reach_the_entry():
-    from rollout_service.docs.crawl_page import with_actions
+    from doccheck.crawl_page import with_actions
     sends = (("PolicyType", "System"), ("UserName", "{}"))
     entry = with_actions(CREATE, {}, {"/console/ram/users/create": ("Ram:CreateUser", sends)})
     assert entry.forms[0].action == "Ram:CreateUser" and entry.forms[0].sends == sends

@@ -1,4 +1,4 @@
-"""LLM drafting (rollout_service.docs.llm_draft) through a fake OpenAI-compatible endpoint on
+"""LLM drafting (doccheck.llm_draft) through a fake OpenAI-compatible endpoint on
 loopback that serves canned replies: the draft parses, the fixed fields are the project's, a
 refused answer is repaired once, and failures are reasons."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from consolerl.tasks import parse_task
-from rollout_service.docs.llm_draft import inventory_text, llm_draft
+from doccheck.llm_draft import inventory_text, llm_draft
 from tests import docs_fixture as fx
 from tests.docs_fixture import GOOD, PROSE, FakeChat, fenced
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from consolerl.tasks import parse_task
-from rollout_service.docs.check import check_procedure
-from rollout_service.docs.service import (MAX_PAGE_BYTES, DocsInputError, DocsService,
-                                          DocsUnavailable, PageIn, page_text, task_id_for)
+from doccheck.check import check_procedure
+from doccheck.service import (MAX_PAGE_BYTES, DocsInputError, DocsService,
+                              DocsUnavailable, PageIn, page_text, task_id_for)
 from tests.unit.docs_fakes import (NO_PROCEDURE_MD, OTHER_PRODUCT_MD, PAGE_MD, SCRIPT_HTML,
                                    STALE_MD, Draft, fake_draft, fake_extract, inventory)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from rollout_service.docs.model import StepCheck
-from rollout_service.docs.verdict import NO_EVIDENCE, NOT_RUN, procedure_verdict
-from rollout_service.jobs.schema import AuditEvent, ClaimCheck, Rollout
+from doccheck.model import StepCheck
+from doccheck.verdict import NO_EVIDENCE, NOT_RUN, procedure_verdict
+from jobsapi.schema import AuditEvent, ClaimCheck, Rollout
 
 OK = [StepCheck("1", "ok"), StepCheck("2", "ok"), StepCheck("3", "ok")]
 STALE = [StepCheck("1", "ok"), StepCheck("2", "label_differs", mention="Create User",

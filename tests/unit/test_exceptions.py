@@ -21,11 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.layers import LAYERS
+
 from consolerl.errors import ConsoleRLError
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("consolerl", "infra", "env_workers", "reward_service", "rollout_service", "trainer",
-            "cluster")
+PACKAGES = tuple(LAYERS)
 # Modules not imported here, with the reason. None so far: vllm_server.py imports vLLM only
 # inside functions, so it imports without vLLM installed.
 SKIP_MODULES: dict[str, str] = {}
@@ -46,9 +47,9 @@ def _plan_rejected():
 # "module.QualName" -> a function returning constructor args with a non-default value for every
 # parameter. Needed for every class whose constructor is not a single message string.
 ARGS: dict[str, Callable[[], tuple]] = {
-    "rollout_service.docs.service.DocsInputError": lambda: (
+    "doccheck.service.DocsInputError": lambda: (
         "page 'shot.md' is not text (binary content)", 1, "content", 422),
-    "rollout_service.jobs.client.ApiError": lambda: (429, "your team has 3 queued jobs", 30.0),
+    "jobsapi.client.ApiError": lambda: (429, "your team has 3 queued jobs", 30.0),
     "consolerl.errors.CloudAPIError": lambda: (
         "InvalidVpcID.NotFound", "The specified VPC does not exist.", 404, "req-8F2A",
         "DescribeVSwitches"),

@@ -1,4 +1,4 @@
-"""The jobs API's blob store (rollout_service.jobs.blobs): keys are checked before any file is
+"""The jobs API's blob store (jobsapi.blobs): keys are checked before any file is
 touched (no way out of the root), a write is atomic (a reader sees the old bytes or the new,
 never a part; a failed write leaves the old and no temp file), deletes by key and by folder;
 the config refuses what cannot work, and the OSS store never shows or pickles its AccessKey.
@@ -12,8 +12,8 @@ import threading
 import pytest
 
 from consolerl.errors import ConfigError
-from rollout_service.jobs.blobs import (BlobConfig, BlobKeyError, BlobUnavailable, LocalBlobs,
-                                        OssBlobs, check_key, open_blobs)
+from jobsapi.blobs import (BlobConfig, BlobKeyError, BlobUnavailable, LocalBlobs,
+                           OssBlobs, check_key, open_blobs)
 
 BAD_KEYS = ["", "../x", "a/../../b", "/abs", "a//b", "a/./b", "a/", ".", "..", "a\\b",
             "a\x00b", "a b", "ü", "x" * 513, "a/.."]

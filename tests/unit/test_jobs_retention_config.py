@@ -1,4 +1,4 @@
-"""The jobs API's retention config (rollout_service.jobs.retention.RetentionConfig): the
+"""The jobs API's retention config (jobsapi.retention.RetentionConfig): the
 defaults (30 days of results, 7 of screenshots), per-team overrides with the rest left to the
 defaults and screenshots never kept longer than results, refusals that name the field, and
 the section as it loads from YAML and overrides (api.retention, api.blobs)."""
@@ -9,8 +9,8 @@ import pytest
 from cluster.config import JobConfig
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
-from rollout_service.jobs.blobs import BlobConfig
-from rollout_service.jobs.retention import DAY_S, RetentionConfig, TeamRetention
+from jobsapi.blobs import BlobConfig
+from jobsapi.retention import DAY_S, RetentionConfig, TeamRetention
 
 
 def test_defaults_and_overrides():

@@ -16,21 +16,22 @@ from consolerl.experience import Trajectory
 from consolerl.rewards import RewardResult, RuleOutcome
 from consolerl.tasks import TASKS_DIR, load_suite
 from rollout_service.episode import EpisodeOutcome
-from rollout_service.jobs.auth import TeamQuota, TokenBook, hash_token
-from rollout_service.jobs.report import (build_report, failed_step, procedure_steps,
-                                         procedure_verdict, render_html)
-from rollout_service.jobs.client import StreamEvent
-from rollout_service.jobs.schema import (ClaimCheck, EVENT_MODELS, EVENT_TYPES, JOB_STATES, TERMINAL,
-                                         TRANSITIONS, EpisodeCounts, Job, JobCompletedEvent,
-                                         JobStatusEvent, Rollout, RolloutCompletedEvent,
-                                         RolloutStartedEvent, RolloutStepEvent, Sampling, Step,
-                                         TaskSummaryEvent, VerdictCounts, event_data,
-                                         may_move, parse_event)
-from rollout_service.jobs.scheduler import target_of, verdict_of
+from jobsapi.auth import TeamQuota, TokenBook, hash_token
+from doccheck.verdict import procedure_verdict
+from jobsapi.report import (build_report, failed_step, procedure_steps,
+                            render_html)
+from jobsapi.client import StreamEvent
+from jobsapi.schema import (ClaimCheck, EVENT_MODELS, EVENT_TYPES, JOB_STATES, TERMINAL,
+                            TRANSITIONS, EpisodeCounts, Job, JobCompletedEvent,
+                            JobStatusEvent, Rollout, RolloutCompletedEvent,
+                            RolloutStartedEvent, RolloutStepEvent, Sampling, Step,
+                            TaskSummaryEvent, VerdictCounts, event_data,
+                            may_move, parse_event)
+from jobsapi.scheduler import target_of, verdict_of
 
 SUITE = {t.id: t for t in load_suite(TASKS_DIR)}
 ROOT = Path(__file__).resolve().parents[2]
-OPENAPI = ROOT / "rollout_service" / "jobs" / "openapi.json"
+OPENAPI = ROOT / "jobsapi" / "openapi.json"
 
 
 def test_state_machine():
@@ -48,7 +49,7 @@ def rollout(verdict: str | None, state: str = "completed", **kw) -> Rollout:
 
 @pytest.mark.parametrize("verdicts,samples,expected", [
     (["success", "success"], 2, "works"),
-    # The agent failing is no evidence the procedure is wrong (rollout_service.docs.verdict).
+    # The agent failing is no evidence the procedure is wrong (doccheck.verdict).
     (["failure", "infeasible"], 2, "inconclusive"),
     (["success", "failure", "success"], 3, "works"),  # no flaky: a pass is evidence
     (["success"], 3, "works"),                        # even when few completed
@@ -58,7 +59,7 @@ def rollout(verdict: str | None, state: str = "completed", **kw) -> Rollout:
     ([], 2, "inconclusive"),
 ])
 def test_procedure_verdicts(verdicts, samples, expected):
-    assert procedure_verdict(samples, [rollout(v) for v in verdicts]) == expected
+    assert procedure_verdict((), [rollout(v) for v in verdicts], samples=samples).verdict == expected
 
 
 def test_env_failures_never_count_as_broken():
@@ -174,18 +175,18 @@ def test_a_broken_token_file_is_a_clear_error(tmp_path):
 
 
 def current_openapi() -> dict:
-    from rollout_service.jobs.app import build_app
-    from rollout_service.jobs.store import JobStore
+    from jobsapi.app import build_app
+    from jobsapi.store import JobStore
     app = build_app(JobStore("redis://127.0.0.1:1/0"), TokenBook(Path("/nonexistent/t.json")),
                     SUITE)
     return app.openapi()
 
 
 def test_the_committed_openapi_document_is_current():
-    """rollout_service/jobs/openapi.json is what the app serves; regenerate it with
-    ``python -m rollout_service.jobs.app > rollout_service/jobs/openapi.json``."""
+    """jobsapi/openapi.json is what the app serves; regenerate it with
+    ``python -m jobsapi.app > jobsapi/openapi.json``."""
     assert json.loads(OPENAPI.read_text()) == json.loads(json.dumps(current_openapi())), \
-        "the OpenAPI document changed: regenerate rollout_service/jobs/openapi.json"
+        "the OpenAPI document changed: regenerate jobsapi/openapi.json"
 
 
 # ---- the events of a job's stream ----------------------------------------------------------------
@@ -236,11 +237,11 @@ def test_every_event_type_has_a_model_and_unknown_ones_are_refused():
 def test_the_client_imports_no_server_code():
     """The client is for other teams: pydantic (the event models) but not the task suite, Redis,
     FastAPI or the scheduler."""
-    code = "import sys, rollout_service.jobs.client; print(' '.join(sorted(sys.modules)))"
+    code = "import sys, jobsapi.client; print(' '.join(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout.split()
-    heavy = {"yaml", "redis", "fastapi", "consolerl.tasks", "rollout_service.jobs.store",
-             "rollout_service.jobs.scheduler", "prometheus_client"}
+    heavy = {"yaml", "redis", "fastapi", "consolerl.tasks", "jobsapi.store",
+             "jobsapi.scheduler", "prometheus_client"}
     assert not heavy & set(out), sorted(heavy & set(out))
 
 
@@ -260,7 +261,7 @@ def test_the_openapi_document_describes_every_event():
 
 def test_at_most_is_the_decimal_range():
     import re
-    from rollout_service.jobs.store import at_most
+    from jobsapi.store import at_most
     for n in (0, 1, 2, 9, 10, 11, 99, 100, 101, 255, 1000, 1999, 2024):
         pattern = re.compile(at_most(n))
         assert [k for k in range(3000) if pattern.fullmatch(str(k))] == list(range(n + 1)), n
@@ -273,7 +274,7 @@ def test_at_most_is_the_decimal_range():
                                "18446744073709551615-18446744073709551615"),
     ("0" * 40 + "1-1", "1-1")])
 def test_stream_ids_in_redis_domain_are_canonical(text, canonical):
-    from rollout_service.jobs.store import stream_id
+    from jobsapi.store import stream_id
     assert stream_id(text) == canonical
 
 
@@ -282,13 +283,13 @@ def test_stream_ids_in_redis_domain_are_canonical(text, canonical):
     "18446744073709551615-18446744073709551616", "-1", "1--1", "1-2-3", "1-", "-", "+", "$",
     ">", "*", "", " 1", "1e3", "0x1", "１", "9" * 64, "0" * 65])
 def test_stream_ids_out_of_redis_domain_are_refused(text):
-    from rollout_service.jobs.store import OutOfDomain, stream_id
+    from jobsapi.store import OutOfDomain, stream_id
     with pytest.raises(OutOfDomain, match="18446744073709551615"):
         stream_id(text)
 
 
 def test_key_parts():
-    from rollout_service.jobs.store import OutOfDomain, key_part
+    from jobsapi.store import OutOfDomain, key_part
     assert key_part("job_0123456789abcdef") == "job_0123456789abcdef"
     for bad in ("", "a:b", "job_*", "a?", "[a]", "a b", "ä", "x" * 65, "a.b"):
         with pytest.raises(OutOfDomain, match="not an id"):
@@ -304,7 +305,7 @@ def test_a_token_file_with_a_team_that_is_no_key_part_is_refused(tmp_path):
 def test_the_oracle_has_a_script_for_every_catalogue_task_and_says_when_it_has_none():
     from dataclasses import replace
 
-    from rollout_service.oracle import why_no_oracle
+    from datagen.oracle import why_no_oracle
     assert [why_no_oracle(t) for t in SUITE.values() if why_no_oracle(t)] == []
     task = SUITE["ram-create-user-0"]
     assert "no oracle family" in why_no_oracle(replace(task, oracle_family=""))

@@ -77,7 +77,7 @@ def test_upward_import_names_file_and_line(tmp_path: Path) -> None:
     root = make_tree(tmp_path, {"infra/a.py": "import os\n\nfrom trainer.b import x\n"})
     v = only(check_tree(root))
     assert (v.path, v.line, v.importer, v.imported) == ("infra/a.py", 3, "infra", "trainer.b")
-    assert str(v) == "infra/a.py:3: infra (layer 1) imports trainer.b (layer 4)"
+    assert str(v) == "infra/a.py:3: infra (layer 1) imports trainer.b (layer 5)"
 
 
 def test_plain_import_statement_upward(tmp_path: Path) -> None:
@@ -204,7 +204,7 @@ def test_runpy_forward_up_the_layers_fails(tmp_path: Path, source: str) -> None:
     root = make_tree(tmp_path, {"trainer/main.py": source})
     v = only(check_tree(root))
     assert (v.path, v.line, v.imported) == ("trainer/main.py", 3, "cluster.job")
-    assert v.message == "trainer (layer 4) runs cluster.job (layer 5) through runpy"
+    assert v.message == "trainer (layer 5) runs cluster.job (layer 7) through runpy"
 
 
 def test_runpy_forward_down_or_unknown_passes(tmp_path: Path) -> None:
@@ -278,3 +278,16 @@ def test_a_type_checking_or_runpy_edge_closes_a_cycle_too(tmp_path: Path) -> Non
         "rollout_service/b.py": "import runpy\nrunpy.run_module('rollout_service.a')\n",
     })
     assert only_cycle(import_cycles(root)).modules == ("rollout_service.a", "rollout_service.b")
+
+
+def test_a_sealed_package_is_imported_by_its_name_only(tmp_path: Path) -> None:
+    root = make_tree(tmp_path, {
+        "doccheck/__init__.py": "from .check import run\n",
+        "doccheck/check.py": "from .model import M\n",
+        "doccheck/model.py": "M = 1\n",
+        "jobsapi/ok.py": "from doccheck import run\n",
+        "jobsapi/bad.py": "from doccheck.check import run\n",
+        "benchmarks/inside.py": "from doccheck.model import M\n",
+    })
+    v = only(check_tree(root))
+    assert v.path == "jobsapi/bad.py" and "internal module of doccheck" in v.message

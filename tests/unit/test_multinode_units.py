@@ -371,7 +371,8 @@ def test_no_actor_of_a_placed_kind_is_started_around_its_option_builder():
     """A new call site that starts env workers, PolicyServers or trainer workers with options
     of its own (and so, perhaps, without the resources of the config) fails here."""
     bad, found = [], set()
-    for package in ("cluster", "rollout_service", "env_workers", "trainer", "benchmarks"):
+    for package in ("cluster", "rollout_service", "datagen", "jobsapi", "env_workers", "trainer",
+                    "benchmarks"):
         for path in (ROOT / package).rglob("*.py"):
             tree = ast.parse(path.read_text(), str(path))
             builders = {n.targets[0].id: n.value for n in ast.walk(tree)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from reward_service.service import ScoreRequest
 from rollout_service.chat_api import ChatRequest, build_api
-from rollout_service.jobs.schema import JobCreate, Sampling
+from jobsapi.schema import JobCreate, Sampling
 
 NON_FINITE = [math.nan, math.inf, -math.inf]
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -19,8 +19,8 @@ from rollout_service.agent import AgentConfig, AgentLoop, _Step
 from rollout_service.models import HFChatTokenizer, default_model, end_of_turn_id, tiny_model
 from tests.conftest import run_async
 from cluster.export import parse_args
-from rollout_service.export import (Recording, SecretLeak, account_secrets, build_record,
-                                    check_no_secrets, recording_policy)
+from datagen.export import (Recording, SecretLeak, account_secrets, build_record,
+                            check_no_secrets, recording_policy)
 from trainer.sft import (IGNORE, DataError, Example, SftConfig, build_sft_example,
                          load_examples, micro_batch_loss, plan_steps, train_sft)
 from trainer.sft import main as sft_main

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from consolerl.errors import ConfigError
-from rollout_service.oracle import FAMILIES
+from datagen.oracle import FAMILIES
 from consolerl.tasks import TASKS_DIR, load_suite, parse_task
 
 

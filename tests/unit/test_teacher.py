@@ -14,8 +14,8 @@ import httpx
 from consolerl.tasks import TASKS_DIR, load_suite
 from consolerl.types import Observation, StepResult
 from infra.llm import OpenAIChatClient
-from rollout_service.src import generalize, normalize_page, same_action
-from rollout_service.teacher import FINAL, ROUTE, ChatTeacher, OracleTeacher
+from datagen.src import generalize, normalize_page, same_action
+from datagen.teacher import FINAL, ROUTE, ChatTeacher, OracleTeacher
 from tests.conftest import run_async
 
 SUITE = {t.id: t for t in load_suite(TASKS_DIR)}

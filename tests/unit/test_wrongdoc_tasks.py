@@ -16,7 +16,7 @@ import pytest
 from consolerl.tasks import TASKS_DIR, load_suite
 from consolerl.types import Observation, StepResult
 from env_workers.driver import DriverError
-from rollout_service.oracle import FAMILIES, run_oracle
+from datagen.oracle import FAMILIES, run_oracle
 
 INVENTORY = Path(__file__).resolve().parents[2] / "docs" / "inventory"
 WRONGDOC = [t for t in load_suite(TASKS_DIR) if t.expected == "infeasible"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, quote_plus
 
 from infra.console_sim.console.sessions import COOKIE
-from rollout_service.jobs.auth import TOKEN_PREFIX, hash_token
+from jobsapi.auth import TOKEN_PREFIX, hash_token
 
 CHUNK_BYTES = 8 << 20
 MIN_SECRET_CHARS = 8            # shorter ones would match by chance; listed as not searched

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from consolerl.accounts import load_accounts
 from consolerl.errors import ConfigError
-from rollout_service.jobs.auth import TOKEN_PREFIX
+from jobsapi.auth import TOKEN_PREFIX
 
 from .places import Places
 from .search import MIN_SECRET_CHARS, Secret

@@ -5,7 +5,7 @@
 headers and the resource). Every bucket call goes through the shared service layer, so it is
 audited like any API call.
 
-Objects, enough for a blob store (``rollout_service.jobs.blobs.OssBlobs``): ``PUT|GET|HEAD|DELETE
+Objects, enough for a blob store (``jobsapi.blobs.OssBlobs``): ``PUT|GET|HEAD|DELETE
 /bucket/key`` (PutObject, GetObject, HeadObject, DeleteObject), ``GET /bucket/`` ListObjects
 (prefix, marker, max-keys, delimiter, encoding-type=url) and ``POST /bucket/?delete``
 DeleteMultipleObjects, at most :data:`OBJECT_MAX_BYTES` an object. They are data events, which

@@ -40,7 +40,7 @@ from infra.provisioning.sdk import EPISODE_TAG, ProvisionError, SdkProvisioner
 from reward_service.actiontrail import TrailClient, TrailConfig, episode_events
 from reward_service.rules import assign, dotted, evaluate
 
-from ..episode import agent_created, exists
+from rollout_service.episode import agent_created, exists
 
 # What the twin tags so destroy finds it (the actions accept Tag.N like the provisioner's).
 _TAGGED_CREATES = frozenset({"CreateVpc", "CreateVSwitch", "CreateSecurityGroup",

@@ -13,7 +13,7 @@ from consolerl.errors import ConfigError
 from consolerl.patterns import PatternError, compile_pattern, search
 from consolerl.tasks import parse_task
 
-from ...oracle import why_no_oracle
+from datagen.oracle import why_no_oracle
 from ..auth import Principal
 from ..schema import (ORACLE_MODEL, TERMINAL, Job, JobCompletedEvent, JobCreate, JobList,
                       JobStatusEvent)

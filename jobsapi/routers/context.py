@@ -89,7 +89,7 @@ class ApiContext:
     sse_max_s: float
     sse_ping_s: float
     scheduler_required: bool
-    # () -> rollout_service.docs.service.DocsService, built on first use (see build_app)
+    # () -> doccheck.service.DocsService, built on first use (see build_app)
     docs: Callable[[], Any] | None = None
 
 

@@ -3,7 +3,7 @@
 It needs only the standard library, ``httpx``, ``httpx-sse``, ``pydantic`` (the event models
 of :mod:`.schema`) and :mod:`consolerl.errors`::
 
-    from rollout_service.jobs.client import ApiError, JobsClient
+    from jobsapi.client import ApiError, JobsClient
 
     with JobsClient("http://rl.internal:8000", token=os.environ["CONSOLE_RL_TOKEN"]) as api:
         job = api.submit(tasks={"split": "heldout"}, samples_per_task=4,

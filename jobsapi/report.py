@@ -1,5 +1,5 @@
 """The documentation-verification report of a job: per procedure, the pass rate over its K
-samples and a verdict with its evidence (:func:`rollout_service.docs.verdict.procedure_verdict`:
+samples and a verdict with its evidence (:func:`doccheck.verdict.procedure_verdict`:
 ``works``, ``works_text_stale``, ``broken`` only with evidence, ``inconclusive``), the steps
 annotated with the static check when there is one, and a screenshot.
 
@@ -25,8 +25,7 @@ from typing import Any
 
 from consolerl.tasks import Task
 
-from ..docs.model import VERDICTS, Procedure, StepCheck, to_json
-from ..docs.verdict import procedure_verdict as merge_verdict
+from doccheck import VERDICTS, Procedure, StepCheck, procedure_verdict, to_json
 from .schema import ORACLE_MODEL, Job, Rollout
 
 _STEP = re.compile(r"^\s*(\d+)[.)]\s+(.*)$")
@@ -58,12 +57,6 @@ def failed_step(task: Task, rollout: Rollout) -> dict[str, Any]:
         if phrases and not any(p in touched for p in phrases):
             return {"index": i + 1, "text": text}
     return {"index": len(steps), "text": steps[-1] if steps else ""}
-
-
-def procedure_verdict(samples: int, done: list[Rollout]) -> str:
-    """The verdict of a procedure with no static check and no known operation, from its
-    completed samples (kept for callers that have only those)."""
-    return merge_verdict((), done, samples=samples).verdict
 
 
 def _steps(task: Task | None, proc: Procedure | None,
@@ -105,7 +98,7 @@ def build_report(job: Job, tasks: Mapping[str, Task], rollouts: list[Rollout],
         operations = {rule.event for rule in task.success.required_events} if task else set()
         known = task.infeasible_reason or "the catalogue marks it infeasible" \
             if task is not None and task.expected == "infeasible" else ""
-        verdict = merge_verdict(checks, mine, samples=job.samples_per_task,
+        verdict = procedure_verdict(checks, mine, samples=job.samples_per_task,
                                 operations=operations, known_defect=known)
         passes = sum(r.verdict == "success" for r in done)
         entry: dict[str, Any] = {

@@ -35,14 +35,39 @@ run"): a static pass shows the labels are right, not that the procedure works.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from reward_service.evidence import norm
 
 from .model import DEFECT_LABELS, Evidence, StepCheck, Verdict
 
-if TYPE_CHECKING:       # the jobs API's rollout model (pydantic), duck-typed here
-    from rollout_service.jobs.schema import Rollout
+
+class _Event(Protocol):
+    event_name: str
+    error_code: str | None
+
+
+class _Claim(Protocol):
+    kind: str
+    confirmed: bool
+    reasons: Sequence[str]
+    missing: Sequence[str]
+
+
+class Rollout(Protocol):
+    """What the verdict reads of one sample. The jobs API's rollout model (``jobsapi.schema``)
+    has these fields; the checker does not import it (the jobs API sits above the checker)."""
+    id: str
+    sample: int
+    state: str
+    verdict: str | None
+    infeasible_reason: str | None
+
+    @property
+    def claim(self) -> _Claim | None: ...
+
+    @property
+    def deciding_events(self) -> Sequence[_Event]: ...
 
 NOT_RUN = "static check passed; not run"
 NO_EVIDENCE = "the agent did not complete it; no evidence the doc is wrong"
@@ -153,4 +178,4 @@ def _why_not(r: Rollout, renamed: dict[str, str]) -> str:
     return r.claim.kind + (f" ({r.claim.reasons[0]})" if r.claim.reasons else "")
 
 
-__all__ = ["NOT_RUN", "NO_EVIDENCE", "procedure_verdict", "static_evidence"]
+__all__ = ["NOT_RUN", "NO_EVIDENCE", "Rollout", "procedure_verdict", "static_evidence"]

@@ -1,4 +1,4 @@
-"""Crawl a console into an :class:`~rollout_service.docs.model.Inventory`, through an env
+"""Crawl a console into an :class:`~doccheck.model.Inventory`, through an env
 worker's own browser (its sign-in, its sandbox: nothing outside the console is reached).
 
 1. **Samples.** A sample of each resource type (Resource META, :data:`SAMPLES`) is provisioned
@@ -23,7 +23,7 @@ worker's own browser (its sign-in, its sandbox: nothing outside the console is r
    submits created (from the audit log) is destroyed, and the account is checked to hold none
    of it; a leftover fails the crawl.
 
-CLI: ``python -m rollout_service.docs.crawl --out docs/inventory/local.json [--drift rename]
+CLI: ``python -m doccheck.crawl --out docs/inventory/local.json [--drift rename]
 [--cloud-url http://host:port]``; without ``--cloud-url`` it starts the embedded local cloud
 and uses its first default account. Progress goes to stderr.
 """
@@ -66,7 +66,7 @@ from .crawl_page import (DIALOG_JS, FACTS_JS, Normaliser, entry_from_facts, id_s
 from .inventory import save, version_of
 from .model import Control, Inventory, PageEntry
 
-log = logging.getLogger("rollout_service.docs.crawl")
+log = logging.getLogger("doccheck.crawl")
 # What a send taught: the API action (``Service:Action``, "" when none) and its sends.
 _Learnt = tuple[str, tuple[tuple[str, str], ...]]
 # A value made afresh for each request: a hex token or a UUID (a ClientToken).
@@ -649,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     from env_workers.accounts import local_cloud_accounts
     from infra.local_cloud import LocalCloud
 
-    ap = argparse.ArgumentParser(prog="python -m rollout_service.docs.crawl",
+    ap = argparse.ArgumentParser(prog="python -m doccheck.crawl",
                                  description="Crawl the console into a UI inventory file.")
     ap.add_argument("--out", required=True, help="the inventory file to write")
     ap.add_argument("--drift", default="", help="drift profile to sign in with (e.g. rename)")

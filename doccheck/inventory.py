@@ -1,8 +1,8 @@
 """The console's UI inventory on disk: load, save, version, diff, look up.
 
-An inventory file is :func:`rollout_service.docs.model.dumps` of one
-:class:`~rollout_service.docs.model.Inventory` (one console, one drift profile), written by
-:mod:`rollout_service.docs.crawl`. The committed ones live under ``docs/inventory/``
+An inventory file is :func:`doccheck.model.dumps` of one
+:class:`~doccheck.model.Inventory` (one console, one drift profile), written by
+:mod:`doccheck.crawl`. The committed ones live under ``docs/inventory/``
 (:func:`default_inventories`). Its ``version`` is a hash of what the console shows (pages,
 controls, forms), not of when it was crawled nor of the concrete resource a page was visited
 with: two crawls of an unchanged console have the same version.
@@ -31,7 +31,7 @@ from reward_service.evidence import norm
 from .model import (INVENTORY_SCHEMA, Control, Form, FormField, Inventory, PageEntry, dumps,
                     from_json, to_json)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 INVENTORY_DIR = ROOT / "docs" / "inventory"
 # drift profile -> committed crawl of the local console
 DEFAULT_FILES = {"": "local.json", "rename": "local-rename.json",
@@ -72,7 +72,7 @@ class Change:
 def load(path: str | os.PathLike[str]) -> Inventory:
     """Read an inventory file; :class:`InventoryError` (also a ValueError) names the file and
     what is wrong (missing, too large, not JSON, schema other than
-    :data:`~rollout_service.docs.model.INVENTORY_SCHEMA`, a malformed field)."""
+    :data:`~doccheck.model.INVENTORY_SCHEMA`, a malformed field)."""
     path = Path(path)
     try:
         size = path.stat().st_size

@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from consolerl.errors import ConfigError
 
-from ...docs.service import DocsUnavailable
+from doccheck import DocsUnavailable
 from ..auth import Principal
 from ..blobs import BlobUnavailable
 from ..report import build_report, render_html, screenshot_ids

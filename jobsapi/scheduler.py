@@ -14,7 +14,7 @@ Which episode runs next, when a worker is free:
 - priority within a team (higher first), then the oldest job, then the job's next episode.
 
 Who acts is the job's ``model``: the agent loop over the live policy or a registered model
-(``agent_for``), or ``oracle``, the scripted teacher (:mod:`rollout_service.oracle`), which
+(``agent_for``), or ``oracle``, the scripted teacher (:mod:`datagen.oracle`), which
 needs no model; either way through the same runner, records and report.
 
 Only infrastructure errors are retried (``max_attempts`` in all); each attempt is recorded on
@@ -51,17 +51,17 @@ from consolerl.tasks import Task
 from consolerl.types import StepResult
 from env_workers.leases import AccountPool, UnknownAccount
 
-from ..agent import AgentConfig, AgentLoop
-from ..episode import (EpisodeLease, EpisodeOutcome, EpisodePolicy, EpisodeRunner,
-                       model_policy, scripted_policy)
-from ..oracle import ORACLE_MAX_STEPS, run_oracle
+from rollout_service.agent import AgentConfig, AgentLoop
+from rollout_service.episode import (EpisodeLease, EpisodeOutcome, EpisodePolicy, EpisodeRunner,
+                                     model_policy, scripted_policy)
+from datagen.oracle import ORACLE_MAX_STEPS, run_oracle
 from .schema import (ORACLE_MODEL, TERMINAL, Attempt, AuditEvent, ClaimCheck, EpisodeCounts,
                      Job, JobCompletedEvent, JobStatusEvent, Rollout, RolloutCompletedEvent,
                      RolloutStartedEvent, RolloutStepEvent, Step, TaskSummaryEvent, Usage,
                      VerdictCounts, spec_tasks)
 from .store import JobStore
 
-log = logging.getLogger("rollout_service.jobs.scheduler")
+log = logging.getLogger("jobsapi.scheduler")
 AgentFactory = Callable[[str, AgentConfig], Awaitable[AgentLoop]]
 QuotaOf = Callable[[str], Any]          # team -> TeamQuota
 _BID = re.compile(r"^\w+\(\s*\"?(\d+)\"?")

@@ -25,7 +25,7 @@ Kept for SFT: every correction (the prompt the student saw at the state, the tea
 and, in a quality-diversity archive, the attempts the verifier passed (the reward service's
 rule over the audit log: status ``solved`` or ``infeasible_reported``): per task at most
 ``archive_per_task`` trajectories with distinct action paths. The JSON lines are those of
-:mod:`rollout_service.export` (``source`` ``src-archive`` | ``step-archive`` | ``correction``),
+:mod:`datagen.export` (``source`` ``src-archive`` | ``step-archive`` | ``correction``),
 so :mod:`trainer.sft` trains on them as they are.
 """
 from __future__ import annotations
@@ -52,11 +52,11 @@ from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
 from reward_service.service import RewardService
 
-from .agent import AgentConfig, AgentLoop, SamplingParams, _Step, history_entry, recent_history
-from .episode import EpisodeOutcome, EpisodeRunner, scripted_policy
+from rollout_service.agent import AgentConfig, AgentLoop, SamplingParams, _Step, history_entry, recent_history
+from rollout_service.episode import EpisodeOutcome, EpisodeRunner, scripted_policy
 from .export import (ExportConfig, RecordedTurn, Recording, account_secrets, build_record,
                      check_no_secrets, select_tasks, start_services, stop_services)
-from .models import HFChatTokenizer
+from rollout_service.models import HFChatTokenizer
 from .teacher import ROUTE, OracleTeacher, Proposal, Teacher, TeacherSession, start_url_of
 
 MODES = ("src", "step")

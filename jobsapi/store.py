@@ -70,7 +70,7 @@ from .domain import (KEY_PART, KEY_PART_MAX_CHARS, STREAM_ID, STREAM_ID_MAX_CHAR
 from .retention import RetentionConfig
 from .schema import JOB_STATES, TERMINAL, Job, JobEvent, Rollout, event_data, may_move
 
-log = logging.getLogger("rollout_service.jobs.store")
+log = logging.getLogger("jobsapi.store")
 # The domain checks live in .domain; the API's parameter types import them from here.
 __all__ = ["KEY_PART", "KEY_PART_MAX_CHARS", "STREAM_ID", "STREAM_ID_MAX_CHARS", "U64_MAX",
            "JobStore", "OutOfDomain", "QueueFull", "StoreConflict", "TrainingBeacon",

@@ -66,9 +66,9 @@ from infra.local_cloud import LocalCloud
 from infra.redis_local import RedisServer
 from reward_service.service import RewardService
 
-from .agent import AgentConfig, AgentLoop, _Step, history_entry, recent_history
-from .episode import EpisodeRunner, Script, StepFn, scripted_policy
-from .models import HFChatTokenizer, end_of_turn_id, resolve_model
+from rollout_service.agent import AgentConfig, AgentLoop, _Step, history_entry, recent_history
+from rollout_service.episode import EpisodeRunner, Script, StepFn, scripted_policy
+from rollout_service.models import HFChatTokenizer, end_of_turn_id, resolve_model
 from .oracle import run_oracle
 
 KEPT = ("solved", "infeasible_reported")

@@ -27,10 +27,10 @@ EPISODE_STATES = ("queued", "running", "completed", "failed", "cancelled")
 # A completed episode's verdict: the agent did the procedure (success), did not (failure),
 # reported it cannot be done as written (infeasible), or the judges could not tell.
 VERDICTS = ("success", "failure", "infeasible", "undetermined")
-# A procedure's verdict in a report (rollout_service.docs.verdict: broken only with evidence).
+# A procedure's verdict in a report (doccheck.verdict: broken only with evidence).
 PROCEDURE_VERDICTS = ("works", "works_text_stale", "broken", "inconclusive")
 SCOPES = ("jobs:write", "jobs:read", "jobs:cancel", "artifacts:read", "admin")
-# The model name of the scripted teacher (rollout_service.oracle): it acts instead of a policy
+# The model name of the scripted teacher (datagen.oracle): it acts instead of a policy
 # in a job over catalogue tasks, through the same scheduler, runner and report.
 ORACLE_MODEL = "oracle"
 
@@ -57,8 +57,8 @@ def spec_tasks(spec: dict[str, Any], catalog: Mapping[str, Task]) -> dict[str, T
 def spec_docs(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A documentation job's static checks and procedures by task id (``POST /v1/docs`` with
     ``run`` stores them in the spec's ``docs``: task id -> ``{"procedure", "checks"}``, each as
-    :func:`rollout_service.docs.model.to_json` writes it); two empty dicts for other jobs."""
-    from rollout_service.docs.model import Procedure, StepCheck, from_json
+    :func:`doccheck.model.to_json` writes it); two empty dicts for other jobs."""
+    from doccheck import Procedure, StepCheck, from_json
     static, procedures = {}, {}
     for tid, entry in (spec.get("docs") or {}).items():
         static[tid] = tuple(from_json(StepCheck, c) for c in entry.get("checks", ()))

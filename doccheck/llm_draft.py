@@ -13,8 +13,8 @@ The answer is data, never run. What a task must be regardless of the model is se
 title, the doc's steps as the procedure with the model's hints appended, ``heldout``, expected
 success, no oracle); the rest must pass :func:`consolerl.tasks.parse_task`, and a refused answer
 is shown to the model once with the reason. A drafted task then goes through the same
-:func:`~rollout_service.docs.validate.validate_draft` as a rule-drafted one. The deterministic
-path (:func:`~rollout_service.docs.draft.draft_task`) never needs this.
+:func:`~doccheck.validate.validate_draft` as a rule-drafted one. The deterministic
+path (:func:`~doccheck.draft.draft_task`) never needs this.
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from consolerl.errors import ConfigError
 from .blobs import BlobUnavailable
 from .domain import OutOfDomain, key_part
 
-log = logging.getLogger("rollout_service.jobs.retention")
+log = logging.getLogger("jobsapi.retention")
 DAY_S = 86400.0
 
 

@@ -24,7 +24,7 @@ tables) or HTML:
 - a step the phrasings below do not cover is ``DocStep(structured=False)``; a step whose work is
   all in its sub-steps or its parameter table is structured, with the table's mentions.
 
-Mentions (:class:`~rollout_service.docs.model.Mention`) a step's text yields, in the order they
+Mentions (:class:`~doccheck.model.Mention`) a step's text yields, in the order they
 appear (bold, ``<b>``, ``<strong>`` and ``<span class="uicontrol">`` mark UI names; plain
 capitalised words are read too; code spans, ``<code>``, ``<kbd>``, ``<span class="userinput">``
 and quotations are values):
@@ -90,11 +90,11 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from rollout_service.docs import extract_markup as mk
-from rollout_service.docs.extract_markup import (MAX_BLOCKS, MAX_HTML_DEPTH, DocError, Heading,
-                                                 Item, List, Note, Para, Seg, Tab, Table)
-from rollout_service.docs.extract_phrases import cell_value, step_mentions
-from rollout_service.docs.model import DocStep, Mention, Procedure
+from doccheck import extract_markup as mk
+from doccheck.extract_markup import (MAX_BLOCKS, MAX_HTML_DEPTH, DocError, Heading,
+                                     Item, List, Note, Para, Seg, Tab, Table)
+from doccheck.extract_phrases import cell_value, step_mentions
+from doccheck.model import DocStep, Mention, Procedure
 
 MAX_PAGE_BYTES = 2 * 1024 * 1024
 MAX_STEPS = 2000

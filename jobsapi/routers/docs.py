@@ -23,9 +23,8 @@ from fastapi import APIRouter, Depends, Header, HTTPException
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field, field_validator
 
-from ...docs.model import to_json
-from ...docs.service import (CONTENT_TYPES, MAX_PAGES, DocsInputError, DocsUnavailable,
-                             PageIn, PageResult)
+from doccheck import (CONTENT_TYPES, MAX_PAGES, DocsInputError, DocsUnavailable, PageIn,
+                      PageResult, to_json)
 from ..auth import Principal
 from ..schema import ORACLE_MODEL, Job, JobCreate, Sampling, TaskSelection, _Strict
 from .context import ERRORS, Context, Detail, auth, unprocessable
@@ -39,7 +38,7 @@ def once(make: Callable[[], Any] | None) -> Callable[[], Any]:
     """``make`` called on the first use only (default: the committed inventories); a failure
     (:class:`DocsUnavailable`) is raised again on each use, not cached."""
     if make is None:
-        from ...docs.service import DocsService
+        from doccheck import DocsService
         make = DocsService.default
     lock, made = threading.Lock(), []
 

@@ -4,8 +4,8 @@ verdict. The jobs API (``POST /v1/docs``) and the command line (``console-rl doc
 it; running the drafted tasks is the jobs API's (a job of inline tasks).
 
 The reader, the checker and the drafter are injected (defaults: :func:`.extract.extract`,
-:func:`.check.check_procedure`, :func:`.draft.draft_task`, imported on first use), so the
-service can be built and tested with any of them missing or replaced.
+:func:`.check.check_procedure`, :func:`.draft.draft_task`), so the service can be built and
+tested with any of them replaced.
 
 What a page may be is decided here, before any parser sees it, so every door answers the same:
 at most :data:`MAX_PAGE_BYTES` (UTF-8), text (no NUL or other control characters, no lone
@@ -24,7 +24,12 @@ from typing import Any
 
 from consolerl.errors import ConfigError, ConsoleRLError
 
+from . import inventory as inventory_files
+from .check import check_procedure
+from .draft import draft_task
+from .extract import extract as extract_procedures
 from .model import Inventory, Procedure, StepCheck, Verdict
+from .prose import procedure_from_text
 from .verdict import procedure_verdict
 
 MAX_PAGE_BYTES = 2 * 2 ** 20
@@ -146,15 +151,6 @@ def task_id_for(page: str, index: int, title: str) -> str:
     return f"doc-{slug}-{digest}"
 
 
-def _lazy(module: str, name: str) -> Callable[..., Any]:
-    import importlib
-    try:
-        return getattr(importlib.import_module(f"rollout_service.docs.{module}"), name)
-    except (ImportError, AttributeError) as exc:
-        raise DocsUnavailable(f"rollout_service.docs.{module}.{name} is not available in "
-                              f"this build ({exc})") from None
-
-
 @dataclass
 class DocsService:
     """``inventories``: drift profile -> the console's inventory under it; ``previous``: drift
@@ -172,14 +168,13 @@ class DocsService:
     def from_files(cls, files: Mapping[str, str | Path], **kw: Any) -> DocsService:
         """Inventories read from files (drift profile -> path) with
         :func:`.inventory.load`."""
-        load = _lazy("inventory", "load")
-        return cls({drift: load(path) for drift, path in files.items()}, **kw)
+        return cls({drift: inventory_files.load(path) for drift, path in files.items()}, **kw)
 
     @classmethod
     def default(cls) -> DocsService:
         """The committed inventories (:func:`.inventory.default_inventories`), those that
         exist."""
-        files = _lazy("inventory", "default_inventories")()
+        files = inventory_files.default_inventories()
         service = cls.from_files({d: p for d, p in files.items() if Path(p).is_file()})
         # A drifted console is the undrifted one, changed: the undrifted crawl is its history
         # (the renames it records make a changed label stale text, not a missing control).
@@ -192,8 +187,7 @@ class DocsService:
         """The static check of catalogue tasks' procedures (plain prose, read by
         :mod:`.prose`), for those whose drift profile has an inventory: a task on a console
         this server has not crawled gets none rather than a check against another console."""
-        from .prose import procedure_from_text
-        check = self.checker or _lazy("check", "check_procedure")
+        check = self.checker or check_procedure
         out = {}
         for tid, task in tasks.items():
             drift = getattr(task, "drift", "") or ""
@@ -207,7 +201,7 @@ class DocsService:
     def inventory(self, drift: str) -> Inventory:
         if not self.inventories:
             raise DocsUnavailable("no console inventory is installed: crawl one "
-                                  "(python -m rollout_service.docs.crawl)")
+                                  "(python -m doccheck.crawl)")
         if drift not in self.inventories:
             known = ", ".join(repr(d) for d in sorted(self.inventories))
             raise DocsInputError(f"no inventory of the console under drift {drift[:40]!r}; "
@@ -222,7 +216,7 @@ class DocsService:
                                  field="pages")
         inventory = self.inventory(drift)
         texts = [page_text(p, i) for i, p in enumerate(pages)]
-        extract = self.extractor or _lazy("extract", "extract")
+        extract = self.extractor or extract_procedures
         out = []
         for i, (page, (text, kind)) in enumerate(zip(pages, texts)):
             t0 = time.perf_counter()
@@ -244,7 +238,7 @@ class DocsService:
 
     def _one(self, page: str, page_index: int, index: int, proc: Procedure,
              inventory: Inventory, drift: str) -> ProcedureResult:
-        check = self.checker or _lazy("check", "check_procedure")
+        check = self.checker or check_procedure
         checks = tuple(check(proc, inventory, tuple(self.previous.get(drift, ()))))
         task_id = task_id_for(f"{page_index}:{page}", index, proc.title)
         task, reason, by = self._draft(proc, checks, inventory, task_id, drift)
@@ -253,10 +247,7 @@ class DocsService:
 
     def _draft(self, proc: Procedure, checks: tuple[StepCheck, ...], inventory: Inventory,
                task_id: str, drift: str) -> tuple[dict | None, str, str]:
-        try:
-            draft = self.drafter or _lazy("draft", "draft_task")
-        except DocsUnavailable as exc:
-            return None, f"no task drafted: {exc}", ""
+        draft = self.drafter or draft_task
         got = draft(proc, checks, inventory, task_id=task_id, drift=drift)
         if got.task is None:
             return None, got.reason or "the drafter gave no reason", got.source

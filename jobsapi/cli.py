@@ -292,7 +292,7 @@ def _static_report(result: dict[str, Any]) -> dict[str, Any]:
               "verdict": p["verdict"]["verdict"], "evidence": p["verdict"]["evidence"],
               "steps": p["steps"], "screenshot": None}
              for page in result["pages"] for p in page["procedures"]]
-    from ..docs.model import VERDICTS
+    from doccheck import VERDICTS
     return {"job_id": "static check (not run)", "state": "not run", "model": "-",
             "policy_version": None, "samples_per_task": 0, "procedures": procs,
             "totals": {v: sum(p["verdict"] == v for p in procs) for v in VERDICTS}}
@@ -407,8 +407,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["inventory"]:      # local files: no API, no token
-        from rollout_service.docs.inventory import diff_main
-        return diff_main(argv[1:])
+        from doccheck import inventory_diff_main
+        return inventory_diff_main(argv[1:])
     top = parser()
     try:
         args = top.parse_args(argv)

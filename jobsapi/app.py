@@ -35,7 +35,7 @@ from .routers.context import ApiContext, ApiMetrics, unprocessable
 from .store import JobStore
 
 __all__ = ["ApiContext", "ApiMetrics", "build_app", "unprocessable"]
-log = logging.getLogger("rollout_service.jobs.app")
+log = logging.getLogger("jobsapi.app")
 
 
 class _Measure:
@@ -65,7 +65,7 @@ class _Measure:
 
 
 MAX_BODY_BYTES = 4 * 2 ** 20
-# POST /v1/docs carries pages (each at most 2 MiB: rollout_service.docs.service.MAX_PAGE_BYTES);
+# POST /v1/docs carries pages (each at most 2 MiB: doccheck.service.MAX_PAGE_BYTES);
 # a request holds at most this much in all: more pages go in more requests.
 DOCS_MAX_BODY_BYTES = 16 * 2 ** 20
 
@@ -141,7 +141,7 @@ def build_app(store: JobStore, tokens: TokenBook, catalog: Mapping[str, Task], *
     ``sse_max_s``: an event stream ends after this long (the client resumes with
     ``Last-Event-ID``); ``scheduler_required``: ``/readyz`` answers 503 while no scheduler
     is alive; ``docs``: makes the documentation checker of ``POST /v1/docs`` (a
-    :class:`~rollout_service.docs.service.DocsService`), called once, on the first request
+    :class:`~doccheck.service.DocsService`), called once, on the first request
     (default: :meth:`DocsService.default`, the committed inventories)."""
     registry = registry if registry is not None else CollectorRegistry()
     metrics = ApiMetrics(registry)
@@ -177,7 +177,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    # The OpenAPI document, as committed in rollout_service/jobs/openapi.json.
+    # The OpenAPI document, as committed in jobsapi/openapi.json.
     import sys
     from pathlib import Path
 

@@ -1,7 +1,7 @@
 """The state-aware teacher: the next right action from whatever page an agent reached, for SRC
-corrections and step-level labels (:mod:`rollout_service.src`).
+corrections and step-level labels (:mod:`datagen.src`).
 
-:class:`OracleTeacher` reads the task's oracle plan (:mod:`rollout_service.oracle`: a list of
+:class:`OracleTeacher` reads the task's oracle plan (:mod:`datagen.oracle`: a list of
 ops, data) against the current page instead of replaying it from the start. A session per
 episode keeps which of the plan's clicks were done (an action the session would have proposed,
 sent, and answered without an error) and, when the caller has it, whether the audit log says
@@ -24,7 +24,7 @@ the task is done. Its choice on a page:
 distils from; configured, not required) with the agent's own prompt; its reply must parse as
 one action of the action space and name an element that is on the page, else it is no
 proposal. Either teacher's trajectories pass the same verifier before they train: the rule
-over the audit log (:mod:`rollout_service.src` keeps only episodes the reward service solved).
+over the audit log (:mod:`datagen.src` keeps only episodes the reward service solved).
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ from env_workers.actions import (ActionError, Click, Fill, Goto, ReportInfeasibl
 from env_workers.driver import DriverError, find_bid, find_in_row
 from infra.llm import ChatClient, ChatError
 
-from .agent import SYSTEM_PROMPTS, _Step, build_messages, history_entry, recent_history
+from rollout_service.agent import SYSTEM_PROMPTS, _Step, build_messages, history_entry, recent_history
 from .oracle import CHECK_VERBS, VALUE_VERBS, Op, OracleDriver, check_failure, plan_of
 
 FINAL = -1          # Proposal.op of the episode's last action (stop / report_infeasible)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rollout_service.docs.extract_markup import Seg
-from rollout_service.docs.model import Mention
+from doccheck.extract_markup import Seg
+from doccheck.model import Mention
 
 PRODUCTS = {"ecs": "ecs", "elastic compute service": "ecs", "vpc": "vpc",
             "virtual private cloud": "vpc", "ram": "ram", "resource access management": "ram",

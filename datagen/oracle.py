@@ -107,7 +107,7 @@ class OracleDriver(ScriptedDriver):
 
 # ---- plans -----------------------------------------------------------------------------------
 # A family is a plan: a list of :class:`Op` built from the task's filled args. The oracle runs a
-# plan op after op (:func:`execute`); the state-aware teacher (:mod:`rollout_service.teacher`)
+# plan op after op (:func:`execute`); the state-aware teacher (:mod:`datagen.teacher`)
 # reads the same plan against whatever page a student reached and picks the op to do next. Verbs
 # (labels are the documentation's; the driver follows the session's drift):
 #   press LABEL          click a button or link (through a More menu when the drift hid it)
