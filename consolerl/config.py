@@ -9,14 +9,29 @@ root declares one dataclass whose fields are those component configs and builds 
 Overrides are ``dotted.path=value`` with the value read as YAML (``12``, ``true``, ``[a, b]``,
 ``null``). Unknown keys, wrong types and bad values are :class:`ConfigError` naming the file (or
 override) and the dotted field.
+
+A config states its fields' constraints in their types and derives from :class:`Checked`, which
+checks them on construction (from YAML or from code alike)::
+
+    @dataclass(frozen=True)
+    class OrchestratorConfig(Checked):
+        group_size: Annotated[int, AtLeast(1)] = 2
+        mode: Literal["async", "sync"] = "async"
+        curriculum_floor: Annotated[float, Between(0, 1, low_open=True)] = 0.1
+
+A bad value is a :class:`ConfigError` naming ``Class.field`` and what is allowed
+(``OrchestratorConfig.curriculum_floor: must be a number in (0, 1], got 2``). A config's
+``__post_init__`` keeps only what no single field can say (settings that contradict each
+other) and calls ``super().__post_init__()`` first.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -57,6 +72,191 @@ def check_resources(where: str, value: Any) -> None:
         if amount > 1 and amount != int(amount):
             raise ConfigError(f"{where}.{name}: an amount above 1 must be a whole number, "
                               f"got {amount!r}")
+
+
+# Constraints a config field's type carries: ``Annotated[int, AtLeast(1)]``.
+
+@dataclasses.dataclass(frozen=True)
+class AtLeast:
+    """A number >= ``low`` (> ``low`` with ``open``)."""
+
+    low: float
+    open: bool = False
+
+    def allows(self, value: Any) -> bool:
+        return value > self.low if self.open else value >= self.low
+
+    def describe(self) -> str:
+        return f"{'>' if self.open else '>='} {_num(self.low)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Between:
+    """A number in [``low``, ``high``]; either end excluded with ``low_open`` / ``high_open``."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def allows(self, value: Any) -> bool:
+        return ((value > self.low if self.low_open else value >= self.low)
+                and (value < self.high if self.high_open else value <= self.high))
+
+    def describe(self, integer: bool = False) -> str:
+        if integer and not (self.low_open or self.high_open):
+            return f"in {_num(self.low)}..{_num(self.high)}"
+        return (f"in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}"
+                f"{')' if self.high_open else ']'}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    """One of ``values`` (a set known only at run time; a fixed one is a ``Literal``)."""
+
+    values: tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Satisfies:
+    """``check(where, value)`` raises :class:`ConfigError` naming ``where`` for a bad value."""
+
+    check: Callable[[str, Any], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class NonEmpty:
+    """A non-empty string."""
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_Check = Callable[[str, Any], None]
+
+
+def _checker(tp: Any) -> _Check | None:
+    """A check of a value against the constraints ``tp`` carries (None: it carries none)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:
+        base, marks = args[0], args[1:]
+        inner = _checker(base)
+
+        def check(where: str, value: Any) -> None:
+            if inner is not None:
+                inner(where, value)
+            for mark in marks:
+                _apply(mark, base, where, value)
+        return check
+    if origin is typing.Literal:
+        def literal(where: str, value: Any) -> None:
+            if value not in args:
+                raise ConfigError(f"{where}: must be one of {', '.join(map(str, args))}, "
+                                  f"got {value!r}")
+        return literal
+    if origin in (typing.Union, types.UnionType):
+        arms = [(arg, _checker(arg)) for arg in args if arg is not type(None)]
+        if not any(c for _, c in arms):
+            return None
+        optional = type(None) in args
+
+        def union(where: str, value: Any) -> None:
+            if value is None and optional:
+                return
+            errors = []
+            for _, arm in arms:
+                if arm is None:
+                    return
+                try:
+                    return arm(where, value)
+                except ConfigError as exc:
+                    errors.append(str(exc))
+            message = errors[0]
+            if optional:
+                message = message.replace(", got ", " or null, got ", 1)
+            raise ConfigError(message)
+        return union
+    if origin in (tuple, list) and args:
+        item = _checker(args[0])
+        if item is None or (origin is tuple and len(args) != 2) or (
+                origin is tuple and args[1] is not Ellipsis):
+            return None
+
+        def items(where: str, value: Any) -> None:
+            for i, v in enumerate(value):
+                item(f"{where}[{i}]", v)
+        return items
+    return None
+
+
+def _apply(mark: Any, base: Any, where: str, value: Any) -> None:
+    if isinstance(mark, (AtLeast, Between)):
+        integer = base is int
+        if not (_is_int(value) if integer else _is_number(value)) or (
+                not integer and math.isnan(value)) or not mark.allows(value):
+            rule = mark.describe(integer) if isinstance(mark, Between) else mark.describe()
+            kind = "an integer" if integer else "a number"
+            raise ConfigError(f"{where}: must be {kind} {rule}, got {value!r}")
+    elif isinstance(mark, OneOf):
+        if value not in mark.values:
+            raise ConfigError(f"{where}: must be one of {', '.join(map(str, mark.values))}, "
+                              f"got {value!r}")
+    elif isinstance(mark, NonEmpty):
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: must be a non-empty string, got {value!r}")
+    elif isinstance(mark, Satisfies):
+        mark.check(where, value)
+
+
+_CHECKS: dict[type, tuple[tuple[str, _Check], ...]] = {}
+
+
+def _checks(cls: type) -> tuple[tuple[str, _Check], ...]:
+    found = _CHECKS.get(cls)
+    if found is None:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        found = tuple((f.name, check) for f in dataclasses.fields(cls)
+                      if (check := _checker(hints[f.name])) is not None)
+        _CHECKS[cls] = found
+    return found
+
+
+def check_fields(config: Any, name: str | None = None) -> None:
+    """Check every field of the dataclass ``config`` against the constraints its type carries;
+    the :class:`ConfigError` names ``name.field`` (``name``: the class's name)."""
+    prefix = name or getattr(config, "config_name", "") or type(config).__name__
+    for field_name, check in _checks(type(config)):
+        check(f"{prefix}.{field_name}", getattr(config, field_name))
+
+
+class Checked:
+    """Base of a config dataclass whose fields' types carry their constraints
+    (:class:`AtLeast`, :class:`Between`, :class:`OneOf`, :class:`NonEmpty`,
+    :class:`Satisfies`, ``Literal``): checked on construction. ``config_name`` (a class
+    attribute; default the class's name) is what messages call it."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+def _loosen(tp: Any) -> Any:
+    """``tp`` without its ``Literal`` choices, which a :class:`Checked` config checks itself
+    (naming ``Class.field``)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return Any
+    if origin in (typing.Union, types.UnionType):
+        return typing.Union[tuple(_loosen(a) for a in args)]
+    return tp
 
 
 def _convert(tp: Any, value: Any, where: str) -> Any:
@@ -124,6 +324,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
 def build(cls: type[T], data: Mapping[str, Any], where: str = "config") -> T:
     """``cls`` (a dataclass) from a mapping, recursively; unknown keys are errors."""
     hints = typing.get_type_hints(cls)
+    if issubclass(cls, Checked):
+        hints = {name: _loosen(tp) for name, tp in hints.items()}
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = set(data) - set(fields)
     if unknown:
