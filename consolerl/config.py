@@ -20,7 +20,8 @@ checks them on construction (from YAML or from code alike)::
         curriculum_floor: Annotated[float, Between(0, 1, low_open=True)] = 0.1
 
 A bad value is a :class:`ConfigError` naming ``Class.field`` and what is allowed
-(``OrchestratorConfig.curriculum_floor: must be a number in (0, 1], got 2``). A config's
+(``OrchestratorConfig.curriculum_floor: must be a number in (0, 1], got 2``). A constrained
+number is finite; a ``bool`` field holds a bool. A config's
 ``__post_init__`` keeps only what no single field can say (settings that contradict each
 other) and calls ``super().__post_init__()`` first.
 """
@@ -129,6 +130,11 @@ class NonEmpty:
     """A non-empty string."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Regex:
+    """A regular expression (:func:`re.compile` takes it)."""
+
+
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
@@ -157,6 +163,11 @@ def _checker(tp: Any) -> _Check | None:
             for mark in marks:
                 _apply(mark, base, where, value)
         return check
+    if tp is bool:
+        def boolean(where: str, value: Any) -> None:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}: must be true or false, got {value!r}")
+        return boolean
     if origin is typing.Literal:
         def literal(where: str, value: Any) -> None:
             if value not in args:
@@ -202,7 +213,7 @@ def _apply(mark: Any, base: Any, where: str, value: Any) -> None:
     if isinstance(mark, (AtLeast, Between)):
         integer = base is int
         if not (_is_int(value) if integer else _is_number(value)) or (
-                not integer and math.isnan(value)) or not mark.allows(value):
+                not integer and not math.isfinite(value)) or not mark.allows(value):
             rule = mark.describe(integer) if isinstance(mark, Between) else mark.describe()
             kind = "an integer" if integer else "a number"
             raise ConfigError(f"{where}: must be {kind} {rule}, got {value!r}")
@@ -213,6 +224,12 @@ def _apply(mark: Any, base: Any, where: str, value: Any) -> None:
     elif isinstance(mark, NonEmpty):
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{where}: must be a non-empty string, got {value!r}")
+    elif isinstance(mark, Regex):
+        try:
+            re.compile(value)
+        except (re.error, TypeError) as exc:
+            raise ConfigError(f"{where}: not a regular expression ({exc}), "
+                              f"got {value!r}") from None
     elif isinstance(mark, Satisfies):
         mark.check(where, value)
 
@@ -241,7 +258,7 @@ def check_fields(config: Any, name: str | None = None) -> None:
 class Checked:
     """Base of a config dataclass whose fields' types carry their constraints
     (:class:`AtLeast`, :class:`Between`, :class:`OneOf`, :class:`NonEmpty`,
-    :class:`Satisfies`, ``Literal``): checked on construction. ``config_name`` (a class
+    :class:`Regex`, :class:`Satisfies`, ``Literal``): checked on construction. ``config_name`` (a class
     attribute; default the class's name) is what messages call it."""
 
     def __post_init__(self) -> None:

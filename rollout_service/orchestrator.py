@@ -43,14 +43,14 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import ray
 import ray.exceptions
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from consolerl.accounts import Account
-from consolerl.config import check_int
+from consolerl.config import AtLeast, Between, Checked, OneOf, Regex
 from consolerl.errors import ConfigError
 from consolerl.experience import Group, sample_of
 from consolerl.tasks import Task
@@ -78,73 +78,43 @@ ADMISSION_MARGIN = 1.5
 
 
 @dataclass(frozen=True)
-class OrchestratorConfig:
-    group_size: int = 2
-    mode: str = "async"                   # async | sync
-    max_staleness: int = 1
-    groups_per_step: int = 1
-    max_env_retries: int = 2
+class OrchestratorConfig(Checked):
+    group_size: Annotated[int, AtLeast(1)] = 2
+    mode: Literal["async", "sync"] = "async"
+    max_staleness: Annotated[int, AtLeast(0)] = 1
+    groups_per_step: Annotated[int, AtLeast(1)] = 1
+    max_env_retries: Annotated[int, AtLeast(0)] = 2
     drop_uniform_groups: bool = True
-    split: str = "train"
-    task_filter: str = ""                 # regular expression over task ids ("": all)
+    split: Literal["train", "heldout", "all"] = "train"
+    task_filter: Annotated[str, Regex()] = ""   # over task ids ("": all)
     acquire_timeout_s: float = 300.0
     seed: int = 0
     # Which task each group is opened on (rollout_service/curriculum.py): ``success``
     # samples tasks by their recent success estimate, preferring p near 0.5 (the groups GRPO
     # learns from), after one pass over every task; ``round_robin``, each task in turn
     # (evaluation, which must run every task the same number of times).
-    curriculum: str = "success"
+    curriculum: Annotated[str, OneOf(CURRICULA)] = "success"
     # The least weight a task keeps against 1 for a task at p = 0.5: 0.1, a task the policy
     # always fails or always solves is still opened a tenth as often, so its estimate follows
     # the policy. In (0, 1]; 1 samples uniformly.
-    curriculum_floor: float = 0.1
+    curriculum_floor: Annotated[float, Between(0, 1, low_open=True)] = 0.1
     # About how many of a task's latest episodes its estimate weighs (each older one by
     # 1 - 1/window once more per newer episode): 32, the last 4 to 8 groups of 4 to 8, so an
     # estimate follows a policy that learns (or unlearns) the task within a few groups.
-    curriculum_window: int = 32
+    curriculum_window: Annotated[int, AtLeast(1)] = 32
     # Threads for the episodes' blocking calls (SDK, audit log, scoring); 0: one per env
     # worker plus 4, so no episode queues behind another's ActionTrail wait.
-    io_threads: int = 0
+    io_threads: Annotated[int, AtLeast(0)] = 0
     # A lost env worker (its actor died) is parked and probed this often until it answers
     # again; retired after this many probes in a row find it dead for good.
-    lost_probe_s: float = 5.0
-    lost_probes_dead: int = 3
+    lost_probe_s: Annotated[float, Between(0, 3600, low_open=True)] = 5.0
+    lost_probes_dead: Annotated[int, AtLeast(1)] = 3
     # Where an episode's turns run: ``worker``, on the env worker (one call per episode from
     # here; the worker calls the policy servers itself), ``orchestrator``, here (one env
     # worker call and one policy call per turn), or ``auto``: on the workers from
     # AUTO_WORKER_TURNS workers up. At 1,000 workers the per-turn calls were most of this
     # actor's CPU; below that, here saves each worker process the tokenizer's memory.
-    turn_loop: str = "auto"
-
-    def __post_init__(self) -> None:
-        for name, low in (("group_size", 1), ("max_staleness", 0), ("groups_per_step", 1),
-                          ("max_env_retries", 0), ("curriculum_window", 1),
-                          ("io_threads", 0), ("lost_probes_dead", 1)):
-            check_int(f"OrchestratorConfig.{name}", getattr(self, name), low)
-        if isinstance(self.lost_probe_s, bool) or not isinstance(
-                self.lost_probe_s, (int, float)) or not 0 < self.lost_probe_s <= 3600:
-            raise ConfigError(f"OrchestratorConfig.lost_probe_s: must be a number of seconds "
-                              f"in (0, 3600], got {self.lost_probe_s!r}")
-        if self.curriculum not in CURRICULA:
-            raise ConfigError(f"OrchestratorConfig.curriculum: must be one of "
-                              f"{', '.join(CURRICULA)}, got {self.curriculum!r}")
-        if isinstance(self.curriculum_floor, bool) or not isinstance(
-                self.curriculum_floor, (int, float)) or not 0 < self.curriculum_floor <= 1:
-            raise ConfigError(f"OrchestratorConfig.curriculum_floor: must be a number in "
-                              f"(0, 1], got {self.curriculum_floor!r}")
-        if self.turn_loop not in ("auto", "worker", "orchestrator"):
-            raise ConfigError(f"OrchestratorConfig.turn_loop: must be auto, worker or "
-                              f"orchestrator, got {self.turn_loop!r}")
-        if self.mode not in ("async", "sync"):
-            raise ConfigError(f"OrchestratorConfig.mode: must be async or sync, "
-                              f"got {self.mode!r}")
-        if self.split not in ("train", "heldout", "all"):
-            raise ConfigError(f"OrchestratorConfig.split: must be train, heldout or all, "
-                              f"got {self.split!r}")
-        try:
-            re.compile(self.task_filter)
-        except re.error as exc:
-            raise ConfigError(f"OrchestratorConfig.task_filter: {exc}") from None
+    turn_loop: Literal["auto", "worker", "orchestrator"] = "auto"
 
 
 def _shipped(agent: AgentLoop, workers: Sequence[Any]) -> Any:

@@ -21,9 +21,9 @@ Shape suffixes: ``N`` trajectories, ``B`` rows (turns), ``T`` columns, ``R`` res
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Annotated
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from verl.trainer.config import AlgoConfig as VerlAlgoConfig
 from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
+from consolerl.config import AtLeast, Between, Checked, OneOf
 from consolerl.errors import ConfigError
 from consolerl.experience import Group
 
@@ -57,8 +58,13 @@ def supported_adv_estimators() -> tuple[str, ...]:
     return tuple(names)
 
 
+# verl's registered policy losses this trainer can run.
+POLICY_LOSSES = tuple(name for name in core_algos.POLICY_LOSS_REGISTRY
+                      if name not in _UNSUPPORTED_POLICY_LOSSES)
+
+
 @dataclass(frozen=True)
-class AlgoConfig:
+class AlgoConfig(Checked):
     """The GRPO algorithm's knobs (names follow verl's actor/algorithm config).
 
     ``adv_estimator``: a name from :func:`supported_adv_estimators`; ``norm_adv_by_std``: GRPO's
@@ -75,54 +81,23 @@ class AlgoConfig:
     floor.
     """
 
-    adv_estimator: str = "grpo"
+    adv_estimator: Annotated[str, OneOf(supported_adv_estimators())] = "grpo"
     norm_adv_by_std: bool = True
-    policy_loss: str = "vanilla"
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0
-    loss_agg_mode: str = "token-mean"
-    kl_coef: float = 0.0
-    kl_penalty: str = "low_var_kl"
-    rollout_is: str = "token"
-    rollout_is_cap: float = 2.0
-    temperature: float | None = None
-    epsilon: float = 1e-6
+    policy_loss: Annotated[str, OneOf(POLICY_LOSSES)] = "vanilla"
+    clip_ratio_low: Annotated[float, Between(0, 1, high_open=True)] = 0.2
+    clip_ratio_high: Annotated[float, AtLeast(0)] = 0.2
+    clip_ratio_c: Annotated[float, AtLeast(1, open=True)] = 3.0
+    loss_agg_mode: Annotated[str, OneOf(LOSS_AGG_MODES)] = "token-mean"
+    kl_coef: Annotated[float, AtLeast(0)] = 0.0
+    kl_penalty: Annotated[str, OneOf(KL_PENALTIES)] = "low_var_kl"
+    rollout_is: Annotated[str, OneOf(ROLLOUT_IS_MODES)] = "token"
+    rollout_is_cap: Annotated[float, AtLeast(1)] = 2.0
+    temperature: Annotated[float, AtLeast(0, open=True)] | None = None
+    epsilon: Annotated[float, AtLeast(0, open=True)] = 1e-6
 
     @property
     def sampling_temperature(self) -> float:
         return 1.0 if self.temperature is None else self.temperature
-
-    def __post_init__(self) -> None:
-        choices = {"adv_estimator": supported_adv_estimators(),
-                   "policy_loss": tuple(name for name in core_algos.POLICY_LOSS_REGISTRY
-                                        if name not in _UNSUPPORTED_POLICY_LOSSES),
-                   "loss_agg_mode": LOSS_AGG_MODES, "kl_penalty": KL_PENALTIES,
-                   "rollout_is": ROLLOUT_IS_MODES}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"AlgoConfig.{name}: must be one of {', '.join(allowed)}; "
-                                  f"got {getattr(self, name)!r}")
-        if not isinstance(self.norm_adv_by_std, bool):
-            raise ConfigError(f"AlgoConfig.norm_adv_by_std: must be true or false, "
-                              f"got {self.norm_adv_by_std!r}")
-        bounds = {"clip_ratio_low": (0.0, 1.0, "in [0, 1)"),
-                  "clip_ratio_high": (0.0, math.inf, ">= 0"),
-                  "clip_ratio_c": (1.0, math.inf, "> 1"),
-                  "kl_coef": (0.0, math.inf, ">= 0"),
-                  "rollout_is_cap": (1.0, math.inf, ">= 1"),
-                  "temperature": (0.0, math.inf, "> 0"),
-                  "epsilon": (0.0, math.inf, "> 0")}
-        for name, (low, high, text) in bounds.items():
-            value = getattr(self, name)
-            if value is None and name == "temperature":
-                continue
-            ok = (not isinstance(value, bool) and isinstance(value, (int, float))
-                  and math.isfinite(value) and low <= value < high)
-            if ok and name in ("clip_ratio_c", "temperature", "epsilon"):
-                ok = value > low
-            if not ok:
-                raise ConfigError(f"AlgoConfig.{name}: must be a number {text}, got {value!r}")
 
 
 def trajectory_advantages(rewards_N: torch.Tensor | Sequence[float],
