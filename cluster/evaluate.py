@@ -54,6 +54,7 @@ from cluster.rollout import TrainingRolloutsActor
 from cluster.runtime import Session, on_driver_node, stop_actors
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
+from consolerl.rewards import is_success
 from consolerl.stats import (bootstrap_mean_ci as bootstrap_ci,
                              grouped_diff_ci as paired_bootstrap_diff, mean_std,
                              paired_diff_ci as paired_episode_diff, pass_at_k,
@@ -347,7 +348,7 @@ def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | 
             env_errors += summary["env_errors"]
             leaked += summary["leaked_resources"]
             ok = [r for r in results if not r["env_error"] and r["reward"] is not None]
-            wins = [1.0 if r["reward"] >= 1.0 else 0.0 for r in ok]
+            wins = [1.0 if is_success(r["reward"]) else 0.0 for r in ok]
             for t in by_task_run:
                 by_task_run[t].append([])
             for r, w in zip(ok, wins):

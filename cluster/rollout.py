@@ -15,6 +15,7 @@ import ray
 from prometheus_client import generate_latest
 
 from consolerl.accounts import load_accounts
+from consolerl.rewards import is_success
 from consolerl.tasks import TASKS_DIR, load_suite
 from env_workers.leases import AccountPool
 from env_workers.pool import EnvPool, EnvPoolConfig
@@ -39,7 +40,7 @@ def success_by_version(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in results:
         if r.get("env_error") or r.get("reward") is None or r.get("version", -1) < 0:
             continue
-        by.setdefault(int(r["version"]), []).append(1.0 if r["reward"] >= 1.0 else 0.0)
+        by.setdefault(int(r["version"]), []).append(1.0 if is_success(r["reward"]) else 0.0)
     return [{"version": v, "episodes": len(ws), "success": round(sum(ws) / len(ws), 4)}
             for v, ws in sorted(by.items())]
 

@@ -11,6 +11,15 @@ from consolerl.errors import ConfigError
 from consolerl.types import EnvError
 
 OUTCOMES = ("success", "failure", "undetermined")
+# The fused reward of a successful episode (fusion: 1 for success, at most 0 otherwise, with
+# penalties); a success is a reward of at least this, wherever episodes are counted.
+SUCCESS_REWARD = 1.0
+
+
+def is_success(reward: float) -> bool:
+    """Whether an episode's reward counts as a success: the one success predicate of the
+    project (curriculum, GRPO's success rate, evaluation, the rollout summaries)."""
+    return reward >= SUCCESS_REWARD
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import hmac
+import re
 import reprlib
+import string
 
 
 def ascii_digits(text: str) -> bool:
@@ -40,3 +42,28 @@ def brief(value: object) -> str:
         return _BRIEF.repr(value)
     except ValueError:   # an int of more than 4,300 digits has no repr
         return f"<{type(value).__name__}>"
+
+
+# A field's "(required)" / "(optional)" mark is the page's typography, not part of its label.
+_MARKS = re.compile(r"\((?:required|optional)\)", re.IGNORECASE)
+# Punctuation that may stand around a word: ASCII, typographic quotes, ellipsis, emphasis.
+_EDGE = string.punctuation + "\u2018\u2019\u201c\u201d\u2026\u00b7"
+_NUMBERED = re.compile(r"^\s*(\d+)[.)]\s+(.*)$")
+
+
+def norm(text: str) -> str:
+    """A label, name or phrase as compared, the one normalisation of the project: case, spacing
+    (no-break spaces too), a "(required)" or "(optional)" mark and punctuation around words
+    (quotes, emphasis, a trailing colon or full stop, brackets) do not count; punctuation inside
+    a word does (``10.0.0.0/8``, ``e-mail``, ``my_bucket``, ``Ram:CreateUser``)."""
+    text = _MARKS.sub(" ", text.replace("\u00a0", " ")).casefold()
+    return " ".join(w for w in (word.strip(_EDGE) for word in text.split()) if w)
+
+
+def numbered_step(line: str) -> tuple[int, str] | None:
+    """``(number, text)`` of a line that starts a numbered step (``3. Click OK`` or
+    ``3) Click OK``), None for any other line: the one rule for what a step number is."""
+    m = _NUMBERED.match(line)
+    if m is None or not ascii_digits(m[1]):
+        return None
+    return int(m[1]), m[2]

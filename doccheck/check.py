@@ -35,20 +35,16 @@ from dataclasses import dataclass, field
 
 from rapidfuzz import fuzz
 
+from consolerl.text import norm
+
 from .model import (Control, DocStep, Form, FormField, Inventory, Mention, PageEntry,
-                    Procedure, StepCheck)
+                    Procedure, StepCheck, TargetKind, WhereKind)
 
 CLOSE = 0.85            # a label this similar (0..1) to the console's is the same control, reworded
 NEAR_MISS = 0.5         # below this the closest label is not worth naming
 _RANK = {"ok": 0, "label_differs": 1, "ambiguous": 2, "unreachable": 3, "missing": 4,
          "not_applicable": 5}
 _PRODUCT_WORDS = re.compile(r"\b(console|service|management)\b")
-
-
-def norm(text: str) -> str:
-    """Case, punctuation and spacing do not make a label differ."""
-    text = re.sub(r"[^\w\s/&()-]", " ", text.lower().replace("\u00a0", " "))
-    return " ".join(text.split())
 
 
 def similarity(a: str, b: str) -> float:
@@ -231,8 +227,7 @@ class Checker:
     def _visible(self, page: PageEntry, dialog: str) -> list[Control]:
         """The controls a reader sees on ``page``: all but those inside a closed dialog."""
         return [c for c in page.controls
-                if not c.where.startswith("dialog:") or c.where == f"dialog:{dialog}"
-                or not dialog]
+                if c.where.kind is not WhereKind.DIALOG or c.where.name == dialog or not dialog]
 
     def _control(self, m: Mention, where: _Where) -> _Match:
         if m.value == "row-link" or not m.text:
@@ -305,22 +300,23 @@ class Checker:
     def _row_link(self, where: _Where) -> _Match:
         for page in where.pages:
             for c in page.controls:
-                if c.where == "row" and c.role == "link" and c.target.startswith("page:"):
+                if c.where.kind is WhereKind.ROW and c.role == "link" \
+                        and c.target.kind is TargetKind.PAGE:
                     self._follow(c, where)
                     return _Match("ok", c.label, 1.0, control=c, page=page)
         return _Match("unreachable", detail="the step opens a resource from a list, but the "
                       "previous steps do not lead to a list with links")
 
     def _follow(self, control: Control, where: _Where) -> None:
-        kind, _, target = control.target.partition(":")
-        if kind == "page" and target in self.by_pattern:
+        kind, target = control.target.kind, control.target.name
+        if kind is TargetKind.PAGE and target in self.by_pattern:
             where.pages, where.lost = [self.by_pattern[target]], False
             forms = [f for f in where.pages[0].forms if f.post]    # not a search form
             where.form = forms[0] if len(forms) == 1 else None
             where.dialog = ""
-        elif kind == "dialog":
+        elif kind is TargetKind.DIALOG:
             where.dialog = target
-        elif kind == "post":
+        elif kind is TargetKind.POST:
             self._submitted(where)
 
     def _submitted(self, where: _Where) -> None:
@@ -493,7 +489,7 @@ def _aligned_controls(old: Sequence[Control], new: Sequence[Control]) -> list[tu
     region (a dialog's title may be renamed with its button), the same action when both record
     one, in the same order."""
     def place(c: Control) -> tuple[str, str]:
-        return c.role, "dialog" if c.where.startswith("dialog:") else c.where
+        return c.role, "dialog" if c.where.kind is WhereKind.DIALOG else c.where
     groups_old: dict[tuple[str, str], list[Control]] = {}
     groups_new: dict[tuple[str, str], list[Control]] = {}
     for c in old:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
-from .model import Control, Form, FormField, PageEntry
+from .model import Control, Form, FormField, PageEntry, WhereKind
 
 # Controls get data-crawl="<n>" so Python can click the n-th one; forms data-crawl-form.
 FACTS_JS = r"""
@@ -397,8 +397,8 @@ def _dedupe(controls: Iterable[Control]) -> list[Control]:
     control whose target is unknown yields to one that is known (a disabled copy in another
     row)."""
     out = _first_seen(controls)
-    return [c for c in out if not c.where.startswith("dialog:")] + sorted(
-        (c for c in out if c.where.startswith("dialog:")), key=lambda c: c.where)
+    return [c for c in out if c.where.kind is not WhereKind.DIALOG] + sorted(
+        (c for c in out if c.where.kind is WhereKind.DIALOG), key=lambda c: c.where)
 
 
 def _first_seen(controls: Iterable[Control]) -> list[Control]:

@@ -52,8 +52,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from consolerl.text import norm
+
 from .model import (DEFECT_LABELS, Control, DocStep, Form, FormField, Inventory, PageEntry,
-                    Procedure, StepCheck)
+                    Procedure, StepCheck, TargetKind)
 from .operations import (CONTRARY, CREATED_ID, DECLARATIONS, ID_PARAMS, NEEDS, READBACK,
                          RESOURCE_FIELDS, RESOURCE_NOUN, RESOURCE_PAGES, RESOURCE_WORDS)
 
@@ -75,13 +77,6 @@ class Draft:
 
 
 # ---- labels ---------------------------------------------------------------------------------
-def norm(text: str) -> str:
-    """A label as compared: case, emphasis, "(required)", colons and spacing do not count."""
-    text = re.sub(r"\((required|optional)\)", "", text, flags=re.I)
-    text = re.sub(r"[*_`:\u00a0]", " ", text)
-    return " ".join(text.casefold().split())
-
-
 def _same(a: str, b: str) -> bool:
     return bool(a) and norm(a) == norm(b)
 
@@ -141,7 +136,7 @@ def _page_by_title(inventory: Inventory, text: str) -> PageEntry | None:
 
 
 def _target_page(control: Control) -> str:
-    return pattern_of(control.target[5:]) if control.target.startswith("page:") else ""
+    return pattern_of(control.target.name) if control.target.kind is TargetKind.PAGE else ""
 
 
 def _walk(proc: Procedure, checks: Mapping[str, StepCheck], inventory: Inventory
@@ -212,22 +207,24 @@ def _find_operations(proc: Procedure, checks: Mapping[str, StepCheck], inventory
                 if control is not None:
                     # A click that opens a confirmation: the request is the dialog's (it
                     # posts to the resource's path, which says what the operation acts on).
-                    confirm = next((c for c in entry.controls if control.target.startswith(
-                        "dialog:") and c.where == control.target and c.action == control.action
-                        and c.target.startswith("post:")), control)
-                    post = confirm.target[5:] if confirm.target.startswith("post:") else pattern
+                    confirm = next((c for c in entry.controls if control.opens(c.where)
+                                    and c.action == control.action
+                                    and c.target.kind is TargetKind.POST), control)
+                    post = confirm.target.name if confirm.target.kind is TargetKind.POST \
+                        else pattern
                     found = _Operation(control.action, i, pattern, pattern_of(post), None, label,
                                        confirm.sends or control.sends)
                     break
                 # A control that opens a dialog whose confirming control causes the action.
                 opener = next((c for c in (entry.controls if entry else ())
-                               if _same(c.label, label) and c.target.startswith("dialog:")),
+                               if _same(c.label, label)
+                               and c.target.kind is TargetKind.DIALOG),
                               None)
                 if opener is not None:
                     confirm = next((c for c in entry.controls
-                                    if c.where == opener.target and c.action), None)
+                                    if opener.opens(c.where) and c.action), None)
                     if confirm is not None:
-                        post = confirm.target[5:] if confirm.target.startswith("post:") \
+                        post = confirm.target.name if confirm.target.kind is TargetKind.POST \
                             else pattern
                         found = _Operation(confirm.action, i, pattern, pattern_of(post), None,
                                            label, confirm.sends)

@@ -26,10 +26,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from consolerl.errors import ConsoleRLError
-from reward_service.evidence import norm
+from consolerl.text import norm
 
 from .model import (INVENTORY_SCHEMA, Control, Form, FormField, Inventory, PageEntry, dumps,
-                    from_json, to_json)
+                    TargetKind, WhereKind, from_json, to_json)
 
 ROOT = Path(__file__).resolve().parents[1]
 INVENTORY_DIR = ROOT / "docs" / "inventory"
@@ -208,8 +208,8 @@ def controls_named(page: PageEntry, label: str) -> list[Control]:
 
 def target_page(inv: Inventory, control: Control) -> PageEntry | None:
     """The page a ``page:`` control leads to (None for dialogs, posts, unknown targets)."""
-    if control.target.startswith("page:"):
-        return inv.page(control.target[5:])
+    if control.target.kind is TargetKind.PAGE:
+        return inv.page(control.target.name)
     return None
 
 
@@ -276,13 +276,13 @@ def _resolved(page: PageEntry, c: Control) -> tuple[str, str]:
     renamed opener retitles its dialog)."""
     posts = {}
     for d in page.controls:
-        if d.where.startswith("dialog:") and d.target.startswith("post:"):
-            posts.setdefault(d.where[7:], d.target)
-    where, target = c.where, c.target
-    if where.startswith("dialog:") and where[7:] in posts:
-        where = "dialog->" + posts[where[7:]]
-    if target.startswith("dialog:") and target[7:] in posts:
-        target = "dialog->" + posts[target[7:]]
+        if d.where.kind is WhereKind.DIALOG and d.target.kind is TargetKind.POST:
+            posts.setdefault(d.where.name, d.target)
+    where, target = str(c.where), str(c.target)
+    if c.where.kind is WhereKind.DIALOG and c.where.name in posts:
+        where = "dialog->" + posts[c.where.name]
+    if c.target.kind is TargetKind.DIALOG and c.target.name in posts:
+        target = "dialog->" + posts[c.target.name]
     return where, target
 
 

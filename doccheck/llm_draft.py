@@ -28,7 +28,7 @@ from consolerl.tasks import parse_task
 from infra.llm import ChatClient, ChatError
 
 from .draft import Draft, _procedure_text
-from .model import Inventory, Procedure
+from .model import Inventory, Procedure, TargetKind
 
 MAX_REPLY_CHARS = 32_000
 MAX_INVENTORY_CHARS = 24_000
@@ -54,7 +54,7 @@ def inventory_text(inventory: Inventory, limit: int = MAX_INVENTORY_CHARS) -> st
         menu = " > ".join(page.menu_path)
         lines.append(f"page {page.pattern} \"{page.title}\"" + (f" menu: {menu}" if menu else ""))
         for c in page.controls:
-            if c.action or c.target.startswith("page:"):
+            if c.action or c.target.kind is TargetKind.PAGE:
                 lines.append(f"  {c.role} \"{c.label}\" -> {c.action or c.target}")
         for form in page.forms:
             lines.append(f"  form \"{form.title}\" submit \"{form.submit}\" -> "

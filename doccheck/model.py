@@ -23,29 +23,149 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 INVENTORY_SCHEMA = 1
 
-STEP_LABELS = ("ok", "label_differs", "missing", "unreachable", "ambiguous", "not_applicable")
+
+class StepLabel(StrEnum):
+    """The static check's label of one step (its JSON is the value)."""
+    OK = "ok"
+    LABEL_DIFFERS = "label_differs"
+    MISSING = "missing"
+    UNREACHABLE = "unreachable"
+    AMBIGUOUS = "ambiguous"
+    NOT_APPLICABLE = "not_applicable"
+
+
+class VerdictKind(StrEnum):
+    """A procedure's verdict (its JSON is the value)."""
+    WORKS = "works"
+    WORKS_TEXT_STALE = "works_text_stale"
+    BROKEN = "broken"
+    INCONCLUSIVE = "inconclusive"
+
+
+class EvidenceKind(StrEnum):
+    """Where a piece of a verdict's evidence comes from: the static check, the audit log, an
+    infeasibility claim the evidence channel confirmed, or the agent's runs."""
+    STATIC = "static"
+    AUDIT = "audit"
+    INFEASIBILITY = "infeasibility"
+    AGENT = "agent"
+
+
+class MentionKind(StrEnum):
+    """What a step names (see :class:`Mention`)."""
+    MENU = "menu"
+    PAGE = "page"
+    CONTROL = "control"
+    FIELD = "field"
+    OPTION = "option"
+    PRODUCT = "product"
+    SECTION = "section"
+
+
+STEP_LABELS = tuple(StepLabel)
 # A step labelled one of these is a defect the static check found (label_differs is text that is
 # stale, not a defect: the control is there under another name).
-DEFECT_LABELS = frozenset({"missing", "unreachable", "ambiguous", "not_applicable"})
-VERDICTS = ("works", "works_text_stale", "broken", "inconclusive")
+DEFECT_LABELS = frozenset({StepLabel.MISSING, StepLabel.UNREACHABLE, StepLabel.AMBIGUOUS,
+                           StepLabel.NOT_APPLICABLE})
+VERDICTS = tuple(VerdictKind)
 
 
 # ---- the inventory --------------------------------------------------------------------------
+class TargetKind(StrEnum):
+    NONE = ""                   # unknown: the crawl did not follow it
+    PAGE = "page"
+    DIALOG = "dialog"
+    POST = "post"
+
+
+class WhereKind(StrEnum):
+    NONE = ""
+    NAV = "nav"
+    TOOLBAR = "toolbar"
+    ROW = "row"
+    PAGE = "page"
+    FORM = "form"
+    SECTION = "section"
+    DIALOG = "dialog"
+
+
+class _Tagged(str):
+    """A ``kind:name`` (or bare ``kind``) string read once into a typed ``kind`` and its
+    ``name``. It is still the string the inventory files hold (it compares, hashes and
+    serialises as that string), so files and dictionary keys are unchanged; code reads
+    ``.kind`` and ``.name`` instead of cutting prefixes off."""
+
+    __slots__ = ()
+    KINDS: type[StrEnum]
+    NAMED: frozenset[str]       # the kinds that carry a name after the colon
+
+    def __new__(cls, text: str = "") -> _Tagged:
+        kind, sep, _ = str(text).partition(":")
+        if kind not in cls.KINDS.__members__.values() or bool(sep) != (kind in cls.NAMED):
+            raise ValueError(f"{cls.__name__}: {text!r} is not one of "
+                             + ", ".join(k + (":<name>" if k in cls.NAMED else "")
+                                         for k in cls.KINDS if k))
+        return super().__new__(cls, text)
+
+    @classmethod
+    def of(cls, kind: str, name: str = "") -> _Tagged:
+        return cls(f"{kind}:{name}" if kind in cls.NAMED else kind)
+
+    @property
+    def kind(self) -> Any:
+        return self.KINDS(self.partition(":")[0])
+
+    @property
+    def name(self) -> str:
+        return self.partition(":")[2]
+
+
+class Target(_Tagged):
+    """Where a control leads: ``page:<pattern>``, ``dialog:<title>``, ``post:<pattern>`` or
+    ``""`` (unknown); see the module docstring."""
+
+    __slots__ = ()
+    KINDS = TargetKind
+    NAMED = frozenset({"page", "dialog", "post"})
+
+
+class Where(_Tagged):
+    """Where a control sits: ``nav``, ``toolbar``, ``row``, ``page``, ``form``,
+    ``section:<title>`` or ``dialog:<title>`` (inside that dialog)."""
+
+    __slots__ = ()
+    KINDS = WhereKind
+    NAMED = frozenset({"section", "dialog"})
+
+
 @dataclass(frozen=True)
 class Control:
-    """Something a user can click: ``role`` button | link | tab | menuitem | navitem."""
+    """Something a user can click: ``role`` button | link | tab | menuitem | navitem.
+    ``target`` and ``where`` are typed on construction (a plain string is read into them)."""
 
     role: str
     label: str
-    target: str = ""
+    target: Target = Target()
     action: str = ""            # Service:Action it causes (post targets), from the audit log
-    where: str = ""             # nav | toolbar | row | page | section:<title> | dialog:<title>
+    where: Where = Where()
     danger: bool = False
     sends: tuple[tuple[str, str], ...] = ()     # see Form.sends
+
+    def __post_init__(self) -> None:
+        if type(self.target) is not Target:
+            object.__setattr__(self, "target", Target(self.target))
+        if type(self.where) is not Where:
+            object.__setattr__(self, "where", Where(self.where))
+
+    def opens(self, dialog: Where) -> bool:
+        """Whether this control opens the dialog a control sits in (``dialog``: its where)."""
+        return (self.target.kind is TargetKind.DIALOG and dialog.kind is WhereKind.DIALOG
+                and self.target.name == dialog.name)
 
 
 @dataclass(frozen=True)
@@ -139,10 +259,13 @@ class Mention:
     - ``section`` the part of the page the step is in ("In the **Permissions** section")
     """
 
-    kind: str
+    kind: MentionKind
     text: str
     value: str = ""
     field: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", MentionKind(self.kind))
 
 
 @dataclass(frozen=True)
@@ -186,32 +309,41 @@ class StepCheck:
     after it; ``detail`` one sentence a doc writer can act on."""
 
     number: str
-    label: str
+    label: StepLabel
     mention: str = ""
     closest: str = ""
     score: float = 0.0
     page: str = ""
     detail: str = ""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "label", StepLabel(self.label))
+
 
 @dataclass(frozen=True)
 class Evidence:
-    """Why a verdict is what it is: ``kind`` static | audit | infeasibility | screenshot;
-    ``detail`` in words; ``ref`` a step number, an audit event name or an artifact name."""
+    """Why a verdict is what it is: ``kind`` (:class:`EvidenceKind`) where it comes from;
+    ``detail`` in words; ``ref`` a step number, an audit event name or a rollout id."""
 
-    kind: str
+    kind: EvidenceKind
     detail: str
     ref: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", EvidenceKind(self.kind))
 
 
 @dataclass(frozen=True)
 class Verdict:
     """A procedure's verdict (one of :data:`VERDICTS`) with its evidence."""
 
-    verdict: str
+    verdict: VerdictKind
     evidence: tuple[Evidence, ...] = ()
     passes: int = 0
     samples: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verdict", VerdictKind(self.verdict))
 
 
 # ---- JSON -----------------------------------------------------------------------------------
@@ -223,6 +355,10 @@ def to_json(value: Any) -> Any:
         return [to_json(v) for v in value]
     if isinstance(value, dict):
         return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, _Tagged):
+        return str.__str__(value)
     return value
 
 
@@ -264,6 +400,8 @@ def dumps(value: Any) -> str:
     return json.dumps(to_json(value), indent=1, sort_keys=False, ensure_ascii=False)
 
 
-__all__ = ["INVENTORY_SCHEMA", "STEP_LABELS", "DEFECT_LABELS", "VERDICTS", "Control",
+__all__ = ["INVENTORY_SCHEMA", "STEP_LABELS", "DEFECT_LABELS", "VERDICTS", "StepLabel",
+           "VerdictKind", "EvidenceKind", "MentionKind", "Target", "TargetKind", "Where",
+           "WhereKind", "Control",
            "FormField", "Form", "PageEntry", "Inventory", "Mention", "DocStep", "Procedure",
            "StepCheck", "Evidence", "Verdict", "to_json", "from_json", "dumps", "field"]

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import re
 
+from consolerl.text import numbered_step
+
 from .model import DocStep, Mention, Procedure
 
-_STEP = re.compile(r"^\s*(\d+)[.)]\s+(.*)$")
 _RESOURCE = r"(?:instance|user|bucket|security group|VPC|vSwitch|the new user's page)"
 _CLAUSES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(p, re.I)) for kind, p in (
     ("fields", r"^choose (?P<x>instance type) (?P<v>\S+) and the (?P<v2>.+?) (?P<x2>image)$"),
@@ -125,9 +126,10 @@ def procedure_from_text(title: str, text: str, source: str, product: str = "") -
     """A task's numbered procedure as a :class:`Procedure` (one step per numbered line)."""
     steps = []
     for line in text.splitlines():
-        m = _STEP.match(line)
+        m = numbered_step(line)
         if not m:
             continue
-        mentions, read_all = read_sentence(m.group(2))
-        steps.append(DocStep(m.group(1), m.group(2).strip(), mentions, structured=read_all))
+        number, sentence = m
+        mentions, read_all = read_sentence(sentence)
+        steps.append(DocStep(str(number), sentence.strip(), mentions, structured=read_all))
     return Procedure(title, source, tuple(steps), product=product)

@@ -37,9 +37,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
-from reward_service.evidence import norm
+from consolerl.text import norm
 
-from .model import DEFECT_LABELS, Evidence, StepCheck, Verdict
+from .model import (DEFECT_LABELS, Evidence, EvidenceKind, StepCheck, StepLabel, Verdict,
+                    VerdictKind)
 
 
 class _Event(Protocol):
@@ -82,18 +83,18 @@ def static_evidence(checks: Sequence[StepCheck]) -> tuple[list[Evidence], list[E
             near = f"; the closest control is {c.closest!r}" if c.closest else ""
             what = f" {c.mention!r}" if c.mention else ""
             detail = c.detail or f"{c.label.replace('_', ' ')}{what}"
-            defects.append(Evidence("static", f"step {c.number} ({c.label}): {detail}"
+            defects.append(Evidence(EvidenceKind.STATIC, f"step {c.number} ({c.label}): {detail}"
                                               f"{near if c.closest not in detail else ''}",
                                     c.number))
-        elif c.label == "label_differs":
+        elif c.label == StepLabel.LABEL_DIFFERS:
             says = f"says {c.mention!r}" if c.mention else "names a control"
-            stale.append(Evidence("static", f"step {c.number} {says}; the console's label is "
+            stale.append(Evidence(EvidenceKind.STATIC, f"step {c.number} {says}; the console's label is "
                                             f"{c.closest!r}", c.number))
     return defects, stale
 
 
 def _refusals(rollout: Rollout, operations: Collection[str]) -> list[Evidence]:
-    return [Evidence("audit", f"sample {rollout.sample}: the console refused "
+    return [Evidence(EvidenceKind.AUDIT, f"sample {rollout.sample}: the console refused "
                               f"{e.event_name} with {e.error_code}", e.event_name)
             for e in rollout.deciding_events
             if e.error_code and (not operations or e.event_name in operations)]
@@ -120,26 +121,26 @@ def procedure_verdict(checks: Sequence[StepCheck], rollouts: Sequence[Rollout], 
     if defects:
         extra = []
         if passed:
-            extra.append(Evidence("audit", f"the agent reached the goal in {len(passed)} of "
+            extra.append(Evidence(EvidenceKind.AUDIT, f"the agent reached the goal in {len(passed)} of "
                                            f"{len(done)} samples by another way than the "
                                            "steps say"))
-        return Verdict("broken", tuple(defects + extra), **counts)
+        return Verdict(VerdictKind.BROKEN, tuple(defects + extra), **counts)
     if samples == 0:
-        return Verdict("inconclusive", (Evidence("static", NOT_RUN if not stale else
+        return Verdict(VerdictKind.INCONCLUSIVE, (Evidence(EvidenceKind.STATIC, NOT_RUN if not stale else
                                                  f"static check: {len(stale)} stale "
                                                  "label(s); not run"), *stale))
     if passed:
         names = sorted({e.event_name for e in passed[0].deciding_events if not e.error_code})
-        proof = Evidence("audit", f"passed {len(passed)} of {len(done)} completed samples; the "
+        proof = Evidence(EvidenceKind.AUDIT, f"passed {len(passed)} of {len(done)} completed samples; the "
                                   "audit log has the operation"
                                   + (f" ({', '.join(names)})" if names else ""),
                          names[0] if names else passed[0].id)
-        return Verdict("works_text_stale" if stale else "works", (proof, *stale), **counts)
+        return Verdict(VerdictKind.WORKS_TEXT_STALE if stale else VerdictKind.WORKS, (proof, *stale), **counts)
     claimed = [r for r in done if r.verdict == "infeasible"]
     # What the static check found renamed is not missing: a claim that only names such
     # controls is the agent not recognising the new label.
     renamed = {norm(c.mention): c.closest for c in checks
-               if c.label == "label_differs" and c.mention}
+               if c.label == StepLabel.LABEL_DIFFERS and c.mention}
     for r in claimed:
         if r.claim is not None and r.claim.confirmed and r.claim.missing and all(
                 any(m in old or old in m for old in renamed) for m in r.claim.missing):
@@ -147,12 +148,12 @@ def procedure_verdict(checks: Sequence[StepCheck], rollouts: Sequence[Rollout], 
         if r.claim is not None and r.claim.confirmed:
             reason = r.infeasible_reason or "no reason given"
             known = f" (the catalogue's known defect: {known_defect})" if known_defect else ""
-            return Verdict("broken", (*_refusals(r, operations), Evidence(
-                "infeasibility", f"sample {r.sample}: the agent reported it cannot be done as "
+            return Verdict(VerdictKind.BROKEN, (*_refusals(r, operations), Evidence(
+                EvidenceKind.INFEASIBILITY, f"sample {r.sample}: the agent reported it cannot be done as "
                                  f"written: {reason}; confirmed: "
                                  f"{'; '.join(r.claim.reasons) or r.claim.kind}{known}",
                 r.id)), **counts)
-    unconfirmed = [Evidence("agent", f"sample {r.sample}: the agent reported it cannot be done "
+    unconfirmed = [Evidence(EvidenceKind.AGENT, f"sample {r.sample}: the agent reported it cannot be done "
                                      f"({r.infeasible_reason or 'no reason given'}), not "
                                      f"confirmed: {_why_not(r, renamed)}", r.id)
                    for r in claimed]
@@ -161,11 +162,11 @@ def procedure_verdict(checks: Sequence[StepCheck], rollouts: Sequence[Rollout], 
         lost = sum(r.state == "failed" for r in rollouts)
         why = (f"only {len(done)} of {samples} samples completed"
                + (f" ({lost} lost to the environment)" if lost else "") + "; too few to judge")
-        return Verdict("inconclusive", (Evidence("agent", why), *seen, *stale), **counts)
+        return Verdict(VerdictKind.INCONCLUSIVE, (Evidence(EvidenceKind.AGENT, why), *seen, *stale), **counts)
     undecided = sum(r.verdict == "undetermined" for r in done)
     why = NO_EVIDENCE + (f" (the judges could not decide {undecided} of {len(done)})"
                          if undecided else "")
-    return Verdict("inconclusive", (Evidence("agent", why), *seen, *stale), **counts)
+    return Verdict(VerdictKind.INCONCLUSIVE, (Evidence(EvidenceKind.AGENT, why), *seen, *stale), **counts)
 
 
 def _why_not(r: Rollout, renamed: dict[str, str]) -> str:

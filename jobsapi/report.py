@@ -24,18 +24,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from consolerl.tasks import Task
+from consolerl.text import numbered_step
 
 from doccheck import VERDICTS, Procedure, StepCheck, procedure_verdict, to_json
 from .schema import ORACLE_MODEL, Job, Rollout
 
-_STEP = re.compile(r"^\s*(\d+)[.)]\s+(.*)$")
 _PHRASE = re.compile(r"\b([A-Z][\w/-]*(?:\s+[A-Z][\w/-]*)*)")
 _SKIP = {"Open", "Click", "Choose", "On", "In", "Enter", "Select", "Go", "Set", "The", "A",
          "Allow", "Deny", "Type", "Fill"}
 
 
 def procedure_steps(procedure: str) -> list[str]:
-    steps = [m.group(2).strip() for m in map(_STEP.match, procedure.splitlines()) if m]
+    steps = [m[1].strip() for m in map(numbered_step, procedure.splitlines()) if m]
     return steps or [line.strip() for line in procedure.splitlines() if line.strip()]
 
 

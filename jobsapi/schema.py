@@ -27,8 +27,6 @@ EPISODE_STATES = ("queued", "running", "completed", "failed", "cancelled")
 # A completed episode's verdict: the agent did the procedure (success), did not (failure),
 # reported it cannot be done as written (infeasible), or the judges could not tell.
 VERDICTS = ("success", "failure", "infeasible", "undetermined")
-# A procedure's verdict in a report (doccheck.verdict: broken only with evidence).
-PROCEDURE_VERDICTS = ("works", "works_text_stale", "broken", "inconclusive")
 SCOPES = ("jobs:write", "jobs:read", "jobs:cancel", "artifacts:read", "admin")
 # The model name of the scripted teacher (datagen.oracle): it acts instead of a policy
 # in a job over catalogue tasks, through the same scheduler, runner and report.

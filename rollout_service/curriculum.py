@@ -28,6 +28,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 
+from consolerl.rewards import is_success
+
 CURRICULA = ("success", "round_robin")
 # Estimate bands for the metrics: "low" and "high" are where 4 p (1 - p) < 0.64.
 LOW, HIGH = 0.2, 0.8
@@ -79,7 +81,7 @@ class Curriculum:
     def note(self, task_id: str, rewards: Iterable[float]) -> None:
         """Count the scored episodes of a finished group of ``task_id``."""
         for reward in rewards:
-            won = reward >= 1.0
+            won = is_success(reward)
             self.successes[task_id] = self.successes[task_id] * self.keep + won
             self.failures[task_id] = self.failures[task_id] * self.keep + (not won)
             self.scored[task_id] += 1

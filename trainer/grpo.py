@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from consolerl.errors import ConfigError, ConsoleRLError
 from rollout_service.experience import ExperienceStream, StreamConfig
 from consolerl.experience import Group
+from consolerl.rewards import is_success
 
 from .algo import TrainBatch, build_batch
 from .checkpoint import CheckpointManager
@@ -234,7 +235,7 @@ class GRPOTrainer:
             "samples": len(rewards), "rows": int(batch.input_ids_BT.shape[0]),
             "rows_trained": trained.num_rows if trained is not None else 0,
             "tokens": tokens, "reward_mean": sum(rewards) / len(rewards),
-            "success_rate": sum(r >= 1.0 for r in rewards) / len(rewards),
+            "success_rate": sum(map(is_success, rewards)) / len(rewards),
             "loss": sum(m["loss"] for m in per_rank) / len(per_rank) if per_rank else 0.0,
             "grad_norm": per_rank[0]["grad_norm"] if per_rank else 0.0,
         }

@@ -241,3 +241,19 @@ def test_actions_learnt_with_their_sends_reach_the_entry():
     assert with_actions(USERS, {key: "Ram:DeleteUser"}, {}).controls == USERS.controls
     back = inv_mod.parse(json.loads(json.dumps(to_json(make((entry, CREATE))))), "x")
     assert back.page("/console/ram/users").controls[-1].sends == (("UserName", "{}"),)
+
+
+def test_a_controls_target_and_place_are_typed_and_stay_the_files_strings():
+    from doccheck.model import Target, TargetKind, Where, WhereKind, from_json, to_json
+    c = Control("button", "OK", "post:/console/ram/users/{}", where="dialog:Delete user")
+    assert (c.target.kind, c.target.name) == (TargetKind.POST, "/console/ram/users/{}")
+    assert (c.where.kind, c.where.name) == (WhereKind.DIALOG, "Delete user")
+    assert c.target == "post:/console/ram/users/{}" and isinstance(c.where, Where)
+    opener = Control("button", "Delete", "dialog:Delete user", where="row")
+    assert opener.opens(c.where) and not c.opens(opener.where)
+    assert to_json(c)["target"] == "post:/console/ram/users/{}" and from_json(Control, to_json(c)) == c
+    assert not Control("link", "Docs").target and Target.of("page", "/x") == "page:/x"
+    with pytest.raises(ValueError, match="Target: 'page' is not one of"):
+        Control("link", "x", "page")
+    with pytest.raises(ValueError, match="Where: 'sidebar' is not one of"):
+        Control("link", "x", where="sidebar")
