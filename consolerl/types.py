@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from consolerl.page import Page, parse
+
 
 @dataclass(frozen=True)
 class EnvError:
@@ -42,6 +44,12 @@ class Observation:
     screenshot: bytes | None = field(default=None, repr=False)
     screenshot_mime: str = ""
     blocked_requests: int = 0       # requests the sandbox refused so far in the episode
+
+    @property
+    def page(self) -> Page:
+        """The typed page of ``text`` (:func:`consolerl.page.parse`, cached by text); derived,
+        so it is no part of what crosses a boundary."""
+        return parse(self.text, self.url, self.title)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from consolerl.errors import ConsoleRLError
+from consolerl.page import parse
 from consolerl.types import EnvError, Observation, StepResult
 
 from .actions import Click, Fill, Select
@@ -22,22 +23,15 @@ class DriverError(ConsoleRLError, RuntimeError):
 
 
 def find_bid(text: str, role: str, name: str | re.Pattern[str]) -> str | None:
-    """The bid of the first ``[N] role "name"`` line (block form) in an observation."""
-    pattern = name if isinstance(name, re.Pattern) else re.compile(re.escape(name) + r"$")
-    for m in re.finditer(rf'^\s*\[(\d+)\] {re.escape(role)} "((?:[^"\\]|\\.)*)"', text, re.M):
-        if pattern.match(m[2]):
-            return m[1]
-    return None
+    """The bid of the first control ``role "name"`` of its own line in an observation's
+    text (``name``: the label, or a pattern matching at its start)."""
+    return parse(text).bid(role, name)
 
 
 def find_in_row(text: str, row_text: str, label: str) -> str | None:
     """The bid of control ``label`` inside the table row that contains ``row_text``."""
-    for line in text.splitlines():
-        if line.lstrip().startswith("- ") and row_text in line:
-            m = re.search(rf"\[(\d+)\]{re.escape(label)}(?=\s|$|\()", line)
-            if m:
-                return m[1]
-    return None
+    node = parse(text).in_row(row_text, label)
+    return None if node is None else node.bid
 
 
 @dataclass

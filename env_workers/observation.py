@@ -18,6 +18,10 @@ and a map bid -> Playwright ref. Rules, chosen for few tokens and stable output:
 - a table row is one line, its cells joined by `` | `` with their controls inline;
 - a select is one line with its options, the selected one marked ``*``;
 - a disabled control is shown as ``Label(disabled)`` without a bid (it cannot be acted on).
+
+The text is what crosses to the model and back; :mod:`consolerl.page` reads it as a typed
+page (``parse``) for everything that needs to know what is on it, and its role sets are the
+ones this renderer uses.
 """
 from __future__ import annotations
 
@@ -27,18 +31,9 @@ from typing import Any
 
 import yaml
 
+from consolerl.page import INTERACTIVE, LANDMARKS, Page, parse
 from consolerl.text import ascii_digits
 
-INTERACTIVE = frozenset({
-    "button", "link", "textbox", "searchbox", "combobox", "checkbox", "radio", "menuitem",
-    "menuitemcheckbox", "menuitemradio", "tab", "switch", "spinbutton", "slider", "option",
-})
-# Containers whose role and name carry information worth a line of their own.
-LANDMARKS = frozenset({
-    "banner", "navigation", "main", "form", "dialog", "alertdialog", "alert", "status",
-    "tablist", "tabpanel", "group", "radiogroup", "region", "search", "menu", "complementary",
-    "contentinfo", "table",
-})
 _KEY = re.compile(r'^(?P<role>[a-z/][\w/-]*)(?: "(?P<name>(?:[^"\\]|\\.)*)")?(?P<attrs>(?: \[[^\]]*\])*)$')
 _ATTR = re.compile(r"\[([^\]=]+)(?:=([^\]]*))?\]")
 _STATES = ("checked", "disabled", "expanded", "selected", "pressed", "level")
@@ -49,6 +44,11 @@ class Rendered:
     text: str
     bids: dict[str, str]          # bid -> Playwright aria ref ("f2e17")
     focused: str                  # bid of the focused element, "" if none has one
+
+    @property
+    def page(self) -> Page:
+        """The typed page of the text (:func:`consolerl.page.parse`)."""
+        return parse(self.text)
 
 
 @dataclass
