@@ -41,8 +41,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
+from consolerl.config import Between, Checked, OneOf
 from consolerl.errors import ConfigError
 from consolerl.resources import fill
 from consolerl.tasks import Task
@@ -64,28 +65,17 @@ KEPT = ("solved", "infeasible_reported")
 
 
 @dataclass(frozen=True)
-class SRCConfig:
+class SRCConfig(Checked):
     """``mode``: src | step; ``segment_steps``: the student's actions between two reviews
     (SRC); ``max_rollbacks``: corrections of one attempt (SRC); ``max_steps``: actions of an
     episode, replayed ones included; ``archive_per_task``: distinct verifier-passing paths
     kept per task."""
 
-    mode: str = "src"
-    segment_steps: int = 2
-    max_rollbacks: int = 3
-    max_steps: int = 10
-    archive_per_task: int = 3
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"SRCConfig.mode: must be one of {', '.join(MODES)}, "
-                              f"got {self.mode!r}")
-        for name, low, high in (("segment_steps", 1, 50), ("max_rollbacks", 0, 20),
-                                ("max_steps", 1, 200), ("archive_per_task", 1, 100)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ConfigError(f"SRCConfig.{name}: must be an integer {low}..{high}, "
-                                  f"got {value!r}")
+    mode: Annotated[str, OneOf(MODES)] = "src"
+    segment_steps: Annotated[int, Between(1, 50)] = 2
+    max_rollbacks: Annotated[int, Between(0, 20)] = 3
+    max_steps: Annotated[int, Between(1, 200)] = 10
+    archive_per_task: Annotated[int, Between(1, 100)] = 3
 
 
 # ---- the student ----------------------------------------------------------------------------
@@ -149,14 +139,15 @@ class PerturbedOracle:
         rng = random.Random(f"{task.id}:{seed}:{len(past)}")
         if proposal is not None and rng.random() >= self.rate:
             return StudentAction(proposal.action)
-        bids = re.findall(r"^\s*\[(\d+)\] (?:link|button|textbox) ", observation.text, re.M)
+        controls = [n for n in observation.page.controls() if not n.inline]
+        bids = [n.bid for n in controls if n.role in ("link", "button", "textbox")]
         kind = rng.choice(("click", "fill", "back", "stop"))
         if kind == "click" and bids:
             return StudentAction(f"click({rng.choice(bids)})")
         if kind == "fill":
-            box = re.search(r'^\s*\[(\d+)\] textbox ', observation.text, re.M)
+            box = next((n for n in controls if n.role == "textbox"), None)
             if box:
-                return StudentAction(f'fill({box[1]}, "wrong-value")')
+                return StudentAction(f'fill({box.bid}, "wrong-value")')
         if kind == "stop":
             return StudentAction('stop("done")')
         return StudentAction("go_back()")
