@@ -50,6 +50,7 @@ from playwright.async_api import Page
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from consolerl.accounts import Account, lease_agent
+from consolerl.audit import AuditEvent
 from consolerl.errors import CloudAPIError, ConfigError, ConsoleRLError
 from consolerl.resources import parse_resources
 from consolerl.types import EnvError, EpisodeSpec
@@ -57,7 +58,6 @@ from env_workers.worker import EnvWorker, WorkerConfig
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.provisioning.sdk import Provisioned, ProvisionResult, SdkProvisioner
 from reward_service.actiontrail import TrailClient, TrailConfig
-from reward_service.verifier import from_console
 from rollout_service.episode import agent_created, exists
 
 from .crawl_forms import fill_and_send
@@ -569,15 +569,15 @@ class Crawler:
         deadline = time.monotonic() + self.config.settle_s
         while True:
             events = await asyncio.to_thread(self._console_events, since - 2)
-            new = [e for e in events if e.get("eventId") not in self.state.attributed]
+            new = [e for e in events if e.event_id not in self.state.attributed]
             if new:
-                self.state.attributed |= {str(e.get("eventId")) for e in new}
+                self.state.attributed |= {e.event_id for e in new}
                 self.state.created += agent_created(new)
                 first = new[0]
                 sends = normalise_sends(
-                    first.get("requestParameters") or {}, fields=fields,
+                    first.parameters, fields=fields,
                     specific=self._specific, context=(*context, self.config.region))
-                return f"{first.get('serviceName', '')}:{first.get('eventName', '')}", sends
+                return f"{first.service_name}:{first.event_name}", sends
             if time.monotonic() > deadline:
                 return "", ()
             await asyncio.sleep(0.25)
@@ -589,9 +589,9 @@ class Crawler:
         return value in self.norm.known or id_shaped(value) or self.base in value or any(
             r.episode_id in value for r in self.state.rounds) or bool(_TOKEN.fullmatch(value))
 
-    def _console_events(self, since: float) -> list[dict[str, Any]]:
+    def _console_events(self, since: float) -> list[AuditEvent]:
         return [e for e in self.trail.events(since, time.time() + 1)
-                if from_console(e) and self.mark in str(e.get("userAgent", ""))]
+                if e.by_console and self.mark in e.user_agent]
 
     # ---- clean-up ---------------------------------------------------------------------------------
     def _clean_up(self) -> list[str]:
@@ -600,7 +600,7 @@ class Crawler:
             return []
         try:     # what the submits made that an earlier poll did not see
             events = self._console_events(self._started_wall - 2)
-            fresh = [e for e in events if e.get("eventId") not in self.state.attributed]
+            fresh = [e for e in events if e.event_id not in self.state.attributed]
             self.state.created += agent_created(fresh)
         except CloudAPIError as exc:
             log.warning("crawl clean-up: audit log unreadable: %s", exc)

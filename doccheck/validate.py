@@ -32,6 +32,7 @@ from typing import Any
 import oss2
 
 from consolerl.accounts import Account
+from consolerl.audit import AuditEvent
 from consolerl.errors import ConsoleRLError, CloudAPIError, ConfigError
 from consolerl.resources import fill
 from consolerl.tasks import EventRule, Task, parse_task
@@ -212,7 +213,7 @@ def validate_draft(task: dict, *, account: Account, endpoint: str | None = None,
     started = time.time()
     twin = _Twin(client, region, episode, values)
     satisfied = False
-    events: list[dict[str, Any]] = []
+    events: list[AuditEvent] = []
     trail = TrailClient(factory, trail_config or TrailConfig(
         qps=20, settle_s=settle_s, poll_s=0.25, clock_skew_s=5), account_id=account.account_id)
     try:
@@ -220,7 +221,7 @@ def validate_draft(task: dict, *, account: Account, endpoint: str | None = None,
             twin.do(rule, i)
         rule = parsed.success
 
-        def mine(window: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        def mine(window: list[AuditEvent]) -> list[AuditEvent]:
             offset = trail.clock_offset_s or 0.0
             return episode_events(window, account.account_id, started + offset)
         result = trail.wait_for(started, lambda w: assign(rule.required_events, mine(w),
@@ -245,7 +246,7 @@ def validate_draft(task: dict, *, account: Account, endpoint: str | None = None,
 
 
 def _destroy(provisioner: SdkProvisioner, client: CloudClient, episode: str,
-             events: list[dict[str, Any]], twin: _Twin) -> tuple[bool, list[str]]:
+             events: list[AuditEvent], twin: _Twin) -> tuple[bool, list[str]]:
     """Destroy the episode and what the twin made (from the audit log: a create the twin
     could not tag); returns whether nothing is left, and what went wrong."""
     extra = agent_created(events)

@@ -622,11 +622,11 @@ class JobScheduler:
                 rollout.policy_version = max(versions) if versions else None
             evidence = set(outcome.reward.evidence) if outcome.reward else set()
             events = outcome.audit_events
-            deciding = [e for e in events if e["eventId"] in evidence] or \
-                [e for e in events if e["errorCode"]]
+            deciding = [e for e in events if e.event_id in evidence] or \
+                [e for e in events if e.refused]
             rollout.deciding_events = [AuditEvent(
-                event_id=e["eventId"], event_name=e["eventName"], event_time=e["eventTime"],
-                error_code=e["errorCode"]) for e in deciding[:10]]
+                event_id=e.event_id, event_name=e.event_name, event_time=e.event_time,
+                error_code=e.error_code) for e in deciding[:10]]
             rollout.reasons = [r[:300] for r in outcome.reasons[:10]]
         if rollout.state != "queued":
             rollout.steps = steps

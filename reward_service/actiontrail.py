@@ -26,6 +26,7 @@ from typing import Any, Literal, TypeVar
 from alibabacloud_actiontrail20200706 import models as at
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from consolerl.audit import AuditEvent
 from consolerl.errors import CloudAPIError, ConfigError
 from infra.cloud import CloudClient
 
@@ -90,7 +91,7 @@ class TrailResult:
     ``queries`` counts LookupEvents requests sent (pages and retries)."""
 
     status: Literal["complete", "pending"]
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[AuditEvent] = field(default_factory=list)
     waited_s: float = 0.0
     queries: int = 0
 
@@ -238,27 +239,14 @@ def _iso(epoch_s: float) -> str:
     return datetime.fromtimestamp(int(epoch_s), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def event_epoch(event: Mapping[str, Any]) -> float:
-    try:
-        return datetime.strptime(str(event.get("eventTime", "")), "%Y-%m-%dT%H:%M:%SZ") \
-            .replace(tzinfo=timezone.utc).timestamp()
-    except ValueError:
-        return float("-inf")     # unparseable: sorts first, and episode_events drops it
-
-
-def _account_of(event: Mapping[str, Any]) -> str:
-    identity = event.get("userIdentity")
-    return str(identity.get("accountId", "")) if isinstance(identity, Mapping) else ""
-
-
-def episode_events(events: Iterable[Mapping[str, Any]], account_id: str,
-                   started_at: float | datetime) -> list[dict[str, Any]]:
+def episode_events(events: Iterable[AuditEvent], account_id: str,
+                   started_at: float | datetime) -> list[AuditEvent]:
     """The events of one episode: by ``account_id`` at or after ``started_at`` (epoch seconds or
     an aware datetime). ``eventTime`` has one-second resolution, so the start is floored to the
-    second: an event in the episode's first second is kept."""
+    second: an event in the episode's first second is kept (one whose time does not parse is
+    dropped)."""
     floor = int(_epoch(started_at))
-    return [dict(e) for e in events
-            if _account_of(e) == account_id and event_epoch(e) >= floor]
+    return [e for e in events if e.account_id == account_id and e.epoch >= floor]
 
 
 def _attributes(attributes: Mapping[str, str] | Sequence[tuple[str, str]]
@@ -378,11 +366,12 @@ class TrailClient:
 
     def events(self, start: float | datetime, end: float | datetime,
                attributes: Mapping[str, str] | Sequence[tuple[str, str]] = ()
-               ) -> list[dict[str, Any]]:
+               ) -> list[AuditEvent]:
         """Every event of this account from ``start`` to ``end`` (epoch seconds or aware
         datetimes; ``start`` is floored and ``end`` ceiled to the second), oldest first, each
-        eventId once. ``attributes``: at most two (key, value) LookupAttribute filters (AND).
-        Raises :class:`CloudAPIError` for non-retryable errors or when retries run out.
+        eventId once, as :class:`~consolerl.audit.AuditEvent`. ``attributes``: at most two
+        (key, value) LookupAttribute filters (AND). Raises :class:`CloudAPIError` for
+        non-retryable errors or when retries run out.
         ``start`` and ``end`` are this machine's times: the window sent is shifted by the
         cloud's clock offset (:attr:`clock_offset_s`); event times stay the cloud's."""
         offset = self._offset()
@@ -390,11 +379,11 @@ class TrailClient:
                             _attributes(attributes), [0])
 
     def _events(self, lo: float, hi: float, attrs: list[at.LookupEventsRequestLookupAttribute],
-                counter: list[int]) -> list[dict[str, Any]]:
+                counter: list[int]) -> list[AuditEvent]:
         if lo > hi:
             raise ConfigError(f"events: start {_iso(lo)} is after end {_iso(hi)}")
         start_iso, end_iso = _iso(lo), _iso(-int(-hi // 1))
-        pages: list[dict[str, Any]] = []
+        pages: list[AuditEvent] = []
         token = None
         while True:
             request = at.LookupEventsRequest(start_time=start_iso, end_time=end_iso,
@@ -402,30 +391,29 @@ class TrailClient:
                                              max_results=str(self.config.max_results),
                                              next_token=token)
             body = self._lookup(request, counter)
-            pages.extend(body.events or [])
+            pages.extend(AuditEvent.from_trail(e) for e in body.events or [])
             token = body.next_token
             if not token:
                 break
         # Pages run newest first; reversing keeps the cloud's order inside one second, the
         # stable sort fixes anything a page boundary (or a late event) put out of order.
-        ordered = sorted(reversed(pages), key=event_epoch)
+        ordered = sorted(reversed(pages), key=lambda e: e.epoch)
         seen: set[str] = set()
-        out: list[dict[str, Any]] = []
+        out: list[AuditEvent] = []
         for event in ordered:
-            if _account_of(event) != self.account_id:
+            if event.account_id != self.account_id:
                 self.metrics.foreign_events.inc()
                 log.warning("dropped event %s of account %r from a query of account %s",
-                            event.get("eventId"), _account_of(event), self.account_id)
+                            event.event_id, event.account_id, self.account_id)
                 continue
-            event_id = event.get("eventId")
-            if event_id in seen:
+            if event.event_id in seen:
                 continue
-            seen.add(event_id)
+            seen.add(event.event_id)
             out.append(event)
         return out
 
     def wait_for(self, start: float | datetime,
-                 predicate: Callable[[list[dict[str, Any]]], bool],
+                 predicate: Callable[[list[AuditEvent]], bool],
                  deadline_s: float | None = None) -> TrailResult:
         """Poll the window ``start - clock_skew_s`` .. now until ``predicate(events)`` holds
         ("complete") or ``deadline_s`` (default ``config.settle_s``) passes ("pending").

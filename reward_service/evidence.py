@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
+from consolerl.audit import AuditEvent
 from consolerl.resources import fill
 from consolerl.rewards import EvidenceOutcome
 from consolerl.tasks import Task
@@ -181,48 +181,62 @@ def _headings(page: str) -> str:
 
 
 # ---- the check ---------------------------------------------------------------------------------
-def _refusal(events: Sequence[Mapping[str, Any]], reason: str, documented: str
-             ) -> tuple[Mapping[str, Any] | None, str]:
+def _refusal(events: Sequence[AuditEvent], reason: str, documented: str
+             ) -> tuple[AuditEvent | None, str]:
     """The first refused write of the agent the reason quotes, with its values documented;
     and, when there is a refused write the reason does not match, why."""
     why = ""
     low = reason.lower()
     for e in events:
-        code = str(e.get("errorCode") or "")
+        code = e.error_code
         if not code:
             continue
-        message = str(e.get("errorMessage") or "")
-        words = [w for w in re.findall(r"[a-z]{4,}", message.lower())]
+        words = [w for w in re.findall(r"[a-z]{4,}", e.error_message.lower())]
         quoted = code.lower() in low or (
             words and sum(w in low for w in words) >= max(2, (len(words) + 1) // 2))
         if not quoted:
-            why = f"the console refused {e.get('eventName')} with {code}, which the reason " \
+            why = f"the console refused {e.event_name} with {code}, which the reason " \
                   "does not quote"
             continue
-        params = e.get("requestParameters") or {}
-        odd = [f"{k}={v}" for k, v in params.items()
+        odd = [f"{k}={v}" for k, v in e.parameters.items()
                if isinstance(v, (str, int, float)) and re.search(r"\d", str(v))
                and str(k).lower() not in _CONSOLE_PARAMS
                and str(v).lower() not in documented]
         if odd:
-            why = (f"the refused {e.get('eventName')} sent values the procedure does not "
+            why = (f"the refused {e.event_name} sent values the procedure does not "
                    f"give ({', '.join(odd[:3])})")
             continue
         return e, ""
     return None, why
 
 
-def check_claim(task: Task, values: Mapping[str, str], *, infeasible_reason: str | None,
-                answer: str | None, pages: Sequence[str], actions: Sequence[str],
-                events: Sequence[Mapping[str, Any]],
+@dataclass(frozen=True)
+class Claim:
+    """How an episode ended, with what it leaves as evidence: what :func:`check_claim` checks.
+
+    ``infeasible_reason``: the agent's ``report_infeasible`` reason (``None``: it made no
+    claim); ``answer``: its final answer (``None``: it did not say it was done); ``values``:
+    the episode's placeholder values; ``pages``: the observation texts the agent saw
+    (``pages[i]`` before ``actions[i]``, the last one after the final action); ``events``: the
+    agent's console audit events of the episode (as :class:`~reward_service.verifier.RuleVerifier`
+    selects them)."""
+
+    infeasible_reason: str | None
+    answer: str | None = None
+    values: Mapping[str, str] = field(default_factory=dict)
+    pages: Sequence[str] = ()
+    actions: Sequence[str] = ()
+    events: Sequence[AuditEvent] = ()
+
+
+def check_claim(task: Task, claim: Claim,
                 console_labels: Collection[str] | None = None) -> EvidenceOutcome:
     """Check how an episode ended against the evidence (the module docstring says how).
 
-    ``values``: the episode's placeholder values; ``pages``: the observation texts the agent saw
-    (``pages[i]`` before ``actions[i]``, the last one after the final action); ``events``: the
-    agent's console audit events of the episode (as :class:`~reward_service.verifier.RuleVerifier`
-    selects them); ``console_labels``: every label of the console's inventory, normalised
-    (:func:`norm`), for the task's console and drift; ``None`` when no inventory is known."""
+    ``console_labels``: every label of the console's inventory, normalised (:func:`norm`), for
+    the task's console and drift; ``None`` when no inventory is known."""
+    infeasible_reason, answer, values = claim.infeasible_reason, claim.answer, claim.values
+    pages, actions = claim.pages, claim.actions
     if infeasible_reason is None:
         if task.expected == "infeasible":
             ended = "stopped saying it was done" if answer is not None else "did not finish"
@@ -231,15 +245,14 @@ def check_claim(task: Task, values: Mapping[str, str], *, infeasible_reason: str
                 "reporting it infeasible",))
         return EvidenceOutcome("undetermined", "no_claim")
     rule = task.success
-    events = list(events)
+    events = list(claim.events)
     chosen = assign(rule.required_events, events, dict(values))[0] \
         if rule.required_events else None
     if chosen is not None:
         return EvidenceOutcome("failure", "contradicted", (
             "the agent reported the procedure infeasible, but the audit log has its "
-            "operation",), events=tuple(str(events[k].get("eventId", "")) for k in chosen))
-    bad = [str(e.get("eventId", "")) for _, hits in forbidden(rule, events, dict(values), None)
-           for e in hits]
+            "operation",), events=tuple(events[k].event_id for k in chosen))
+    bad = [e.event_id for _, hits in forbidden(rule, events, dict(values), None) for e in hits]
     if bad:
         return EvidenceOutcome("failure", "contradicted", (
             "a forbidden event happened during the episode",), events=tuple(bad))
@@ -249,10 +262,9 @@ def check_claim(task: Task, values: Mapping[str, str], *, infeasible_reason: str
     documented = (fill(task.procedure, values) + " " + " ".join(values.values())).lower()
     refused, refusal_why = _refusal(events, infeasible_reason, documented)
     if refused is not None:
-        code = str(refused.get("errorCode"))
         return EvidenceOutcome("success", "refused", (
-            f"the console refused {refused.get('eventName')} with {code} for the documented "
-            "values, as the agent reported",), events=(str(refused.get("eventId", "")),))
+            f"the console refused {refused.event_name} with {refused.error_code} for the "
+            "documented values, as the agent reported",), events=(refused.event_id,))
 
     anchors: list[tuple[str, int]] = []             # (anchor, the first step naming it)
     for step in steps:
@@ -319,4 +331,4 @@ def _not_followed(steps: Sequence[Step], upto: int, pages: Sequence[str],
     return ""
 
 
-__all__ = ["acted_labels", "anchors_of", "check_claim", "norm", "steps_of"]
+__all__ = ["Claim", "acted_labels", "anchors_of", "check_claim", "norm", "steps_of"]

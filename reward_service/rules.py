@@ -11,12 +11,12 @@ from typing import Any
 
 import oss2
 
+from consolerl.audit import AuditEvent, dotted
 from consolerl.errors import CloudAPIError
 from consolerl.patterns import compile_pattern, fullmatch
 from infra.cloud import CloudClient
 from consolerl.resources import fill
 from consolerl.tasks import EventRule, Predicate, StateCheck, SuccessRule
-from consolerl.text import ascii_digits
 
 
 @dataclass
@@ -25,19 +25,6 @@ class RuleVerdict:
     reasons: list[str] = field(default_factory=list)      # why it failed (empty when passed)
     matched: list[str] = field(default_factory=list)      # eventIds that satisfied the rule
     forbidden: list[str] = field(default_factory=list)    # eventIds of forbidden events
-
-
-def dotted(value: Any, path: str) -> Any:
-    """``requestParameters.UserName`` / ``Instances.Instance.0.Status`` into nested data."""
-    for part in path.split("."):
-        if isinstance(value, list) and ascii_digits(part):
-            index = int(part)
-            value = value[index] if index < len(value) else None
-        elif isinstance(value, dict):
-            value = value.get(part)
-        else:
-            return None
-    return value
 
 
 def _as_text(value: Any) -> str:
@@ -49,7 +36,7 @@ def _as_text(value: Any) -> str:
 
 
 def _test(pred: Predicate, got: Any, values: Mapping[str, str],
-          bound: Mapping[str, Mapping[str, Any]] | None) -> bool:
+          bound: Mapping[str, AuditEvent] | None) -> bool:
     if pred.op == "exists":
         return (got is not None and got != "") == (pred.value == "true")
     text = _as_text(got)
@@ -68,26 +55,26 @@ def _test(pred: Predicate, got: Any, values: Mapping[str, str],
         if bound is None:                 # pre-filtering candidates: references come later
             return True
         other = bound.get(rule_id)
-        return other is not None and got is not None and text == _as_text(dotted(other, path))
+        return other is not None and got is not None and text == _as_text(other.at(path))
     raise ValueError(f"unknown predicate {pred.op!r}")
 
 
-def matches(event: Mapping[str, Any], rule: EventRule, values: Mapping[str, str],
-            bound: Mapping[str, Mapping[str, Any]] | None = None) -> bool:
+def matches(event: AuditEvent, rule: EventRule, values: Mapping[str, str],
+            bound: Mapping[str, AuditEvent] | None = None) -> bool:
     """Whether ``event`` satisfies ``rule``; ``bound``: the events already matched by the
     required rules named in ``ref`` predicates (a reference to an unbound rule fails;
     ``bound=None`` skips the references)."""
-    if event.get("eventName") != rule.event:
+    if event.event_name != rule.event:
         return False
-    if rule.service and event.get("serviceName") != rule.service:
+    if rule.service and event.service_name != rule.service:
         return False
-    if event.get("errorCode") and not any(path == "errorCode" for path, _ in rule.where):
+    if event.refused and not any(path == "errorCode" for path, _ in rule.where):
         return False
-    return all(_test(pred, dotted(event, path), values, bound)
+    return all(_test(pred, event.at(path), values, bound)
                for path, pred in rule.where)
 
 
-def assign(rules: tuple[EventRule, ...] | list[EventRule], events: list[dict[str, Any]],
+def assign(rules: tuple[EventRule, ...] | list[EventRule], events: list[AuditEvent],
            values: Mapping[str, str]) -> tuple[list[int] | None, int]:
     """Choose one event per required rule so that every predicate, reference and ordering
     holds (depth-first over the rules in declaration order; references and ``after`` only name
@@ -125,8 +112,8 @@ def assign(rules: tuple[EventRule, ...] | list[EventRule], events: list[dict[str
     return (list(chosen) if search(0) else None), deepest
 
 
-def forbidden(rule: SuccessRule, events: list[dict[str, Any]], values: Mapping[str, str],
-              chosen: list[int] | None) -> list[tuple[EventRule, list[dict[str, Any]]]]:
+def forbidden(rule: SuccessRule, events: list[AuditEvent], values: Mapping[str, str],
+              chosen: list[int] | None) -> list[tuple[EventRule, list[AuditEvent]]]:
     """The forbidden rules that ``events`` break, each with its events. ``chosen``: the
     required rules' events from :func:`assign` (what ``ref`` predicates point at; with
     ``None`` a referencing forbidden rule cannot match)."""
@@ -183,7 +170,7 @@ def _oss_read(client: CloudClient, action: str, params: Mapping[str, str]) -> di
     raise ValueError(f"no OSS read action {action!r}")
 
 
-def evaluate(rule: SuccessRule, events: list[dict[str, Any]], client: CloudClient | None,
+def evaluate(rule: SuccessRule, events: list[AuditEvent], client: CloudClient | None,
              values: Mapping[str, str], settle_s: float = 15.0, poll_s: float = 0.25
              ) -> RuleVerdict:
     """The rule over the episode's events (in audit order) and the end state. ``client`` may be
@@ -196,10 +183,10 @@ def evaluate(rule: SuccessRule, events: list[dict[str, Any]], client: CloudClien
         verdict.reasons.append(f"no successful {describe(missing, values)}"
                                + (" after the events matched before it" if deepest else ""))
     else:
-        verdict.matched += [events[k]["eventId"] for k in chosen]
+        verdict.matched += [events[k].event_id for k in chosen]
     for bad, hits in forbidden(rule, events, values, chosen):
         verdict.passed = False
-        verdict.forbidden += [e["eventId"] for e in hits]
+        verdict.forbidden += [e.event_id for e in hits]
         verdict.reasons.append(f"forbidden {describe(bad, values)} happened ({len(hits)}x)")
     for check in rule.end_state:
         if client is None:

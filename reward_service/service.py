@@ -49,7 +49,7 @@ from consolerl.experience import MAX_PAGE_CHARS, MAX_PAGES
 
 from .actiontrail import LOOKUP_MAX_WINDOW_S, TrailClient, TrailConfig, TrailMetrics, \
     is_retryable
-from .evidence import check_claim
+from .evidence import Claim, check_claim
 from .fusion import RewardConfig, evidence_decides, fuse
 from consolerl.rewards import RewardResult
 from .judges import JudgeChannel
@@ -316,10 +316,9 @@ class RewardService:
         evidence = None
         if not rule.pending:
             with self.metrics.evidence_latency.time():
-                evidence = check_claim(
-                    task, request.values, infeasible_reason=request.infeasible_reason,
-                    answer=request.answer, pages=request.pages, actions=request.actions,
-                    events=events, console_labels=self.console_labels.get(task.drift))
+                evidence = check_claim(task, Claim(
+                    request.infeasible_reason, request.answer, request.values, request.pages,
+                    request.actions, events), self.console_labels.get(task.drift))
             self.metrics.evidence.labels(evidence.kind).inc()
         rule_decides = rule.verdict == "failure" or (
             rule.verdict == "success" and task.expected == "success")

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
+from consolerl.audit import AuditEvent
 from infra.cloud import CloudClient
 from consolerl.tasks import Task
 
-from .actiontrail import TrailClient, TrailResult, event_epoch, episode_events
+from .actiontrail import TrailClient, TrailResult, episode_events
 from consolerl.rewards import RuleOutcome
 from .rules import RuleVerdict, assign, evaluate, forbidden
 
@@ -38,11 +38,6 @@ class EpisodeRecord:
     values: tuple[tuple[str, str], ...] = field(default=())   # placeholder values
 
 
-def from_console(event: dict[str, Any]) -> bool:
-    return ".console.aliyun.com" in str(event.get("userAgent", "")) or \
-        event.get("eventType") == "ConsoleOperation"
-
-
 class RuleVerifier:
     def __init__(self, trail: TrailClient, client: CloudClient, settle_s: float | None = None,
                  end_state_settle_s: float = 15.0):
@@ -55,7 +50,7 @@ class RuleVerifier:
         return self.verify_with_events(task, episode)[0]
 
     def verify_with_events(self, task: Task, episode: EpisodeRecord
-                           ) -> tuple[RuleOutcome, list[dict[str, Any]]]:
+                           ) -> tuple[RuleOutcome, list[AuditEvent]]:
         """The outcome and the agent's events it was decided on (console events of the
         episode's account since it began, in audit order)."""
         values = dict(episode.values)
@@ -65,16 +60,16 @@ class RuleVerifier:
             # Event times are the cloud's clock; the episode's are this machine's.
             return getattr(self.trail, "clock_offset_s", None) or 0.0
 
-        def agent_events(window: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        def agent_events(window: list[AuditEvent]) -> list[AuditEvent]:
             return [e for e in episode_events(window, episode.account_id,
                                               episode.started_at + offset())
-                    if from_console(e)]
+                    if e.by_console]
 
-        def required_met(events: list[dict[str, Any]]) -> bool:
+        def required_met(events: list[AuditEvent]) -> bool:
             return assign(rule.required_events, events, values)[0] is not None
 
-        def caught_up(window: list[dict[str, Any]]) -> bool:
-            return any(event_epoch(e) > episode.ended_at + offset() + 1 for e in window)
+        def caught_up(window: list[AuditEvent]) -> bool:
+            return any(e.epoch > episode.ended_at + offset() + 1 for e in window)
 
         result = self.trail.wait_for(
             episode.started_at,
@@ -83,11 +78,11 @@ class RuleVerifier:
         events = agent_events(result.events)
         return self._decide(task, events, values, result), events
 
-    def _decide(self, task: Task, events: list[dict[str, Any]], values: dict[str, str],
+    def _decide(self, task: Task, events: list[AuditEvent], values: dict[str, str],
                 result: TrailResult) -> RuleOutcome:
         rule = task.success
         chosen = assign(rule.required_events, events, values)[0]
-        bad = [e["eventId"] for _, hits in forbidden(rule, events, values, chosen) for e in hits]
+        bad = [e.event_id for _, hits in forbidden(rule, events, values, chosen) for e in hits]
         if result.status == "pending" and chosen is None:
             return RuleOutcome("undetermined", reasons=(
                 f"pending: the required events had not arrived after {result.waited_s:.1f} s",),

@@ -37,6 +37,7 @@ import oss2
 import ray.exceptions
 
 from consolerl.accounts import Account, lease_agent
+from consolerl.audit import AuditEvent
 from consolerl.errors import CloudAPIError, ConsoleRLError, EpisodeCancelled
 from consolerl.experience import MAX_PAGES, Trajectory, Turn, keep_pages, page_seen
 from consolerl.resources import fill
@@ -48,9 +49,7 @@ from env_workers.pool import actor_state
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.provisioning.sdk import Provisioned, ProvisionError, SdkProvisioner
 from reward_service.actiontrail import TrailClient
-from reward_service.rules import dotted
 from reward_service.service import MAX_ACTION_CHARS, MAX_ACTIONS, ScoreRequest
-from reward_service.verifier import from_console
 
 from .agent import AgentLoop
 from .policy import call
@@ -183,9 +182,9 @@ class EpisodeOutcome:
     broken_prerequisites: list[str] = field(default_factory=list)
     leaked: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
-    # The console's audit events of the episode's window (eventId, eventName, eventTime,
-    # errorCode): what the reward's evidence ids point at, for reports.
-    audit_events: list[dict[str, str]] = field(default_factory=list)
+    # The console's audit events of the episode's window, each only its id, name, time and
+    # error code (AuditEvent.brief): what the reward's evidence ids point at, for reports.
+    audit_events: list[AuditEvent] = field(default_factory=list)
     cancelled: bool = False                 # stopped by its observer (EpisodeCancelled)
 
     @property
@@ -360,17 +359,17 @@ async def _quiet(method: Any, *args: Any) -> Any:
         return None
 
 
-def agent_created(events: list[dict[str, Any]]) -> list[Provisioned]:
+def agent_created(events: list[AuditEvent]) -> list[Provisioned]:
     """What the agent's console operations created (to destroy it with the episode)."""
     made = []
     for e in events:
-        if e.get("errorCode") or e.get("eventName") not in _CREATES:
+        if e.refused or e.event_name not in _CREATES:
             continue
-        kind, path = _CREATES[e["eventName"]]
-        value = dotted(e, path)
+        kind, path = _CREATES[e.event_name]
+        value = e.at(path)
         for rid in (value if isinstance(value, list) else [value]):
             if rid:
-                made.append(Provisioned("agent", kind, str(rid), e.get("acsRegion", "")))
+                made.append(Provisioned("agent", kind, str(rid), e.region))
     return made
 
 
@@ -525,10 +524,10 @@ class EpisodeRunner:
 
     @staticmethod
     def _console_events(client: CloudClient, account: Account, since: float
-                        ) -> list[dict[str, Any]]:
+                        ) -> list[AuditEvent]:
         """The console's audit events in the account from ``since`` (wall clock) to now."""
         trail = TrailClient(client, account_id=account.account_id)
-        return [e for e in trail.events(since - 1, time.time() + 1) if from_console(e)]
+        return [e for e in trail.events(since - 1, time.time() + 1) if e.by_console]
 
     def _agent_created(self, provisioner: SdkProvisioner, account: Account, since: float
                        ) -> list[Provisioned]:
@@ -695,9 +694,7 @@ class EpisodeRunner:
                 outcome.env_error = EnvError("score_failed", f"audit log: {exc.code}")
                 return outcome
             extra = agent_created(console)
-            outcome.audit_events = [{k: str(e.get(k) or "") for k in
-                                     ("eventId", "eventName", "eventTime", "errorCode")}
-                                    for e in console[:200]]
+            outcome.audit_events = [e.brief() for e in console[:200]]
             return outcome
         except _WorkerFailed as exc:
             # The env worker itself broke (its process died, Ray lost it): not the agent's

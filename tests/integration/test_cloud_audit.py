@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from alibabacloud_actiontrail20200706 import models as at
 
+from consolerl.audit import AuditEvent
 from consolerl.errors import CloudAPIError
 from tests.conftest import CloudServer, wait_for
 
@@ -55,6 +56,18 @@ def test_events_have_the_real_field_set(make_client, accounts, sig):
     # No signing material in the logged parameters.
     assert not {"Signature", "SignatureNonce", "AccessKeyId"} & event["requestParameters"].keys()
     datetime.strptime(event["eventTime"], "%Y-%m-%dT%H:%M:%SZ")
+    # The typed event reads the same fields and gives the JSON back unchanged.
+    typed = AuditEvent.from_trail(event)
+    assert typed.to_json() == event
+    assert (typed.event_id, typed.event_name, typed.service_name, typed.event_time) == (
+        event["eventId"], "CreateSecurityGroup", "Ecs", event["eventTime"])
+    assert (typed.event_type, typed.event_rw, typed.region) == ("ApiCall", "Write", "cn-hangzhou")
+    assert typed.parameters["SecurityGroupName"] == name and typed.response is not None
+    assert typed.response["SecurityGroupId"] == sg_id
+    assert typed.at("responseElements.SecurityGroupId") == sg_id
+    assert (typed.resource_type, typed.resource_names) == ("ACS::ECS::SecurityGroup", (sg_id,))
+    assert (typed.account_id, typed.access_key_id) == (account.account_id, account.access_key_id)
+    assert typed.user_agent == event["userAgent"] and not typed.refused and not typed.by_console
 
 
 def test_failed_calls_are_logged_with_error_code(make_client):
@@ -65,6 +78,10 @@ def test_failed_calls_are_logged_with_error_code(make_client):
     assert [(e["eventName"], e["errorCode"]) for e in events] == [("DeleteVpc", "InvalidVpcId.NotFound")]
     assert "does not exist" in events[0]["errorMessage"]
     assert events[0]["responseElements"] is None
+    typed = AuditEvent.from_trail(events[0])
+    assert typed.refused and typed.error_code == "InvalidVpcId.NotFound"
+    assert typed.error_message == events[0]["errorMessage"] and typed.response is None
+    assert typed.to_json() == events[0]
 
 
 def test_secrets_never_reach_the_audit_log(make_client, cloud):

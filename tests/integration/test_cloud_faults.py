@@ -16,7 +16,7 @@ import pytest
 from consolerl.errors import CloudAPIError
 from infra.cloud import CloudClient, CloudConfig, Credentials
 from infra.console_sim.faults import parse_faults
-from reward_service.actiontrail import BucketRegistry, TrailClient, TrailConfig, event_epoch
+from reward_service.actiontrail import BucketRegistry, TrailClient, TrailConfig
 from tests.conftest import _server
 
 
@@ -59,10 +59,10 @@ def test_a_skewed_clock_moves_event_times_and_the_date_header(faulty_cloud, acco
         # The window is this machine's; the client measured the offset and shifted it.
         events = trail.events(before - 1, time.time() + 1)
         assert trail.clock_offset_s == pytest.approx(600, abs=2)
-        made = [e for e in events if e["eventName"] == "CreateSecurityGroup"
-                and sg in json.dumps(e)]
+        made = [e for e in events if e.event_name == "CreateSecurityGroup"
+                and sg in json.dumps(e.to_json())]
         assert len(made) == 1
-        assert event_epoch(made[0]) - before == pytest.approx(600, abs=3)
+        assert made[0].epoch - before == pytest.approx(600, abs=3)
     finally:
         set_faults(faulty_cloud)
     date = parsedate_to_datetime(httpx.get(faulty_cloud.url + "/healthz")

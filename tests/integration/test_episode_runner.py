@@ -19,7 +19,6 @@ from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
 from infra.provisioning.sdk import EPISODE_TAG
 from reward_service.actiontrail import TrailClient
-from reward_service.verifier import from_console
 from reward_service.service import RewardService
 from rollout_service import episode as episode_module
 from rollout_service.episode import EpisodeRunner, StepFn, scripted_policy
@@ -177,11 +176,11 @@ def test_every_call_under_a_lease_carries_its_mark_in_the_audit_log(runner_cloud
     trail = TrailClient(runner.provisioner(leased).client, account_id=leased.account_id)
     events = trail.events(time.time() - 120, time.time() + 1)
     mark = lease_agent(leased.account_id, outcome.fencing)
-    marked = [e for e in events if mark in e.get("userAgent", "")]
-    assert any(from_console(e) for e in marked), "no console event carries the lease mark"
-    assert any(not from_console(e) and e["eventName"].startswith("Create") for e in marked)
-    assert any(e["eventName"].startswith(("Delete", "Revoke")) for e in marked)
-    assert parse_lease_agent(marked[0]["userAgent"]) == (leased.account_id, outcome.fencing)
+    marked = [e for e in events if mark in e.user_agent]
+    assert any(e.by_console for e in marked), "no console event carries the lease mark"
+    assert any(not e.by_console and e.event_name.startswith("Create") for e in marked)
+    assert any(e.event_name.startswith(("Delete", "Revoke")) for e in marked)
+    assert parse_lease_agent(marked[0].user_agent) == (leased.account_id, outcome.fencing)
 
 
 def test_what_a_dead_holder_left_is_destroyed_by_the_next_one(runner_cloud, accounts,

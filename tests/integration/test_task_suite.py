@@ -45,4 +45,4 @@ def test_a_sample_of_the_suite_is_solved_and_leaves_nothing(tmp_path_factory, re
     refused = by_id["vpc-delete-vpc-with-vswitch-wrongdoc"]
     assert "DependencyViolation.VSwitch" in refused.trajectory.infeasible
     assert ("DeleteVpc", "DependencyViolation.VSwitch") in {
-        (e["eventName"], e["errorCode"]) for e in refused.audit_events}
+        (e.event_name, e.error_code) for e in refused.audit_events}

@@ -3,6 +3,7 @@ account scoping. Each test uses its own account so the server's per-account limi
 logs do not mix between tests."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -47,8 +48,8 @@ def create_sg(client: CloudClient, name: str | None = None) -> str:
 
 
 def created_ids(events) -> list[str]:
-    return [e["responseElements"]["SecurityGroupId"] for e in events
-            if e["eventName"] == "CreateSecurityGroup" and not e["errorCode"]]
+    return [e.response["SecurityGroupId"] for e in events
+            if e.event_name == "CreateSecurityGroup" and not e.refused]
 
 
 def sample(registry: CollectorRegistry, name: str, **labels) -> float:
@@ -65,8 +66,8 @@ def test_pages_past_50_oldest_first_each_event_once(limited_cloud, sdk, accounts
     measured = trail.clock_offset_s is not None
     events = trail.events(t0, time.time())
     assert created_ids(events) == made          # oldest first, in call order
-    assert len({e["eventId"] for e in events}) == len(events)
-    assert [e["eventTime"] for e in events] == sorted(e["eventTime"] for e in events)
+    assert len({e.event_id for e in events}) == len(events)
+    assert [e.event_time for e in events] == sorted(e.event_time for e in events)
     # 3 pages, plus one small query that measures the cloud's clock the first time.
     assert sample(registry, "consolerl_reward_trail_queries_total", outcome="ok") == \
         3 + (not measured)
@@ -156,8 +157,9 @@ def test_other_accounts_events_never_appear(delayed_cloud, sdk, accounts):
     trail = TrailClient(mine, TrailConfig(), CollectorRegistry(),
                         account_id=accounts[5].account_id, buckets=BucketRegistry())
     events = trail.events(t0 - 1, time.time())
-    assert created_ids(events) == [my_sg] and their_sg not in str(events)
-    assert {e["userIdentity"]["accountId"] for e in events} == {accounts[5].account_id}
+    assert created_ids(events) == [my_sg] and \
+        their_sg not in json.dumps([e.to_json() for e in events])
+    assert {e.account_id for e in events} == {accounts[5].account_id}
     # Defensive scoping: credentials of one account, account_id of another -> nothing passes.
     registry = CollectorRegistry()
     crossed = TrailClient(theirs, TrailConfig(), registry, account_id=accounts[5].account_id,

@@ -6,10 +6,11 @@ import itertools
 
 import pytest
 
+from consolerl.audit import AuditEvent
 from consolerl.experience import MAX_PAGES, keep_pages, page_seen
 from consolerl.rewards import EvidenceOutcome, JudgeVerdict, RuleOutcome
 from consolerl.tasks import TASKS_DIR, load_task, parse_task
-from reward_service.evidence import acted_labels, anchors_of, check_claim, steps_of
+from reward_service.evidence import Claim, acted_labels, anchors_of, check_claim, steps_of
 from reward_service.fusion import fuse
 
 ACCESSKEY = load_task(TASKS_DIR / "ram" / "ram-create-accesskey-wrongdoc.yaml")
@@ -26,8 +27,7 @@ RIGHT = "The user page has no Authentication tab and no Create AccessKey button.
 
 def claim(task=ACCESSKEY, reason=RIGHT, pages=(USERS, USER), actions=("click(\"2\")",),
           events=(), labels=None, values=VALUES, answer=None):
-    return check_claim(task, values, infeasible_reason=reason, answer=answer, pages=pages,
-                       actions=actions, events=events, console_labels=labels)
+    return check_claim(task, Claim(reason, answer, values, pages, actions, events), labels)
 
 
 def test_anchors_are_the_names_a_step_gives_to_console_things():
@@ -103,10 +103,10 @@ def test_no_report_on_a_known_wrong_doc_fails_and_on_a_working_one_abstains():
 
 
 def _event(name, error="", message="", service="Vpc", **params):
-    return {"eventId": f"e-{name}", "eventName": name, "serviceName": service,
-            "errorCode": error,
-            "errorMessage": message, "requestParameters": params,
-            "userAgent": "vpc.console.aliyun.com"}
+    return AuditEvent.from_trail({
+        "eventId": f"e-{name}", "eventName": name, "serviceName": service, "errorCode": error,
+        "errorMessage": message, "requestParameters": params,
+        "userAgent": "vpc.console.aliyun.com"})
 
 
 RESIZE = parse_task({
@@ -123,18 +123,16 @@ RESIZE = parse_task({
 def test_refused_when_the_console_rejected_the_documented_values_as_reported():
     ev = _event("CreateVSwitch", "InvalidCidrBlock.Mismatch", "The CIDR block is not in "
                 "the VPC", VpcId="vpc-1", CidrBlock="10.9.0.0/24")
-    out = check_claim(RESIZE, {"net": "vpc-1"}, infeasible_reason="The console refuses it: "
-                      "InvalidCidrBlock.Mismatch", answer=None, pages=(), actions=(),
-                      events=[ev])
+    out = check_claim(RESIZE, Claim("The console refuses it: InvalidCidrBlock.Mismatch",
+                                    values={"net": "vpc-1"}, events=[ev]))
     assert (out.verdict, out.kind, out.events) == ("success", "refused", ("e-CreateVSwitch",))
 
 
 def test_a_refusal_of_values_the_agent_made_up_proves_nothing():
     ev = _event("CreateVSwitch", "InvalidCidrBlock.Mismatch", "The CIDR block is not in "
                 "the VPC", VpcId="vpc-1", CidrBlock="10.7.0.0/24")
-    out = check_claim(RESIZE, {"net": "vpc-1"}, infeasible_reason="Refused: "
-                      "InvalidCidrBlock.Mismatch", answer=None, pages=(), actions=(),
-                      events=[ev])
+    out = check_claim(RESIZE, Claim("Refused: InvalidCidrBlock.Mismatch",
+                                    values={"net": "vpc-1"}, events=[ev]))
     assert (out.verdict, out.kind) == ("failure", "unsupported")
     assert "10.7.0.0/24" in out.reasons[0]
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from consolerl.audit import AuditEvent
 from consolerl.errors import CloudAPIError, ConfigError
 from consolerl.tasks import parse_task
 from reward_service.actiontrail import TrailResult
@@ -20,8 +21,8 @@ T0 = 1_800_000_000          # an episode start, epoch seconds
 
 def event(name: str, at: float = T0 + 5, *, service: str = "Ecs", error: str = "",
           account: str = ACCOUNT, request: dict | None = None, response: dict | None = None,
-          console: bool = True, eid: str = "") -> dict[str, Any]:
-    return {
+          console: bool = True, eid: str = "") -> AuditEvent:
+    return AuditEvent.from_trail({
         "eventId": eid or f"{name}-{at}", "eventName": name, "serviceName": service,
         "eventTime": datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "errorCode": error, "acsRegion": "cn-hangzhou",
@@ -29,7 +30,12 @@ def event(name: str, at: float = T0 + 5, *, service: str = "Ecs", error: str = "
         "userAgent": f"{service.lower()}.console.aliyun.com" if console else "Python SDK",
         "userIdentity": {"accountId": account, "type": "root-account"},
         "requestParameters": request or {}, "responseElements": response or {},
-    }
+    })
+
+
+def changed(e: AuditEvent, **fields: Any) -> AuditEvent:
+    """``e`` with some fields of its ActionTrail JSON replaced."""
+    return AuditEvent.from_trail({**e.to_json(), **fields})
 
 
 def task_with(success: dict, expected: str = "success", **extra: Any):
@@ -82,7 +88,7 @@ def test_event_name_service_and_error_code():
     wrong_service = task_with({"required_events": [
         {"event": "AuthorizeSecurityGroup", "service": "Vpc"}]}).success.required_events[0]
     assert not matches(SG_EVENT, wrong_service, values)
-    failed = {**SG_EVENT, "errorCode": "InvalidPort.Malformed"}
+    failed = changed(SG_EVENT, errorCode="InvalidPort.Malformed")
     assert not matches(failed, rule_of({}), values)              # failed calls do not count...
     assert matches(failed, rule_of({"errorCode": "InvalidPort.Malformed"}), values)  # ...unless
     assert not matches(SG_EVENT, rule_of({"errorCode": {"exists": True}}), values)   # asked for
@@ -141,12 +147,12 @@ TWO_STEP = {"required_events": [
 ]}
 
 
-def create(sg: str, at: float, name: str = "web") -> dict:
+def create(sg: str, at: float, name: str = "web") -> AuditEvent:
     return event("CreateSecurityGroup", at, request={"SecurityGroupName": name},
                  response={"SecurityGroupId": sg}, eid=f"create-{sg}")
 
 
-def authorize(sg: str, at: float) -> dict:
+def authorize(sg: str, at: float) -> AuditEvent:
     return event("AuthorizeSecurityGroup", at, request={"SecurityGroupId": sg},
                  eid=f"auth-{sg}-{at}")
 
@@ -191,7 +197,7 @@ def test_the_search_stays_fast_on_long_logs():
 class FakeTrail:
     """Stands in for TrailClient.wait_for (the real one is tested against the local cloud)."""
 
-    def __init__(self, events: list[dict], status: str = "complete"):
+    def __init__(self, events: list[AuditEvent], status: str = "complete"):
         self.events, self.status = events, status
 
     def wait_for(self, start, predicate, deadline_s=None):
@@ -239,13 +245,13 @@ DELETED = event("DeleteUser", T0 + 8, service="Ram", request={"UserName": "alice
     ("late: not delivered by the deadline", CREATE_USER, "success", [], "pending", USER_OK,
      "undetermined", ()),
     ("event before the episode", CREATE_USER, "success",
-     [{**MADE, "eventTime": "2027-01-15T07:59:00Z"}, WATERMARK], "complete", USER_OK,
+     [changed(MADE, eventTime="2027-01-15T07:59:00Z"), WATERMARK], "complete", USER_OK,
      "failure", ()),
     ("event of another account", CREATE_USER, "success",
-     [{**MADE, "userIdentity": {"accountId": "1999999999"}}, WATERMARK], "complete", USER_OK,
+     [changed(MADE, userIdentity={"accountId": "1999999999"}), WATERMARK], "complete", USER_OK,
      "failure", ()),
     ("made through the API, not the console", CREATE_USER, "success",
-     [{**MADE, "eventType": "ApiCall", "userAgent": "Python SDK"}, WATERMARK], "complete",
+     [changed(MADE, eventType="ApiCall", userAgent="Python SDK"), WATERMARK], "complete",
      USER_OK, "failure", ()),
     ("infeasible, no side effects", CREATE_USER, "infeasible", [WATERMARK], "complete",
      USER_OK, "undetermined", ()),

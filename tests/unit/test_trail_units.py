@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
+from consolerl.audit import AuditEvent
 from consolerl.errors import CloudAPIError, ConfigError
 from reward_service.actiontrail import (_CLOCK_OFFSETS, BucketRegistry, TokenBucket, TrailClient, TrailConfig,
                                         TrailResult, call_with_retry, episode_events,
@@ -179,7 +180,7 @@ def test_config_validation_names_the_field():
 def test_config_and_result_pickle():
     cfg = TrailConfig(settle_s=600)
     assert pickle.loads(pickle.dumps(cfg)) == cfg
-    res = TrailResult("pending", [{"eventId": "e1"}], 1.5, 3)
+    res = TrailResult("pending", [AuditEvent.from_trail({"eventId": "e1"})], 1.5, 3)
     assert pickle.loads(pickle.dumps(res)) == res
 
 
@@ -251,7 +252,7 @@ def test_events_pages_dedupes_orders_and_drops_other_accounts():
     registry = CollectorRegistry()
     client = fake_client(sdk, registry)
     events = client.events(1714557600.7, 1714557610.2, {"EventName": "CreateVpc"})
-    assert [e["eventId"] for e in events] == ["e2a", "e2b", "e3", "e4", "e5"]
+    assert [e.event_id for e in events] == ["e2a", "e2b", "e3", "e4", "e5"]
     first = sdk.requests[0]
     assert (first.start_time, first.end_time) == ("2024-05-01T10:00:00Z", "2024-05-01T10:00:11Z")
     assert first.max_results == "50"
@@ -277,7 +278,7 @@ def test_wait_for_pending_is_not_an_error():
     registry = CollectorRegistry()
     client = fake_client(sdk, registry, settle_s=0.2, poll_s=0.05)
     result = client.wait_for(time.time(), lambda events: len(events) > 1)
-    assert result.status == "pending" and [e["eventId"] for e in result.events] == ["e1"]
+    assert result.status == "pending" and [e.event_id for e in result.events] == ["e1"]
     assert 0.2 <= result.waited_s < 1.0 and result.queries == len(sdk.requests) >= 3
     assert registry.get_sample_value("consolerl_reward_trail_wait_seconds_count",
                                      {"status": "pending"}) == 1
@@ -319,5 +320,5 @@ def test_episode_events_floors_start_and_filters_account():
     events = [ev("before", "2024-05-01T10:00:04Z"), ev("same-second", "2024-05-01T10:00:05Z"),
               ev("after", "2024-05-01T10:00:09Z"), ev("other", "2024-05-01T10:00:09Z", OTHER),
               ev("garbled", "yesterday")]
-    kept = episode_events(events, ACCOUNT, 1714557605.9)
-    assert [e["eventId"] for e in kept] == ["same-second", "after"]
+    kept = episode_events([AuditEvent.from_trail(e) for e in events], ACCOUNT, 1714557605.9)
+    assert [e.event_id for e in kept] == ["same-second", "after"]
