@@ -82,6 +82,7 @@ from rollout_service.episode import EpisodeOutcome, EpisodeRunner, scripted_poli
 from rollout_service.episode import Script as EpisodeScript
 from doccheck.inventory import labels_by_drift
 from datagen.oracle import FAMILIES, OracleDriver
+from datagen.plan import Op
 
 MAX_STEPS = 40
 
@@ -115,11 +116,10 @@ class _HalfDriver(OracleDriver):
     class Stop(ConsoleRLError):
         """Ends the script where the final commit would be (not an error of the run)."""
 
-    async def submit(self, name: str) -> StepResult:
-        raise self.Stop
-
-    async def confirm(self, resource_id: str) -> StepResult:
-        raise self.Stop
+    async def execute(self, o: Op) -> None:
+        if o.verb in ("submit", "confirm"):
+            raise self.Stop
+        await super().execute(o)
 
 
 # family -> (list page, reversing family, its args from the task's oracle args)

@@ -2,7 +2,8 @@
 corrections and step-level labels (:mod:`datagen.src`).
 
 :class:`OracleTeacher` reads the task's oracle plan (:mod:`datagen.oracle`: a list of
-ops, data) against the current page instead of replaying it from the start. A session per
+ops, data) against the current page, each op with :func:`datagen.plan.resolve` (as the oracle
+does them), instead of replaying it from the start. A session per
 episode keeps which of the plan's clicks were done (an action the session would have proposed,
 sent, and answered without an error) and, when the caller has it, whether the audit log says
 the task is done. Its choice on a page:
@@ -40,13 +41,12 @@ from consolerl.drift import parse as parse_drift
 from consolerl.resources import fill
 from consolerl.tasks import Task
 from consolerl.types import Observation, StepResult
-from env_workers.actions import (ActionError, Click, Fill, Goto, ReportInfeasible, Select, Stop,
-                                 parse_action)
-from env_workers.driver import DriverError, find_bid, find_in_row
+from env_workers.actions import ActionError, Goto, ReportInfeasible, Stop, parse_action
 from infra.llm import ChatClient, ChatError
 
 from rollout_service.agent import SYSTEM_PROMPTS, _Step, build_messages, history_entry, recent_history
-from .oracle import CHECK_VERBS, VALUE_VERBS, Op, OracleDriver, check_failure, plan_of
+from .oracle import plan_of
+from .plan import CHECK_VERBS, VALUE_VERBS, Op, Resolution, check_failure, resolve
 
 FINAL = -1          # Proposal.op of the episode's last action (stop / report_infeasible)
 ROUTE = -2          # a step towards the next op (Next, More, back to the start page)
@@ -82,33 +82,6 @@ class Teacher(Protocol):
                 ) -> TeacherSession: ...
 
 
-def _line(text: str, role: str, label: str) -> re.Match[str] | None:
-    return re.search(rf'^\s*\[(\d+)\] {re.escape(role)} "{re.escape(label)}"(.*)$', text, re.M)
-
-
-def _textbox_value(text: str, role: str, label: str) -> str | None:
-    m = _line(text, role, label)
-    if m is None:
-        return None
-    rest = m[2]
-    return rest[2:].strip() if rest.startswith(": ") else ""
-
-
-def _selected(text: str, label: str) -> str | None:
-    m = _line(text, "combobox", label)
-    if m is None:
-        return None
-    for option in m[2].removeprefix(": ").split(" | "):
-        if option.endswith("*"):
-            return option[:-1]
-    return ""
-
-
-def _options(text: str, label: str) -> list[str]:
-    m = _line(text, "combobox", label)
-    return [o.rstrip("*") for o in m[2].removeprefix(": ").split(" | ")] if m else []
-
-
 class PlanSession:
     """:class:`TeacherSession` over a task's oracle plan (see the module docstring)."""
 
@@ -126,158 +99,48 @@ class PlanSession:
                       else Stop("done").to_text())
 
     # ---- reading the page ---------------------------------------------------------------
-    def t(self, label: str) -> str:
-        return self.drift.label(label)
+    def _resolve(self, i: int, observation: Observation) -> Resolution:
+        return resolve(self.plan[i], observation, self.drift)
 
-    def _has(self, text: str, role: str, name: str) -> bool:
-        return find_bid(text, role, name) is not None
+    def _present(self, r: Resolution, i: int) -> bool:
+        return r.present and i not in self.done_ops and self.plan[i].verb not in CHECK_VERBS
 
-    def _present(self, i: int, text: str) -> bool:
-        o, a = self.plan[i], self.plan[i].args
-        if i in self.done_ops or o.verb in CHECK_VERBS:
-            return False
-        if o.verb == "press":
-            return any(self._has(text, r, self.t(a[0])) for r in ("button", "link", "menuitem"))
-        if o.verb == "row":
-            return (find_in_row(text, a[0], self.t(a[1])) is not None
-                    or ("more_menu" in self.drift
-                        and find_in_row(text, a[0], "More") is not None))
-        if o.verb == "link":
-            return self._has(text, "link", a[0]) or find_in_row(text, a[0], a[0]) is not None
-        if o.verb in ("field", "select"):
-            return self._has(text, "combobox" if o.verb == "select" else "textbox",
-                             self.t(a[0]))
-        if o.verb == "pick":
-            return self._has(text, "combobox", self.t(a[0]))
-        if o.verb == "choose":
-            return self._has(text, "radio", a[0])
-        if o.verb == "reveal":
-            return self._has(text, a[0], a[1])
-        if o.verb == "tab":
-            return re.search(rf'\] tab "[^"]*{re.escape(a[0])}', text) is not None
-        if o.verb == "last_link":
-            return self._has(text, "link", self.t(a[0]))
-        if o.verb == "submit":
-            return self._has(text, "button", self.t(a[0]))
-        if o.verb == "confirm":
-            return re.search(r"^\s*dialog ", text, re.M) is not None
-        raise DriverError(f"unknown plan op {o}")
-
-    def _satisfied(self, i: int, text: str) -> bool:
-        o, a = self.plan[i], self.plan[i].args
-        if o.verb == "field":
-            return _textbox_value(text, "textbox", self.t(a[0])) == a[1]
-        if o.verb == "select":
-            return _selected(text, self.t(a[0])) == a[1]
-        if o.verb == "pick":
-            chosen = _selected(text, self.t(a[0]))
-            return bool(chosen) and a[1] in chosen
-        if o.verb == "choose":
-            m = _line(text, "radio", a[0])
-            return m is not None and "(checked)" in m[2]
-        if o.verb == "reveal":
-            return True
-        if o.verb == "tab":
-            m = re.search(rf'\] tab "[^"]*{re.escape(a[0])}[^"]*"(.*)$', text, re.M)
-            return m is not None and "(selected)" in m[1] or i in self.done_ops
-        return False                     # a click is never "done" by looking at the page
-
-    def _action(self, i: int, text: str) -> str | None:
-        o, a = self.plan[i], self.plan[i].args
-        bid: str | None
-        if o.verb == "press":
-            for role in ("button", "link", "menuitem"):
-                if (bid := find_bid(text, role, self.t(a[0]))) is not None:
-                    return Click(bid).to_text()
-            return None
-        if o.verb == "row":
-            bid = find_in_row(text, a[0], self.t(a[1]))
-            if bid is None and "more_menu" in self.drift:
-                bid = find_in_row(text, a[0], "More")
-            return None if bid is None else Click(bid).to_text()
-        if o.verb == "link":
-            bid = find_bid(text, "link", a[0]) or find_in_row(text, a[0], a[0])
-            return None if bid is None else Click(bid).to_text()
-        if o.verb == "field":
-            bid = find_bid(text, "textbox", self.t(a[0]))
-            return None if bid is None else Fill(bid, a[1]).to_text()
-        if o.verb == "select":
-            bid = find_bid(text, "combobox", self.t(a[0]))
-            return None if bid is None else Select(bid, a[1]).to_text()
-        if o.verb == "pick":
-            label = self.t(a[0])
-            bid = find_bid(text, "combobox", label)
-            option = next((x for x in _options(text, label) if a[1] in x), None)
-            return None if bid is None or option is None else Select(bid, option).to_text()
-        if o.verb == "choose":
-            bid = find_bid(text, "radio", a[0])
-            return None if bid is None else Click(bid).to_text()
-        if o.verb == "tab":
-            m = re.search(rf'\[(\d+)\] tab "[^"]*{re.escape(a[0])}', text)
-            return None if m is None else Click(m[1]).to_text()
-        if o.verb == "last_link":
-            bids = re.findall(rf'\[(\d+)\] link "{re.escape(self.t(a[0]))}"', text)
-            return Click(bids[-1]).to_text() if bids else None
-        if o.verb == "submit":
-            bid = find_bid(text, "button", self.t(a[0]))
-            return None if bid is None else Click(bid).to_text()
-        if o.verb == "confirm":
-            m = re.search(r'\[(\d+)\] textbox "To confirm, type[^"]*"(.*)$', text, re.M)
-            if m and a[0] and (m[2][2:].strip() if m[2].startswith(": ") else "") != a[0]:
-                return Fill(m[1], a[0]).to_text()
-            bid = find_bid(text, "button", self.t("OK"))
-            return None if bid is None else Click(bid).to_text()
-        return None
-
-    def _route(self, k: int, text: str) -> Proposal | None:
-        """A step towards op ``k``, which this page does not show."""
-        o = self.plan[k]
-        nxt = find_bid(text, "button", self.t("Next"))
-        if o.verb in VALUE_VERBS | {"submit"} and nxt is not None:
-            return Proposal(Click(nxt).to_text(), ROUTE, f"the wizard's next step has {o}")
-        more = find_bid(text, "button", "More")
-        if o.verb == "press" and "more_menu" in self.drift and more is not None:
-            return Proposal(Click(more).to_text(), ROUTE, f"{o} is in the More menu")
-        return None
+    def _satisfied(self, r: Resolution, i: int) -> bool:
+        # A tab opened by a click of this episode stays done (the page may not mark it).
+        return r.satisfied or (self.plan[i].verb == "tab" and i in self.done_ops)
 
     def _pointer(self) -> int:
         return max(self.done_ops) + 1 if self.done_ops else 0
 
     def _finish(self, observation: Observation) -> Proposal | None:
         """The final action, once every check op of the plan holds on this page."""
-        if any(o.verb in CHECK_VERBS for o in self.plan):
-            driver = OracleDriver(_no_step, observation, self.drift)
-            for o in self.plan:
-                if o.verb in CHECK_VERBS and check_failure(o, driver):
-                    return None
+        for o in self.plan:
+            if o.verb in CHECK_VERBS and check_failure(o, observation, self.drift):
+                return None
         return Proposal(self.final, FINAL, "the task is done" if self.task.expected ==
                         "success" else "the page lacks what the procedure documents")
 
     # ---- the session --------------------------------------------------------------------
     def next_action(self, observation: Observation, done: bool | None = None
                     ) -> Proposal | None:
-        text = observation.text
         if done or (self.last_click >= 0 and self.last_click in self.done_ops):
             return self._finish(observation)
         n = len(self.plan)
-        present = [self._present(i, text) for i in range(n)]
+        read = [self._resolve(i, observation) for i in range(n)]
+        present = [self._present(read[i], i) for i in range(n)]
         if any(present):
             j = max(i for i in range(n) if present[i])
             first = j
             while first > 0 and present[first - 1] and self.plan[first - 1].verb in VALUE_VERBS:
                 first -= 1
             for k in range(first, j + 1):
-                if not self._satisfied(k, text):
-                    action = self._action(k, text)
-                    if action is not None:
-                        o = self.plan[k]
-                        if o.verb == "row" and find_in_row(text, o.args[0],
-                                                           self.t(o.args[1])) is None:
-                            # Opening the row's More menu: not the op itself yet.
-                            return Proposal(action, ROUTE, f"{o} is in the row's More menu")
-                        if o.verb == "confirm" and action.startswith("fill("):
-                            return Proposal(action, ROUTE, "the dialog asks for the id")
-                        return Proposal(action, k, str(o))
+                r = read[k]
+                if self._satisfied(r, k):
+                    continue
+                if r.prepare is not None:
+                    return Proposal(r.prepare, ROUTE, r.why)    # not the op itself yet
+                if r.action is not None:
+                    return Proposal(r.action, k, str(self.plan[k]))
             nxt = j + 1
         else:
             nxt = self._pointer()
@@ -285,9 +148,8 @@ class PlanSession:
             nxt += 1
         if nxt >= n:
             return self._finish(observation)
-        route = self._route(nxt, text)
-        if route is not None:
-            return route
+        if read[nxt].route is not None:       # a step towards the op, which this page lacks
+            return Proposal(read[nxt].route, ROUTE, read[nxt].towards)
         if _same_page(observation.url, self.start_url) or \
                 not self.start_url.startswith(("http://", "https://")):
             return None
@@ -316,15 +178,13 @@ class PlanSession:
     def progress(self, observation: Observation) -> int:
         """How far along the plan the episode is: one past the latest op that is done (a
         click sent, or a value the page shows)."""
-        text = observation.text
-        shown = [i for i, o in enumerate(self.plan)
-                 if o.verb in VALUE_VERBS and o.verb != "reveal" and self._present(i, text)
-                 and self._satisfied(i, text)]
+        shown = []
+        for i, o in enumerate(self.plan):
+            if o.verb in VALUE_VERBS and o.verb != "reveal":
+                r = self._resolve(i, observation)
+                if self._present(r, i) and self._satisfied(r, i):
+                    shown.append(i)
         return max([i + 1 for i in (*self.done_ops, *shown)], default=0)
-
-
-async def _no_step(text: str) -> StepResult:
-    raise DriverError("the teacher only reads the page")
 
 
 def _same_page(url: str, other: str) -> bool:
