@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
+from consolerl.config import AtLeast, Checked
 from consolerl.errors import ConfigError
 from env_workers.pool import EnvPoolConfig
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
@@ -91,49 +93,43 @@ class SftSection(SftConfig):
 
 
 @dataclass(frozen=True)
-class SrcSection:
+class SrcSection(SRCConfig):
     """Teacher-guided data after the oracle SFT (:mod:`datagen.src`): the SFT model
-    is the student, the state-aware oracle the teacher; ``mode`` src (speculative segments of
-    ``segment_steps``, review, rollback, at most ``max_rollbacks`` corrections an attempt) or
-    step (step-level labels); ``attempts_per_task`` attempts of each train-split task of
-    ``tasks`` ("" = ``sft.tasks``), sampled at ``temperature`` (None: the agent's); at most
-    ``archive_per_task`` distinct verifier-passing paths kept per task. The SFT model then
-    trains ``epochs`` more on the corrections and the archive (``lr`` None: ``sft.lr``) into
+    is the student, the state-aware oracle the teacher. The collection's
+    :class:`~datagen.src.SRCConfig` (its fields and defaults; the stage hands this section to it
+    as it is): ``mode`` src (speculative segments of ``segment_steps``, review, rollback, at
+    most ``max_rollbacks`` corrections an attempt) or step (step-level labels), at most
+    ``archive_per_task`` distinct verifier-passing paths kept per task; plus what the job does
+    around it: ``attempts_per_task`` attempts of each train-split task of ``tasks`` ("" =
+    ``sft.tasks``), sampled at ``temperature`` (None: the agent's). The SFT model then trains
+    ``epochs`` more on the corrections and the archive (``lr`` None: ``sft.lr``) into
     ``<run.dir>/sft-src``, where GRPO starts. ``data``: a JSONL file to train on instead of
     collecting. ``teacher``: ``oracle`` (the state-aware oracle) or an OpenAI-compatible
     endpoint ``http(s)://host:port[/v1]`` (a frontier model: ``teacher_model`` names it,
     ``teacher_api_key_env`` the environment variable with its key; its trajectories pass the
     same verifier, its replies must parse and name an element on the page)."""
 
+    config_name = "src"
+
     enabled: bool = False
     teacher: str = "oracle"
     teacher_model: str = ""
     teacher_api_key_env: str | None = None
-    mode: str = "src"
-    segment_steps: int = 2
-    max_rollbacks: int = 3
-    max_steps: int = 10
-    archive_per_task: int = 3
-    attempts_per_task: int = 2
+    attempts_per_task: Annotated[int, AtLeast(1)] = 2
     tasks: str = ""
     temperature: float | None = None
-    epochs: int = 1
+    epochs: Annotated[int, AtLeast(1)] = 1
     lr: float | None = None
     data: str = ""
 
     def __post_init__(self) -> None:
-        SRCConfig(self.mode, self.segment_steps, self.max_rollbacks, self.max_steps,
-                  self.archive_per_task)
+        super().__post_init__()
         if self.teacher != "oracle":
             if not self.teacher.startswith(("http://", "https://")):
                 raise ConfigError(f"src.teacher: 'oracle' or an http(s):// endpoint, got "
                                   f"{self.teacher!r}")
             if not self.teacher_model:
                 raise ConfigError("src.teacher_model: required with an endpoint teacher")
-        for name in ("attempts_per_task", "epochs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"src.{name}: must be an integer >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -180,7 +176,7 @@ class ObserveSection:
 
 
 @dataclass(frozen=True)
-class ApiSection:
+class ApiSection(Checked):
     """The jobs API (``python -m cluster.serve``): it listens on ``host:port``; its jobs live in
     the stream's Redis under ``prefix``; tokens (hashes) in ``tokens_file``; ``workers`` env
     workers run API jobs, leasing from the same account pool as training (``env``);
@@ -199,15 +195,16 @@ class ApiSection:
     default_team: str = "default"
     workers: int = 2
     models: dict[str, str] = field(default_factory=dict)
-    hosting: str = "actor"
+    hosting: Literal["actor", "serve"] = "actor"
     sse_max_s: float = 300.0
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     blobs: BlobConfig = field(default_factory=BlobConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
 
+    config_name = "api"
+
     def __post_init__(self) -> None:
-        if self.hosting not in ("actor", "serve"):
-            raise ConfigError(f"api.hosting: must be actor or serve, got {self.hosting!r}")
+        super().__post_init__()
         if "live" in self.models:
             raise ConfigError("api.models: 'live' is the served policy's name; register "
                               "checkpoints under other names")

@@ -54,7 +54,7 @@ from infra.llm import OpenAIChatClient
 from rollout_service.experience import ExperienceStream
 from datagen.export import ExportConfig, run_export
 from rollout_service.policy import PolicyConfig, PolicyServer
-from datagen.src import CollectConfig, ModelStudent, SRCConfig, run_collection
+from datagen.src import CollectConfig, ModelStudent, run_collection
 from datagen.teacher import ChatTeacher, OracleTeacher
 from jobsapi.store import TrainingBeacon
 from rollout_service.models import HFChatTokenizer, resolve_model
@@ -323,8 +323,7 @@ def src_stage(config: JobConfig, run_dir: Path, start_model: str,
         tokenizer = HFChatTokenizer(resolve_model(start_model))
         try:
             figures = asyncio.run(run_collection(CollectConfig(
-                src=SRCConfig(src.mode, src.segment_steps, src.max_rollbacks, src.max_steps,
-                              src.archive_per_task),
+                src=src,
                 split="train", tasks=src.tasks or sft.tasks,
                 attempts_per_task=src.attempts_per_task, workers=pool.workers, out=data,
                 cloud_endpoint=config.cloud.endpoint, console_url=pool.worker.console_url,
