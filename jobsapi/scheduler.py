@@ -47,6 +47,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from consolerl.errors import ConfigError, EpisodeCancelled
+from consolerl.page import parse
 from consolerl.tasks import Task
 from consolerl.types import StepResult
 from env_workers.leases import AccountPool, UnknownAccount
@@ -121,11 +122,7 @@ def target_of(action: str, page: str) -> str:
     m = _BID.match(action or "")
     if not m:
         return ""
-    for line in page.splitlines():
-        i = line.find(f"[{m.group(1)}]")
-        if i >= 0:
-            return line[i + len(m.group(1)) + 2:].strip()[:120]
-    return ""
+    return parse(page).text_after(m.group(1)).strip()[:120]
 
 
 def counts(rollouts: list[Rollout]) -> tuple[EpisodeCounts, VerdictCounts]:

@@ -36,6 +36,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from consolerl.audit import AuditEvent
+from consolerl.page import Page, parse
 from consolerl.resources import fill
 from consolerl.rewards import EvidenceOutcome
 from consolerl.tasks import Task
@@ -151,6 +152,12 @@ def page_url(page: str) -> str:
     return page.split("\n", 1)[0].strip()
 
 
+def _page(page: str) -> Page:
+    """The typed page of a page as a trajectory keeps it (its URL on the first line)."""
+    url, _, text = page.partition("\n")
+    return parse(text, url.strip())
+
+
 def acted_labels(pages: Sequence[str], actions: Sequence[str]) -> list[str]:
     """The labels of the elements the agent clicked, filled or selected: ``actions[i]`` ran on
     ``pages[i]`` (the observation before it)."""
@@ -159,25 +166,18 @@ def acted_labels(pages: Sequence[str], actions: Sequence[str]) -> list[str]:
         m = _ACTION_BID.match(action or "")
         if m is None or i >= len(pages):
             continue
-        bid = f"[{m[1]}]"
-        for line in pages[i].splitlines():
-            j = line.find(bid)
-            if j < 0:
-                continue
-            rest = line[j + len(bid):]
-            q = re.match(r'\s*\w+ "((?:[^"\\]|\\.)*)"', rest)
-            label = q[1] if q else re.split(r"\s+\||\s{2,}|\(", rest.strip())[0]
-            out.append(norm(label))
-            # a row's control: the row's text says which resource it acted on
-            if line.lstrip().startswith("- "):
-                out.append(norm(line))
-            break
+        node = _page(pages[i]).by_bid(m[1])
+        if node is None:
+            continue
+        out.append(norm(node.label))
+        # a row's control: the row's text says which resource it acted on
+        if node.row:
+            out.append(norm(node.row))
     return out
 
 
 def _headings(page: str) -> str:
-    return "\n".join(line for line in page.lower().splitlines()
-                     if line.startswith("#") or line.startswith("title:"))
+    return "\n".join(n.label.lower() for n in _page(page).headings())
 
 
 # ---- the check ---------------------------------------------------------------------------------
