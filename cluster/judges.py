@@ -30,12 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import ray
 from prometheus_client import CollectorRegistry
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from consolerl.config import Between, Checked, OneOf
 from consolerl.errors import ConfigError
 from infra.observability.discovery import PublishConfig
 from reward_service.judges import CONSENSUS, JudgeChannel, JudgeConfig, judge_clients
@@ -48,26 +49,8 @@ POLICY_PREFIX = "policy:"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _number(where: str, value: Any, *, low: float, high: float = float("inf"),
-            low_open: bool = False) -> None:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and (
-        value > low if low_open else value >= low) and value <= high and value == value
-    if not ok:
-        bound = f"> {low:g}" if low_open else f">= {low:g}"
-        if high != float("inf"):
-            bound += f" and <= {high:g}"
-        raise ConfigError(f"reward.judges.{where}: must be a number {bound}, got {value!r}")
-
-
-def _int(where: str, value: Any, low: int, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (
-            high is not None and value > high):
-        rng = f">= {low}" if high is None else f"in {low}..{high}"
-        raise ConfigError(f"reward.judges.{where}: must be an integer {rng}, got {value!r}")
-
-
 @dataclass(frozen=True)
-class JudgeSection:
+class JudgeSection(Checked):
     """``reward.judges``: the LLM-judge channel of the reward service (the judges decide only
     episodes the rule, and the evidence channel, leave undetermined, and only by consensus).
 
@@ -87,21 +70,21 @@ class JudgeSection:
     endpoint: str = ""
     model: str = ""
     api_key_env: str | None = None
-    k: int = 3
-    consensus: str = "unanimous"
+    k: Annotated[int, Between(1, 15)] = 3
+    consensus: Annotated[str, OneOf(CONSENSUS)] = "unanimous"
     min_valid: int | None = None
-    timeout_s: float = 30.0
-    deadline_s: float = 60.0
-    concurrency: int = 8
-    retries: int = 2
-    max_tokens: int = 256
-    temperatures: tuple[float, ...] = (0.0,)
-    audit_fraction: float = 0.0
+    timeout_s: Annotated[float, Between(0, 3600, low_open=True)] = 30.0
+    deadline_s: Annotated[float, Between(0, 3600, low_open=True)] = 60.0
+    concurrency: Annotated[int, Between(1, 1024)] = 8
+    retries: Annotated[int, Between(0, 10)] = 2
+    max_tokens: Annotated[int, Between(1, 8192)] = 256
+    temperatures: tuple[Annotated[float, Between(0, 5)], ...] = (0.0,)
+    audit_fraction: Annotated[float, Between(0, 1)] = 0.0
+
+    config_name = "reward.judges"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ConfigError(f"reward.judges.enabled: must be true or false, "
-                              f"got {self.enabled!r}")
+        super().__post_init__()
         if not isinstance(self.endpoint, str):
             raise ConfigError("reward.judges.endpoint: must be a string")
         if self.endpoint and not self.endpoint.startswith(("http://", "https://",
@@ -125,30 +108,19 @@ class JudgeSection:
                                              or not _ENV_NAME.match(self.api_key_env)):
             raise ConfigError(f"reward.judges.api_key_env: must be an environment variable's "
                               f"name or null, got {self.api_key_env!r}")
-        _int("k", self.k, 1, 15)
-        if self.consensus not in CONSENSUS:
-            raise ConfigError(f"reward.judges.consensus: must be one of "
-                              f"{', '.join(CONSENSUS)}, got {self.consensus!r}")
-        if self.min_valid is not None:
-            _int("min_valid", self.min_valid, 1, self.k)
-        _number("timeout_s", self.timeout_s, low=0, high=3600, low_open=True)
-        _number("deadline_s", self.deadline_s, low=0, high=3600, low_open=True)
+        if self.min_valid is not None and (
+                isinstance(self.min_valid, bool) or not isinstance(self.min_valid, int)
+                or not 1 <= self.min_valid <= self.k):
+            raise ConfigError(f"reward.judges.min_valid: must be an integer in 1..k "
+                              f"({self.k}) or null, got {self.min_valid!r}")
         if self.timeout_s > self.deadline_s:
             raise ConfigError(f"reward.judges.timeout_s ({self.timeout_s:g}) must not exceed "
                               f"reward.judges.deadline_s ({self.deadline_s:g}): a call is cut "
                               "at the episode's deadline")
-        _int("concurrency", self.concurrency, 1, 1024)
-        _int("retries", self.retries, 0, 10)
-        _int("max_tokens", self.max_tokens, 1, 8192)
-        temps = self.temperatures
-        if isinstance(temps, (str, bytes)) or not isinstance(temps, (list, tuple)) or \
-                len(temps) not in (1, self.k):
+        if len(self.temperatures) not in (1, self.k):
             raise ConfigError(f"reward.judges.temperatures: must be a list of 1 or k "
-                              f"({self.k}) numbers, got {temps!r}")
-        for t in temps:
-            _number("temperatures", t, low=0, high=5)
-        object.__setattr__(self, "temperatures", tuple(float(t) for t in temps))
-        _number("audit_fraction", self.audit_fraction, low=0, high=1)
+                              f"({self.k}) numbers, got {self.temperatures!r}")
+        object.__setattr__(self, "temperatures", tuple(float(t) for t in self.temperatures))
 
     @property
     def remote(self) -> bool:

@@ -203,6 +203,8 @@ def _checker(tp: Any) -> _Check | None:
             return None
 
         def items(where: str, value: Any) -> None:
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+                raise ConfigError(f"{where}: must be a list, got {value!r}")
             for i, v in enumerate(value):
                 item(f"{where}[{i}]", v)
         return items

@@ -46,10 +46,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from consolerl.config import AtLeast, Between, Checked, NonEmpty, OneOf
 from consolerl.errors import ConfigError
 from consolerl.rewards import JudgeVerdict, JudgeVote
 from infra.llm import ChatClient, ChatError, OpenAIChatClient
@@ -84,7 +85,7 @@ _TRAILING_FENCE = re.compile(r"```\s*$")
 
 
 @dataclass(frozen=True)
-class JudgeConfig:
+class JudgeConfig(Checked):
     """The judge channel's settings.
 
     ``k``: number of judges; ``consensus``: ``unanimous`` | ``majority``; ``min_valid``: valid
@@ -104,65 +105,32 @@ class JudgeConfig:
     with the rule (:meth:`JudgeChannel.audits`).
     """
 
-    k: int = 3
-    consensus: str = "unanimous"
+    k: Annotated[int, AtLeast(1)] = 3
+    consensus: Annotated[str, OneOf(CONSENSUS)] = "unanimous"
     min_valid: int | None = None
-    max_trajectory_chars: int = 12_000
-    system_prompts: tuple[str, ...] = DEFAULT_SYSTEM_PROMPTS
-    max_reply_chars: int = 64_000
-    max_json_chars: int = 4_000
-    max_reason_chars: int = 500
-    deadline_s: float | None = None
-    timeout_s: float | None = None
-    concurrency: int | None = None
-    retries: int = 0
-    retry_backoff_s: float = 0.25
-    audit_fraction: float = 0.0
+    max_trajectory_chars: Annotated[int, AtLeast(400)] = 12_000
+    system_prompts: tuple[Annotated[str, NonEmpty()], ...] = DEFAULT_SYSTEM_PROMPTS
+    max_reply_chars: Annotated[int, AtLeast(1)] = 64_000
+    max_json_chars: Annotated[int, AtLeast(16)] = 4_000
+    max_reason_chars: Annotated[int, AtLeast(1)] = 500
+    deadline_s: Annotated[float, AtLeast(0, open=True)] | None = None
+    timeout_s: Annotated[float, AtLeast(0, open=True)] | None = None
+    concurrency: Annotated[int, AtLeast(1)] | None = None
+    retries: Annotated[int, Between(0, 10)] = 0
+    retry_backoff_s: Annotated[float, AtLeast(0)] = 0.25
+    audit_fraction: Annotated[float, Between(0, 1)] = 0.0
 
     def __post_init__(self) -> None:
-        for name, low in (("k", 1), ("max_trajectory_chars", 400), ("max_reply_chars", 1),
-                          ("max_json_chars", 16), ("max_reason_chars", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"JudgeConfig.{name}: must be an integer >= {low}, "
-                                  f"got {value!r}")
-        if self.consensus not in CONSENSUS:
-            raise ConfigError(f"JudgeConfig.consensus: must be one of {', '.join(CONSENSUS)}, "
-                              f"got {self.consensus!r}")
+        super().__post_init__()
         if self.min_valid is not None and (isinstance(self.min_valid, bool)
                                            or not isinstance(self.min_valid, int)
                                            or not 1 <= self.min_valid <= self.k):
             raise ConfigError(f"JudgeConfig.min_valid: must be an integer in 1..k ({self.k}) "
                               f"or null, got {self.min_valid!r}")
-        prompts = tuple(self.system_prompts)
-        if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+        if not self.system_prompts or not all(p.strip() for p in self.system_prompts):
             raise ConfigError("JudgeConfig.system_prompts: must be a non-empty list of "
                               "non-empty strings")
-        object.__setattr__(self, "system_prompts", prompts)
-        if self.deadline_s is not None and not self.deadline_s > 0:
-            raise ConfigError(f"JudgeConfig.deadline_s: must be > 0 or null, "
-                              f"got {self.deadline_s!r}")
-        for name in ("timeout_s", "retry_backoff_s"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(
-                    value, (int, float)) or not value >= (0 if name == "retry_backoff_s"
-                                                           else 1e-9) or value == float("inf")):
-                raise ConfigError(f"JudgeConfig.{name}: must be a finite number "
-                                  f"{'>= 0' if name == 'retry_backoff_s' else '> 0 or null'}, "
-                                  f"got {value!r}")
-        if self.concurrency is not None and (isinstance(self.concurrency, bool)
-                                             or not isinstance(self.concurrency, int)
-                                             or self.concurrency < 1):
-            raise ConfigError(f"JudgeConfig.concurrency: must be an integer >= 1 or null, "
-                              f"got {self.concurrency!r}")
-        if isinstance(self.retries, bool) or not isinstance(self.retries, int) \
-                or not 0 <= self.retries <= 10:
-            raise ConfigError(f"JudgeConfig.retries: must be an integer in 0..10, "
-                              f"got {self.retries!r}")
-        if isinstance(self.audit_fraction, bool) or not isinstance(
-                self.audit_fraction, (int, float)) or not 0 <= self.audit_fraction <= 1:
-            raise ConfigError(f"JudgeConfig.audit_fraction: must be a number in 0..1, "
-                              f"got {self.audit_fraction!r}")
+        object.__setattr__(self, "system_prompts", tuple(self.system_prompts))
 
     @property
     def quorum(self) -> int:
