@@ -82,7 +82,7 @@ def test_a_throttling_storm_and_late_delivery_come_and_go(faulty_cloud, accounts
         for _ in range(4):
             try:
                 events = trail.events(now - 60, now + 1)
-                assert not any(sg in json.dumps(e) for e in events)     # not delivered yet
+                assert not any(sg in json.dumps(e.to_json()) for e in events)  # not delivered
             except CloudAPIError as exc:
                 assert exc.code.startswith("Throttling")
                 throttled += 1
@@ -90,7 +90,7 @@ def test_a_throttling_storm_and_late_delivery_come_and_go(faulty_cloud, accounts
     finally:
         set_faults(faulty_cloud)
     events = trail.events(now - 60, time.time() + 1)
-    assert any(sg in json.dumps(e) for e in events)                    # the storm passed
+    assert any(sg in json.dumps(e.to_json()) for e in events)           # the storm passed
 
 
 def test_a_malformed_faults_file_is_ignored(faulty_cloud, accounts):
