@@ -136,3 +136,39 @@ def test_the_observation_page_is_derived_not_carried():
     assert pickle.dumps(obs) == before
     assert [f.name for f in dataclasses.fields(Observation)][:3] == ["url", "title", "text"]
     assert "page" not in dataclasses.asdict(obs)
+
+
+def _fixture(name: str) -> Page:
+    return parse(next(p["text"] for p in PAGES if p["name"] == name))
+
+
+def test_real_pages_read_as_typed_nodes():
+    users = _fixture("ram users with rows@")
+    assert users.bid("link", "Create User") == "8"
+    search = users.control("combobox", "Search by")
+    assert search.selected == "Logon name" and search.region is Region.SEARCH
+    assert users.in_row("cap-plain", "Delete").bid == "16"
+    assert users.by_bid("13").label == "cap-plain Captured"
+    assert [n.level for n in users.headings()] == [2, 1]
+    assert users.control("link", "Users").region is Region.NAV
+
+    menu = _fixture("ram row more@more_menu")
+    more = menu.in_row("cap-more_menu", "More")
+    assert more.bid == "15" and more.flags == ("expanded",)
+    assert menu.in_row("cap-more_menu", "Delete").bid == "17"
+    assert menu.in_row("cap-plain", "Delete") is None
+
+    dialog = _fixture("ram delete dialog@extra_confirm")
+    box = dialog.control("textbox", re.compile("To confirm, type"))
+    assert box.region is Region.DIALOG and box.value == ""
+    ok = dialog.find("button", "OK")[0]
+    assert ok.disabled and not ok.bid and ok.region is Region.DIALOG
+    assert dialog.find("dialog", "Delete")[0].opens
+
+    form = _fixture("ram create filled@")
+    assert form.control("textbox", "Logon Name").value == "cap-plain"
+    assert form.control("textbox", "Logon Name").region is Region.FORM
+
+    wizard = _fixture("/console/ecs/instances@wizard > Next")
+    radios = wizard.find("radio", actionable=True)
+    assert radios and sum(r.checked for r in radios) <= 2
