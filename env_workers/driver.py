@@ -1,7 +1,7 @@
 """A scripted agent (no LLM) that performs flows through the action space only: it reads the
 observation's typed page (:mod:`consolerl.page`), finds the bid of an element by role and
-name, and sends action strings —
-exactly what a model would do. Used by tests, benchmarks and later issues."""
+name, and sends action strings — exactly what a model would do. Used by tests, benchmarks
+and later issues."""
 from __future__ import annotations
 
 import re
