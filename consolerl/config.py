@@ -131,6 +131,13 @@ class NonEmpty:
 
 
 @dataclasses.dataclass(frozen=True)
+class Matches:
+    """A string the regular expression ``pattern`` matches whole."""
+
+    pattern: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Regex:
     """A regular expression (:func:`re.compile` takes it)."""
 
@@ -226,6 +233,9 @@ def _apply(mark: Any, base: Any, where: str, value: Any) -> None:
     elif isinstance(mark, NonEmpty):
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{where}: must be a non-empty string, got {value!r}")
+    elif isinstance(mark, Matches):
+        if not isinstance(value, str) or not re.fullmatch(mark.pattern, value):
+            raise ConfigError(f"{where}: must match {mark.pattern}, got {value!r}")
     elif isinstance(mark, Regex):
         try:
             re.compile(value)
@@ -260,7 +270,7 @@ def check_fields(config: Any, name: str | None = None) -> None:
 class Checked:
     """Base of a config dataclass whose fields' types carry their constraints
     (:class:`AtLeast`, :class:`Between`, :class:`OneOf`, :class:`NonEmpty`,
-    :class:`Regex`, :class:`Satisfies`, ``Literal``): checked on construction. ``config_name`` (a class
+    :class:`Matches`, :class:`Regex`, :class:`Satisfies`, ``Literal``): checked on construction. ``config_name`` (a class
     attribute; default the class's name) is what messages call it."""
 
     def __post_init__(self) -> None:

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import urlsplit
 
 import yaml
 
+from consolerl.config import AtLeast, Checked, Matches, OneOf, Satisfies
 from consolerl.errors import ConfigError
 from consolerl.accounts import Account, load_accounts, parse_accounts
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
@@ -73,8 +74,31 @@ def _safe_yaml(text: str, source: str) -> object:
         raise ConfigError(f"{source}: not valid YAML{where}") from None
 
 
+def _check_redis_url(where: str, url: object) -> None:
+    if not isinstance(url, str):
+        raise ConfigError(f"{where}: must be a string, got {url!r}")
+    if not url:
+        return                  # not set yet: refused when a pool is made from it
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ConfigError(f"{where}: not a valid URL") from None
+    if parts.scheme not in _REDIS_SCHEMES:
+        raise ConfigError(f"{where}: must use one of "
+                          f"{list(_REDIS_SCHEMES)}, got scheme {parts.scheme!r}")
+    if parts.scheme == "unix":
+        return
+    host = parts.hostname or ""
+    # redis-py defaults a missing port to 6379, where Ray's GCS listens on every Ray node.
+    if (port or _RAY_GCS_PORT) == _RAY_GCS_PORT and _is_loopback(host):
+        raise ConfigError(f"{where}: must name a port other than 6379 "
+                          "on this machine (Ray's GCS listens there); start redis-server on "
+                          "another port")
+
+
 @dataclass(frozen=True)
-class PoolConfig:
+class PoolConfig(Checked):
     """Settings of one :class:`~env_workers.leases.AccountPool`.
 
     ``lease_ttl_s``: how long a lease lives without a heartbeat (a crashed holder's account is
@@ -89,47 +113,30 @@ class PoolConfig:
 
     # Hidden from repr: a redis URL may carry a password (redis://:secret@host:port).
     # "" only inside a root config, whose composition root fills it in (the stream's Redis).
-    redis_url: str = field(default="", repr=False)
-    key_prefix: str = "consolerl:pool"
-    lease_ttl_s: float = 60.0
-    heartbeat_interval_s: float | None = None
-    acquire_timeout_s: float = 300.0
-    quarantine_threshold: int = 3
-    waiter_ttl_s: float = 10.0
-    poll_interval_s: float = 0.05
-    accounts_source: str = "local"
+    redis_url: Annotated[str, Satisfies(_check_redis_url)] = field(default="", repr=False)
+    key_prefix: Annotated[str, Matches(r"[A-Za-z0-9_.:{}-]{1,64}")] = "consolerl:pool"
+    lease_ttl_s: Annotated[float, AtLeast(0.1)] = 60.0
+    heartbeat_interval_s: Annotated[float, AtLeast(0.01)] | None = None
+    acquire_timeout_s: Annotated[float, AtLeast(0)] = 300.0
+    quarantine_threshold: Annotated[int, AtLeast(1)] = 3
+    waiter_ttl_s: Annotated[float, AtLeast(0.1)] = 10.0
+    poll_interval_s: Annotated[float, AtLeast(0.001)] = 0.05
+    accounts_source: Annotated[str, OneOf(ACCOUNT_SOURCES)] = "local"
     accounts_file: str | None = None
 
     def __post_init__(self) -> None:
-        _check_redis_url(self.redis_url)
-        if not isinstance(self.key_prefix, str) or not re.fullmatch(r"[A-Za-z0-9_.:{}-]{1,64}",
-                                                                    self.key_prefix):
-            raise ConfigError(f"pool config: field 'key_prefix' must be 1-64 of "
-                              f"[A-Za-z0-9_.:{{}}-], got {self.key_prefix!r}")
-        _check_number("lease_ttl_s", self.lease_ttl_s, minimum=0.1)
-        if self.heartbeat_interval_s is not None:
-            _check_number("heartbeat_interval_s", self.heartbeat_interval_s, minimum=0.01)
-            if self.heartbeat_interval_s > self.lease_ttl_s / 2:
-                raise ConfigError(
-                    f"pool config: field 'heartbeat_interval_s' must be at most half of "
-                    f"lease_ttl_s ({self.lease_ttl_s / 2:g}), got {self.heartbeat_interval_s:g}")
-        _check_number("acquire_timeout_s", self.acquire_timeout_s, minimum=0.0)
-        if (not isinstance(self.quarantine_threshold, int)
-                or isinstance(self.quarantine_threshold, bool) or self.quarantine_threshold < 1):
-            raise ConfigError(f"pool config: field 'quarantine_threshold' must be an integer "
-                              f">= 1, got {self.quarantine_threshold!r}")
-        _check_number("poll_interval_s", self.poll_interval_s, minimum=0.001)
-        _check_number("waiter_ttl_s", self.waiter_ttl_s, minimum=0.1)
+        super().__post_init__()
+        if self.heartbeat_interval_s is not None and \
+                self.heartbeat_interval_s > self.lease_ttl_s / 2:
+            raise ConfigError(
+                f"PoolConfig.heartbeat_interval_s: must be at most half of lease_ttl_s "
+                f"({self.lease_ttl_s / 2:g}), got {self.heartbeat_interval_s:g}")
         if self.waiter_ttl_s < 4 * self.poll_interval_s:
-            raise ConfigError(f"pool config: field 'waiter_ttl_s' must be at least 4 x "
-                              f"poll_interval_s ({4 * self.poll_interval_s:g}), "
-                              f"got {self.waiter_ttl_s:g}")
-        if self.accounts_source not in ACCOUNT_SOURCES:
-            raise ConfigError(f"pool config: field 'accounts_source' must be one of "
-                              f"{list(ACCOUNT_SOURCES)}, got {self.accounts_source!r}")
+            raise ConfigError(f"PoolConfig.waiter_ttl_s: must be at least 4 x poll_interval_s "
+                              f"({4 * self.poll_interval_s:g}), got {self.waiter_ttl_s:g}")
         if self.accounts_source == "file" and not self.accounts_file:
-            raise ConfigError("pool config: field 'accounts_file' is required when "
-                              "accounts_source is 'file'")
+            raise ConfigError("PoolConfig.accounts_file: required when accounts_source is "
+                              "'file'")
 
     @property
     def heartbeat_s(self) -> float:
@@ -158,35 +165,6 @@ def load_pool_accounts(config: PoolConfig,
     if config.accounts_source == "file":
         return secrets_file_accounts(config.accounts_file or "")
     return environment_accounts(environ)
-
-
-def _check_number(name: str, value: object, minimum: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= minimum:
-        raise ConfigError(f"pool config: field '{name}' must be a number >= {minimum:g}, "
-                          f"got {value!r}")
-
-
-def _check_redis_url(url: object) -> None:
-    if not isinstance(url, str):
-        raise ConfigError(f"pool config: field 'redis_url' must be a string, got {url!r}")
-    if not url:
-        return                  # not set yet: refused when a pool is made from it
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        raise ConfigError("pool config: field 'redis_url' is not a valid URL") from None
-    if parts.scheme not in _REDIS_SCHEMES:
-        raise ConfigError(f"pool config: field 'redis_url' must use one of "
-                          f"{list(_REDIS_SCHEMES)}, got scheme {parts.scheme!r}")
-    if parts.scheme == "unix":
-        return
-    host = parts.hostname or ""
-    # redis-py defaults a missing port to 6379, where Ray's GCS listens on every Ray node.
-    if (port or _RAY_GCS_PORT) == _RAY_GCS_PORT and _is_loopback(host):
-        raise ConfigError("pool config: field 'redis_url' must name a port other than 6379 "
-                          "on this machine (Ray's GCS listens there); start redis-server on "
-                          "another port")
 
 
 def _is_loopback(host: str) -> bool:

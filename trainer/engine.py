@@ -36,11 +36,11 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import ray
 
-from consolerl.config import check_int, check_resources
+from consolerl.config import AtLeast, Between, Checked, OneOf, Satisfies, check_resources
 from consolerl.errors import ConfigError
 from consolerl.tensors import PartialWeights
 from infra.local_cloud import free_port
@@ -50,37 +50,29 @@ from .placement import TrainerRanks, place_ranks, worker_resources
 
 
 @dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 1e-5
+class OptimConfig(Checked):
+    """AdamW's settings; ``grad_clip`` 0 = off."""
+
+    lr: Annotated[float, Between(0, 1, low_open=True, high_open=True)] = 1e-5
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
-    grad_clip: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.lr < 1.0:
-            raise ConfigError(f"OptimConfig.lr: must be in (0, 1), got {self.lr!r}")
-        if self.grad_clip < 0:
-            raise ConfigError(f"OptimConfig.grad_clip: must be >= 0 (0 = off), "
-                              f"got {self.grad_clip!r}")
+    grad_clip: Annotated[float, AtLeast(0)] = 1.0
 
 
 @dataclass(frozen=True)
-class LoraConfig:
+class LoraConfig(Checked):
     """``rank`` 0 trains every weight; > 0 trains LoRA adapters on ``target_modules``."""
 
-    rank: int = 0
+    rank: Annotated[int, AtLeast(0)] = 0
     alpha: int = 16
     dropout: float = 0.0
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
-    def __post_init__(self) -> None:
-        check_int("LoraConfig.rank", self.rank, 0)
-
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(Checked):
     """``workers``: data-parallel ranks (Ray actors); ``strategy``: ``ddp`` (a full replica per
     rank) or ``fsdp2`` (parameters, gradients and optimizer states sharded over the ranks; no
     LoRA); ``backend``: ``gloo`` (CPU) or ``nccl`` (GPU); ``dtype``: the compute dtype:
@@ -105,49 +97,38 @@ class EngineConfig:
     placement group (:mod:`trainer.placement`) that is waited for up to
     ``placement_timeout_s`` before a clear error."""
 
-    workers: int = 1
-    strategy: str = "ddp"
-    nodes: int = 1
-    backend: str = "gloo"
+    workers: Annotated[int, AtLeast(1)] = 1
+    strategy: Annotated[str, OneOf(STRATEGIES)] = "ddp"
+    nodes: Annotated[int, AtLeast(1)] = 1
+    backend: Literal["gloo", "nccl"] = "gloo"
     device: str = "cpu"
-    dtype: str = "float32"
-    micro_batch_tokens: int = 8192
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    micro_batch_tokens: Annotated[int, AtLeast(64)] = 8192
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
     gradient_checkpointing: bool = False
-    autocast: str = "auto"
-    memory_gib: float = 0.0
-    placement_timeout_s: float = 300.0         # waiting for the ranks' placement group
+    autocast: Annotated[str, OneOf(AUTOCAST_MODES)] = "auto"
+    memory_gib: Annotated[float, AtLeast(0)] = 0.0    # 0 = no reservation
+    # How long to wait for the ranks' placement group.
+    placement_timeout_s: Annotated[float, AtLeast(0, open=True)] = 300.0
     threads_per_worker: int = 0                 # torch intra-op threads; 0 = torch's default
-    train_layers: int = 0
+    train_layers: Annotated[int, AtLeast(0)] = 0
     share_prefix: bool = True
     # Ray custom resources each worker needs (e.g. {"trainer": 1}).
-    resources: dict[str, float] = field(default_factory=dict)
+    resources: Annotated[dict[str, float], Satisfies(check_resources)] = field(
+        default_factory=dict)
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
-        check_int("EngineConfig.workers", self.workers, 1)
-        check_int("EngineConfig.nodes", self.nodes, 1)
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"EngineConfig.strategy: must be one of {', '.join(STRATEGIES)}, "
-                              f"got {self.strategy!r}")
-        if self.workers % self.nodes:
-            raise ConfigError(f"EngineConfig.nodes: {self.workers} workers do not divide "
-                              f"evenly over {self.nodes} nodes")
-        if self.backend not in ("gloo", "nccl"):
-            raise ConfigError(f"EngineConfig.backend: must be gloo or nccl, "
-                              f"got {self.backend!r}")
-        if self.dtype == "float16":
+        if self.dtype == "float16":     # say why, not only what is allowed
             raise ConfigError("EngineConfig.dtype: float16 training needs loss scaling, which "
                               "the engine does not do; use bfloat16 (bf16 compute over fp32 "
                               "master weights) or float32")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ConfigError(f"EngineConfig.dtype: must be float32 or bfloat16, "
-                              f"got {self.dtype!r}")
-        if self.autocast not in AUTOCAST_MODES:
-            raise ConfigError(f"EngineConfig.autocast: must be one of "
-                              f"{', '.join(AUTOCAST_MODES)}, got {self.autocast!r}")
+        super().__post_init__()
+        if self.workers % self.nodes:
+            raise ConfigError(f"EngineConfig.nodes: {self.workers} workers do not divide "
+                              f"evenly over {self.nodes} nodes")
         if self.dtype == "bfloat16" and self.autocast == "off":
             raise ConfigError("EngineConfig.autocast: off contradicts dtype: bfloat16 (bf16 "
                               "compute); set dtype: float32 for fp32 compute")
@@ -155,17 +136,6 @@ class EngineConfig:
             raise ConfigError(f"EngineConfig.lora.rank: {self.lora.rank} with strategy fsdp2; "
                               f"LoRA trains under strategy ddp only (set lora.rank: 0 or "
                               f"strategy: ddp)")
-        if not self.memory_gib >= 0:
-            raise ConfigError(f"EngineConfig.memory_gib: must be >= 0 (0 = no reservation), "
-                              f"got {self.memory_gib!r}")
-        if not self.placement_timeout_s > 0:
-            raise ConfigError(f"EngineConfig.placement_timeout_s: must be > 0, "
-                              f"got {self.placement_timeout_s!r}")
-        check_int("EngineConfig.train_layers", self.train_layers, 0)
-        check_resources("EngineConfig.resources", self.resources)
-        if self.micro_batch_tokens < 64:
-            raise ConfigError(f"EngineConfig.micro_batch_tokens: must be >= 64, "
-                              f"got {self.micro_batch_tokens!r}")
 
 
 AUTOCAST_MODES = ("auto", "bfloat16", "off")

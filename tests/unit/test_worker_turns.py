@@ -155,7 +155,8 @@ def test_the_orchestrator_picks_where_the_turns_run(turn_loop, workers, on_worke
 
 
 def test_a_bad_turn_loop_is_named():
-    with pytest.raises(Exception, match="turn_loop: must be auto, worker or orchestrator"):
+    with pytest.raises(Exception, match="OrchestratorConfig.turn_loop: must be one of auto, "
+                                        "worker, orchestrator"):
         OrchestratorConfig(turn_loop="env")
 
 
