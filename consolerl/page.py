@@ -288,7 +288,7 @@ def _inline(segment: str, line: PageNode, region: Region, row: str) -> list[Page
     return out
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=32)
 def parse(text: str, url: str = "", title: str = "") -> Page:
     """The page of a rendered text (``render(parse(text)) == text``). Cached: a page is
     immutable, and the same text is read many times on one step."""
