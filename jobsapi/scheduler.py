@@ -117,6 +117,16 @@ def verdict_of(outcome: EpisodeOutcome) -> str:
     return "undetermined" if outcome.reward.verdict == "undetermined" else "failure"
 
 
+def deciding_events(outcome: EpisodeOutcome) -> list[AuditEvent]:
+    """The audit events that decided a completed episode, for its rollout (at most 10): those
+    its reward names as evidence, or else the refused calls (what a failure shows)."""
+    evidence = set(outcome.reward.evidence) if outcome.reward else set()
+    events = outcome.audit_events
+    deciding = [e for e in events if e.event_id in evidence] or [e for e in events if e.refused]
+    return [AuditEvent(event_id=e.event_id, event_name=e.event_name, event_time=e.event_time,
+                       error_code=e.error_code) for e in deciding[:10]]
+
+
 def target_of(action: str, page: str) -> str:
     """The label of the element an action named (``click("12")`` -> ``button "Save"``)."""
     m = _BID.match(action or "")
@@ -617,13 +627,7 @@ class JobScheduler:
                                      for t in traj.turns)
                 versions = [t.version for t in traj.turns if t.version >= 0]
                 rollout.policy_version = max(versions) if versions else None
-            evidence = set(outcome.reward.evidence) if outcome.reward else set()
-            events = outcome.audit_events
-            deciding = [e for e in events if e.event_id in evidence] or \
-                [e for e in events if e.refused]
-            rollout.deciding_events = [AuditEvent(
-                event_id=e.event_id, event_name=e.event_name, event_time=e.event_time,
-                error_code=e.error_code) for e in deciding[:10]]
+            rollout.deciding_events = deciding_events(outcome)
             rollout.reasons = [r[:300] for r in outcome.reasons[:10]]
         if rollout.state != "queued":
             rollout.steps = steps

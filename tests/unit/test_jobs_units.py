@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from consolerl.audit import AuditEvent
 from consolerl.errors import ConfigError
 from consolerl.experience import Trajectory
 from consolerl.rewards import RewardResult, RuleOutcome
@@ -27,7 +28,7 @@ from jobsapi.schema import (ClaimCheck, EVENT_MODELS, EVENT_TYPES, JOB_STATES, T
                             RolloutStartedEvent, RolloutStepEvent, Sampling, Step,
                             TaskSummaryEvent, VerdictCounts, event_data,
                             may_move, parse_event)
-from jobsapi.scheduler import target_of, verdict_of
+from jobsapi.scheduler import deciding_events, target_of, verdict_of
 
 SUITE = {t.id: t for t in load_suite(TASKS_DIR)}
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,6 +137,24 @@ def test_episode_verdicts():
     assert verdict_of(outcome(answer="done", verdict="failure")) == "failure"
     assert verdict_of(outcome(infeasible="no such button")) == "infeasible"
     assert verdict_of(outcome(answer="done", verdict="undetermined")) == "undetermined"
+
+
+def test_deciding_events_are_the_evidence_or_else_the_refusals():
+    def event(eid, name, error=""):
+        return AuditEvent.from_trail({"eventId": eid, "eventName": name, "errorCode": error,
+                                      "eventTime": "2026-11-28T15:20:05Z",
+                                      "requestParameters": {"VpcId": "vpc-1"}}).brief()
+    o = outcome(verdict="failure")
+    o.audit_events = [event("e1", "CreateVpc"), event("e2", "DeleteVpc", "DependencyViolation"),
+                      event("e3", "CreateVSwitch")]
+    assert [e.model_dump() for e in deciding_events(o)] == [
+        {"event_id": "e2", "event_name": "DeleteVpc", "event_time": "2026-11-28T15:20:05Z",
+         "error_code": "DependencyViolation"}]
+    o.reward = RewardResult(1.0, True, "success", "rule", RuleOutcome("success", ("e3", "e1")),
+                            evidence=("e3", "e1"))
+    assert [e.event_id for e in deciding_events(o)] == ["e1", "e3"]     # in audit order
+    o.audit_events = [event(f"x{i}", "DeleteVpc", "Refused") for i in range(12)]
+    assert len(deciding_events(o)) == 10
 
 
 def test_target_of_an_action():
