@@ -11,7 +11,10 @@ differs from its own and did not move the plan forward. Rollback keeps the usefu
 episode ends (cleaned up as every episode), a new one is provisioned, the kept actions are
 replayed in it (their values carried over to the new episode's names), and the teacher's
 correction is sent where the deviation was; the student goes on from there. ``max_rollbacks``
-bounds the corrections of one attempt.
+bounds the corrections of one attempt. Each episode is a stepped episode of the runner
+(:class:`rollout_service.stepped.SteppedEpisode`): the loop here sends every action and ends
+the episode where it chooses, with a value (:class:`rollout_service.episode.Halt` for a
+rollback), the runner scoring and cleaning up as it does every episode.
 
 Replay fidelity: after a replay, the page must equal the page the deviation was made on,
 compared with what differs between two episodes by design taken out (the episode's names and
@@ -48,13 +51,13 @@ from consolerl.errors import ConfigError
 from consolerl.resources import fill
 from consolerl.tasks import Task
 from consolerl.types import Observation, StepResult
-from env_workers.driver import DriverError
 from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
 from reward_service.service import RewardService
 
 from rollout_service.agent import AgentConfig, AgentLoop, SamplingParams, _Step, history_entry, recent_history
-from rollout_service.episode import EpisodeOutcome, EpisodeRunner, scripted_policy
+from rollout_service.episode import EpisodeOutcome, EpisodeRunner, Halt
+from rollout_service.stepped import SteppedEpisode
 from .export import (ExportConfig, RecordedTurn, Recording, account_secrets, build_record,
                      check_no_secrets, select_tasks, start_services, stop_services)
 from rollout_service.models import HFChatTokenizer
@@ -224,10 +227,6 @@ class TaskRun:
         return self.status in KEPT and not (self.outcome and self.outcome.broken_prerequisites)
 
 
-class _Rollback(DriverError):
-    """Ends an attempt at a harmful deviation (caught by the runner's scripted policy)."""
-
-
 def same_action(a: str | None, b: str) -> bool:
     """Two actions that do the same: equal, or both end the episode the same way (the
     answer's words do not matter)."""
@@ -237,9 +236,19 @@ def same_action(a: str | None, b: str) -> bool:
     return a == b or any(a.startswith(e) and b.startswith(e) for e in ends)
 
 
+def _ending(result: StepResult) -> StepResult | Halt:
+    """How an episode ends on a result that ends it: that result (the agent's answer, a
+    limit), or, when the environment broke, a halt there (the episode ends without an answer,
+    as a scripted agent's that got stuck)."""
+    if result.env_error is not None:
+        return Halt(f"environment failed: {result.env_error.kind}")
+    return result
+
+
 class Attempt:
-    """One episode of a task attempt: replay ``prefix`` (generalized action texts with who
-    chose them), send ``correction`` if any, then the student under review."""
+    """One episode of a task attempt (:meth:`play`): replay ``prefix`` (generalized action
+    texts with who chose them), send ``correction`` if any, then the student under review,
+    until the episode ends or a harmful deviation is to be rolled back (``rollback_at``)."""
 
     def __init__(self, collector: "Collector", run: TaskRun, prefix: list[tuple[str, str]],
                  correction: str | None, target_page: str | None, seed: int):
@@ -250,8 +259,11 @@ class Attempt:
         self.rollback_at: int | None = None      # index in turns of the harmful deviation
         self.rollback_action: str | None = None
 
-    async def __call__(self, task: Task, values: Mapping[str, str], step: Callable[
-            [str], Awaitable[StepResult]], observation: Observation) -> StepResult:
+    async def play(self, task: Task, values: Mapping[str, str], observation: Observation,
+                   step: Callable[[str], Awaitable[StepResult]]) -> StepResult | Halt:
+        """Act in the episode from its start page ``observation`` through ``step``; how it
+        ends: the last result, or a :class:`Halt` (a rollback, no correction left, a broken
+        environment)."""
         c, run = self.c, self.run
         run.values = dict(values)
         session = c.teacher.session(task, values, start_url_of(task, values, observation))
@@ -271,22 +283,20 @@ class Attempt:
                                                 result.observation.last_action_error),
                                    source, teacher.action if teacher else None, p0,
                                    session.progress(result.observation)))
-            if result.env_error is not None:
-                raise DriverError(f"environment failed: {result.env_error.kind}")
             return result
 
         # 1. the kept prefix, replayed with this episode's values, then the correction
         for text, source in self.prefix:
             result = await send(fill(text, values), source, None)
-            if result.done:
-                return result
+            if result.done or result.env_error is not None:
+                return _ending(result)
         if self.target_page is not None:          # a rollback: is this its state?
             run.replays += 1
             run.replay_matches += normalize_page(obs[0].text, values) == self.target_page
         if self.correction is not None:
             result = await send(fill(self.correction, values), "teacher", None)
-            if result.done:
-                return result
+            if result.done or result.env_error is not None:
+                return _ending(result)
         # 2. the student, reviewed
         segment: list[int] = []
         while len(self.turns) < c.config.max_steps:
@@ -305,6 +315,8 @@ class Attempt:
             shadow = label if label is not None else await session.propose(before)
             result = await send(act.text, "student", shadow)
             self.turns[-1].teacher = shadow.action if shadow else None
+            if result.env_error is not None:
+                return _ending(result)
             if c.config.mode == "step":
                 if label is not None and not same_action(label.action, result.action_text):
                     run.deviated = True
@@ -335,14 +347,14 @@ class Attempt:
             if bad.teacher is None or run.rollbacks >= c.config.max_rollbacks:
                 if result.done:
                     return result
-                raise DriverError(f"harmful deviation at action {at + 1} and no correction "
-                                  "left" if bad.teacher is not None else
-                                  f"harmful deviation at action {at + 1}: the teacher is lost")
+                return Halt(f"harmful deviation at action {at + 1} and no correction left"
+                            if bad.teacher is not None else
+                            f"harmful deviation at action {at + 1}: the teacher is lost")
             run.corrections.append(Correction(task.id, bad.turn.observation, bad.turn.history,
                                               bad.teacher, bad.turn.action_text or
                                               bad.turn.text, dict(values)))
             self.rollback_at, self.rollback_action = at, bad.teacher
-            raise _Rollback(f"rollback to action {at + 1}")
+            return Halt(f"rollback to action {at + 1}")
         return last[0]
 
     async def _broken(self, session: TeacherSession, segment: list[int], now: Observation,
@@ -380,7 +392,8 @@ class Attempt:
 
 
 class Collector:
-    """Runs task attempts (SRC or step-level) on an env through ``runner``."""
+    """Runs task attempts (SRC or step-level) on an env, each episode of an attempt a
+    :class:`SteppedEpisode` of ``runner``."""
 
     def __init__(self, runner: EpisodeRunner, teacher: Teacher, student: Student,
                  agent: AgentConfig, config: SRCConfig):
@@ -395,9 +408,7 @@ class Collector:
         while True:
             attempt = Attempt(self, run, prefix, correction, target, seed)
             t0 = time.monotonic()
-            outcome = await self.runner.run(env, task, scripted_policy(attempt),
-                                            max_steps=self.config.max_steps + 2,
-                                            seed=seed)
+            outcome = await self._episode(env, task, seed, attempt)
             run.env_s += time.monotonic() - t0
             run.episodes += 1
             if outcome.env_error is not None or attempt.rollback_at is None:
@@ -410,6 +421,25 @@ class Collector:
                       for t in kept]
             correction = generalize(attempt.rollback_action or "", run.values)
             target = normalize_page(attempt.turns[at].turn.observation.text, run.values)
+
+    async def _episode(self, env: Any, task: Task, seed: int, attempt: Attempt
+                       ) -> EpisodeOutcome:
+        """One episode of an attempt: opened, played, ended (scored and cleaned up) by the
+        runner."""
+        episode = SteppedEpisode(self.runner, env, task, max_steps=self.config.max_steps + 2,
+                                 seed=seed)
+        try:
+            opened = await episode.reset()
+            if opened is None:                  # the environment failed before the page
+                return await episode.end()
+            try:
+                final = await attempt.play(task, opened.values, opened.observation,
+                                           episode.step)
+            except Exception as exc:  # noqa: BLE001 - the student or teacher broke, not the agent
+                return await episode.fail(exc)
+            return await episode.end(final)
+        finally:
+            await episode.close()
 
 
 # ---- records --------------------------------------------------------------------------------

@@ -57,8 +57,19 @@ from .policy import call
 log = logging.getLogger("rollout_service.episode")
 T = TypeVar("T")
 StepFn = Callable[[str], Awaitable[StepResult]]
-# A scripted agent: acts through ``step`` and returns the last step's result.
-Script = Callable[[Task, Mapping[str, str], StepFn, Observation], Awaitable[StepResult]]
+
+
+@dataclass(frozen=True)
+class Halt:
+    """What a script returns to end its episode where it is, without an answer (it cannot or
+    will not go on: SRC's rollback, a flow that got stuck); ``detail`` says why."""
+
+    detail: str
+
+
+# A scripted agent: acts through ``step`` and returns the last step's result, or a Halt.
+Script = Callable[[Task, Mapping[str, str], StepFn, Observation],
+                  Awaitable[StepResult | Halt]]
 # Watches an episode: called with the step index (0: the opening page) and what the env
 # answered, before the policy sees it; raising EpisodeCancelled stops the episode cleanly.
 Observer = Callable[[int, StepResult], Awaitable[None]]
@@ -120,8 +131,9 @@ class PolicyFailed(ConsoleRLError, RuntimeError):
 
 def scripted_policy(script: Script) -> EpisodePolicy:
     """A scripted agent (the oracle, a test's hacker) as a policy. Its turns carry the action
-    texts and no tokens; a script that raises :class:`DriverError` got stuck: the episode ends
-    without an answer (``end_reason`` ``stuck``, the error in ``end_detail``)."""
+    texts and no tokens; a script that returns a :class:`Halt` (or raises :class:`DriverError`:
+    it got stuck) ends the episode without an answer (``end_reason`` ``stuck``, the why in
+    ``end_detail``)."""
     async def policy(task: Task, values: Mapping[str, str], observation: Observation,
                      step: StepFn, *, trajectory_id: str, seed: int) -> Trajectory:
         started = time.time()
@@ -139,9 +151,11 @@ def scripted_policy(script: Script) -> EpisodePolicy:
         try:
             final = await script(task, values, recorded, observation)
         except DriverError as exc:
+            final = Halt(str(exc))
+        if isinstance(final, Halt):
             return Trajectory(trajectory_id, task.id, tuple(turns), "stuck",
                               final_observation=last[0].text, started_at=started,
-                              ended_at=time.time(), end_detail=str(exc)[:300],
+                              ended_at=time.time(), end_detail=final.detail[:300],
                               pages=keep_pages(pages))
         if final.env_error is not None:
             end = "env_error"

@@ -9,7 +9,7 @@ from consolerl.rewards import RewardResult, RuleOutcome
 from consolerl.tasks import TASKS_DIR, load_suite
 from consolerl.types import EnvError, Observation, StepResult
 from env_workers.driver import DriverError
-from rollout_service.episode import EpisodeOutcome, scripted_policy
+from rollout_service.episode import EpisodeOutcome, Halt, scripted_policy
 from tests.conftest import run_async
 
 TASK = next(t for t in load_suite(TASKS_DIR) if t.id == "ram-create-user-0")
@@ -54,7 +54,7 @@ def test_a_script_becomes_a_trajectory_of_text_turns():
     assert traj.final_observation == "page 3" and traj.ended_at >= traj.started_at
 
 
-def test_a_reported_infeasible_and_a_stuck_script():
+def test_a_reported_infeasible_a_stuck_script_and_one_that_halts():
     async def report(task, values, step, obs):
         return await step('report_infeasible("no such page")')
     traj, _ = play(report)
@@ -67,6 +67,13 @@ def test_a_reported_infeasible_and_a_stuck_script():
     assert traj.end_reason == "stuck" and traj.answer is None
     assert "Create User" in traj.end_detail and len(traj.turns) == 1
     assert traj.final_observation == "page 1"
+
+    async def halted(task, values, step, obs):
+        await step("click(1)")
+        return Halt("rollback to action 1")
+    traj, _ = play(halted)
+    assert traj.end_reason == "stuck" and traj.end_detail == "rollback to action 1"
+    assert traj.answer is None and len(traj.turns) == 1
 
 
 def outcome(expected: str, *, answer=None, infeasible=None, rule="success", env_error=None):
