@@ -246,14 +246,18 @@ def _apply(mark: Any, base: Any, where: str, value: Any) -> None:
         mark.check(where, value)
 
 
-_CHECKS: dict[type, tuple[tuple[str, _Check], ...]] = {}
+_CHECKS: dict[type, tuple[tuple[str, str, _Check], ...]] = {}
 
 
-def _checks(cls: type) -> tuple[tuple[str, _Check], ...]:
+def _checks(cls: type) -> tuple[tuple[str, str, _Check], ...]:
+    """(field, the name of the class that declares it, its check) for each constrained field."""
     found = _CHECKS.get(cls)
     if found is None:
         hints = typing.get_type_hints(cls, include_extras=True)
-        found = tuple((f.name, check) for f in dataclasses.fields(cls)
+        owner = {f.name: next(c.__name__ for c in cls.__mro__
+                              if f.name in getattr(c, "__annotations__", {}))
+                 for f in dataclasses.fields(cls)}
+        found = tuple((f.name, owner[f.name], check) for f in dataclasses.fields(cls)
                       if (check := _checker(hints[f.name])) is not None)
         _CHECKS[cls] = found
     return found
@@ -261,17 +265,19 @@ def _checks(cls: type) -> tuple[tuple[str, _Check], ...]:
 
 def check_fields(config: Any, name: str | None = None) -> None:
     """Check every field of the dataclass ``config`` against the constraints its type carries;
-    the :class:`ConfigError` names ``name.field`` (``name``: the class's name)."""
-    prefix = name or getattr(config, "config_name", "") or type(config).__name__
-    for field_name, check in _checks(type(config)):
-        check(f"{prefix}.{field_name}", getattr(config, field_name))
+    the :class:`ConfigError` names ``name.field`` (``name``: the config's ``config_name``, else
+    the class that declares the field)."""
+    prefix = name or getattr(config, "config_name", "")
+    for field_name, owner, check in _checks(type(config)):
+        check(f"{prefix or owner}.{field_name}", getattr(config, field_name))
 
 
 class Checked:
     """Base of a config dataclass whose fields' types carry their constraints
     (:class:`AtLeast`, :class:`Between`, :class:`OneOf`, :class:`NonEmpty`,
     :class:`Matches`, :class:`Regex`, :class:`Satisfies`, ``Literal``): checked on construction. ``config_name`` (a class
-    attribute; default the class's name) is what messages call it."""
+    attribute; default the name of the class that declares the field) is what messages call
+    it."""
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -29,12 +29,12 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import ray
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from consolerl.config import check_int, check_resources
+from consolerl.config import AtLeast, Between, Checked, Satisfies, check_resources
 from consolerl.errors import ConfigError, ConsoleRLError
 from consolerl.tensors import PartialWeights
 from infra.observability.discovery import PublishConfig, publish
@@ -49,7 +49,7 @@ CPU_BIND = re.compile(r"auto|nobind|(\d+(-\d+)?(,\d+(-\d+)?)*)(\|\d+(-\d+)?(,\d+
 
 
 @dataclass(frozen=True)
-class PolicyConfig:
+class PolicyConfig(Checked):
     """``model``: a local Hugging Face folder (or a hub id where the hub is reachable);
     ``backend``: ``transformers`` | ``vllm``; ``replicas``: PolicyServer actors; ``dtype``:
     float32 on CPU. vLLM only: ``vllm_python`` (the interpreter with vLLM; empty: this one if
@@ -64,40 +64,33 @@ class PolicyConfig:
     to it, so that the replica's actor holds exactly the GPUs its vLLM workers use)."""
 
     model: str = ""
-    backend: str = "transformers"
-    replicas: int = 1
-    dtype: str = "float32"
+    backend: Literal["transformers", "vllm"] = "transformers"
+    replicas: Annotated[int, AtLeast(1)] = 1
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
     seed: int = 0
     max_model_len: int = 8192
     num_cpus_per_replica: float = 1.0
     num_gpus_per_replica: float = 0.0
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: Annotated[int, AtLeast(1)] = 1
     # Ray placement of the replicas: DEFAULT packs them, SPREAD puts them on distinct nodes.
     scheduling_strategy: str = "DEFAULT"
     # Ray custom resources each replica needs (e.g. {"policy": 1}).
-    resources: dict[str, float] = field(default_factory=dict)
+    resources: Annotated[dict[str, float], Satisfies(check_resources)] = field(
+        default_factory=dict)
     vllm_python: str = ""
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: Annotated[float, Between(0, 1, low_open=True)] = 0.9
     kv_cache_gib: float = 0.0
     enforce_eager: bool = False
     cpu_threads_bind: str = ""
     startup_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
-        check_resources("PolicyConfig.resources", self.resources)
+        super().__post_init__()
         if self.cpu_threads_bind and not CPU_BIND.fullmatch(self.cpu_threads_bind):
             raise ConfigError(f"PolicyConfig.cpu_threads_bind: must be auto, nobind or core "
                               f"lists like 0-1 or 0,2-3 (one per rank, joined by |), got "
                               f"{self.cpu_threads_bind!r}")
-        if self.backend not in ("transformers", "vllm"):
-            raise ConfigError(f"PolicyConfig.backend: must be transformers or vllm, "
-                              f"got {self.backend!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"PolicyConfig.dtype: must be float32, bfloat16 or float16, "
-                              f"got {self.dtype!r}")
-        check_int("PolicyConfig.replicas", self.replicas, 1)
-        check_int("PolicyConfig.tensor_parallel_size", self.tensor_parallel_size, 1)
         tp = self.tensor_parallel_size
         if tp > 1 and self.backend != "vllm":
             raise ConfigError(f"PolicyConfig.tensor_parallel_size: {tp} needs backend vllm; "
@@ -110,9 +103,6 @@ class PolicyConfig:
             raise ConfigError(f"PolicyConfig.num_gpus_per_replica: must equal "
                               f"tensor_parallel_size ({tp}), one GPU per vLLM worker, got "
                               f"{self.num_gpus_per_replica:g}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ConfigError(f"PolicyConfig.gpu_memory_utilization: must be in (0, 1], "
-                              f"got {self.gpu_memory_utilization!r}")
 
 
 class Engine(Protocol):

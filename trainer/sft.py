@@ -56,9 +56,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from consolerl.config import check_int
+from consolerl.config import AtLeast, Between, Checked
 from consolerl.errors import ConfigError
 from rollout_service.models import HFChatTokenizer, end_of_turn_id, resolve_model
 
@@ -73,7 +73,7 @@ class DataError(ConfigError):
 
 
 @dataclass(frozen=True)
-class SftConfig:
+class SftConfig(Checked):
     """``max_tokens_per_batch``: tokens per optimizer step; ``micro_batch_tokens``: padded
     tokens per forward/backward; ``device``: auto | cpu | cuda; ``gradient_checkpointing``:
     recompute activations in the backward pass (half the memory, twice the time on CPU);
@@ -83,40 +83,25 @@ class SftConfig:
     data: str = ""                 # required to train; "" only inside a root config
     out: str = ""
     model: str = "default"
-    epochs: int = 2
-    lr: float = 5e-5
-    max_tokens_per_batch: int = 8192
-    micro_batch_tokens: int = 4096
-    max_seq_len: int = 4096
+    epochs: Annotated[int, AtLeast(1)] = 2
+    lr: Annotated[float, Between(0, 1, low_open=True)] = 5e-5
+    max_tokens_per_batch: Annotated[int, AtLeast(16)] = 8192
+    micro_batch_tokens: Annotated[int, AtLeast(16)] = 4096
+    max_seq_len: Annotated[int, AtLeast(8)] = 4096
     seed: int = 0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    warmup_ratio: float = 0.05
-    device: str = "auto"
+    weight_decay: Annotated[float, Between(0, 1)] = 0.0
+    max_grad_norm: Annotated[float, AtLeast(0, open=True)] = 1.0
+    warmup_ratio: Annotated[float, Between(0, 0.5)] = 0.05
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     gradient_checkpointing: bool = False
-    train_layers: int = 0
+    train_layers: Annotated[int, AtLeast(0)] = 0
     overwrite: bool = False
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("data", "out"):
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(f"SftConfig.{name}: must be a string")
-        for name, low in (("epochs", 1), ("max_tokens_per_batch", 16),
-                          ("micro_batch_tokens", 16), ("max_seq_len", 8),
-                          ("train_layers", 0)):
-            check_int(f"SftConfig.{name}", getattr(self, name), low)
-        for name, low, high in (("lr", 0.0, 1.0), ("weight_decay", 0.0, 1.0),
-                                ("warmup_ratio", 0.0, 0.5)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not low <= value <= high or (name == "lr" and value == 0):
-                raise ConfigError(f"SftConfig.{name}: must be a number in "
-                                  f"{'(' if name == 'lr' else '['}{low:g}, {high:g}], "
-                                  f"got {value!r}")
-        if isinstance(self.max_grad_norm, bool) or not self.max_grad_norm > 0:
-            raise ConfigError(f"SftConfig.max_grad_norm: must be > 0, got {self.max_grad_norm!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"SftConfig.device: must be auto, cpu or cuda, got {self.device!r}")
 
 
 # ---- examples ---------------------------------------------------------------------------------
