@@ -64,7 +64,7 @@ from .crawl_forms import fill_and_send
 from .crawl_page import (DIALOG_JS, FACTS_JS, Normaliser, entry_from_facts, id_shaped,
                          merge, target_of, with_actions)
 from .inventory import save, version_of
-from .model import Control, Inventory, PageEntry
+from .model import Control, Inventory, PageEntry, Target, TargetKind, WhereKind
 
 log = logging.getLogger("doccheck.crawl")
 # What a send taught: the API action (``Service:Action``, "" when none) and its sends.
@@ -420,15 +420,15 @@ class Crawler:
                 if f.post:
                     items.append(_Item("form", p.pattern, ex, f.title, post=f.post,
                                        fields=tuple(x.name for x in f.fields)))
-            dialogs = {c.where for c in p.controls if c.where.startswith("dialog:")
-                       and c.target.startswith("post:")}
+            dialogs = {c.where.name for c in p.controls if c.where.kind is WhereKind.DIALOG
+                       and c.target.kind is TargetKind.POST}
             for c in p.controls:
-                if c.where in ("form", "nav") or c.where.startswith("dialog:"):
+                if c.where.kind in (WhereKind.FORM, WhereKind.NAV, WhereKind.DIALOG):
                     continue
-                if c.target.startswith("post:"):
+                if c.target.kind is TargetKind.POST:
                     items.append(_Item("direct", p.pattern, ex, c.label, c.where, c.target,
                                        c.role, c.danger))
-                elif c.target in dialogs:
+                elif c.target.kind is TargetKind.DIALOG and c.target.name in dialogs:
                     items.append(_Item("opener", p.pattern, ex, c.label, c.where, c.target,
                                        c.role, c.danger))
         # creating forms first, then forms of a resource, then actions, destructive ones last
@@ -483,10 +483,10 @@ class Crawler:
         for pattern, entry in pages.items():
             entry = with_actions(entry, by_control.get(pattern, {}), by_post)
             # a control posting where a known action goes causes that action
-            entry = with_actions(entry, {(c.label, c.where, c.target): by_post[c.target[5:]]
+            entry = with_actions(entry, {(c.label, c.where, c.target): by_post[c.target.name]
                                          for c in entry.controls if not c.action
-                                         and c.target.startswith("post:")
-                                         and c.target[5:] in by_post}, {})
+                                         and c.target.kind is TargetKind.POST
+                                         and c.target.name in by_post}, {})
             out[pattern] = entry
         return out
 
@@ -526,7 +526,7 @@ class Crawler:
                     async with page.expect_navigation(timeout=self._timeout_ms * 3):
                         await locator.click(timeout=self._timeout_ms)
                     return await self._action_after(since, (), (url, control["row"])), \
-                        item.target[5:], None
+                        Target(item.target).name, None
                 await locator.click(timeout=self._timeout_ms)
                 dialog = await page.evaluate(DIALOG_JS)
                 opened = await page.evaluate(FACTS_JS)

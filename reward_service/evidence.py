@@ -40,6 +40,7 @@ from consolerl.page import Page, parse
 from consolerl.resources import fill
 from consolerl.rewards import EvidenceOutcome
 from consolerl.tasks import Task
+from consolerl.text import norm, numbered_step
 
 from .rules import assign, forbidden
 
@@ -59,16 +60,10 @@ _PHRASE = re.compile(rf"{_WORD}(?:\s+(?:(?:and|for|of|&|/)\s+)?{_WORD})*")
 _QUOTED = re.compile(r"\*\*([^*]{1,80})\*\*|\"([^\"]{1,80})\"|'([^']{2,80})'|`([^`]{1,80})`")
 _CODE = re.compile(r"(?<![\w./-])[a-z][a-z0-9]*(?:[.-][a-z0-9]+)+(?![\w/])")
 _IP = re.compile(r"^\d+(\.\d+)*(/\d+)?$")
-_STEP = re.compile(r"^\s*(\d+)[.)]\s+(.*)$")
 _ACTION_BID = re.compile(r'^\s*(?:click|fill|select)\(\s*"?(\d+)"?')
 # Request parameters the console adds on its own (never what a user types or chooses).
 _CONSOLE_PARAMS = frozenset({"clienttoken", "regionid", "pagenumber", "pagesize",
                              "maxresults", "nexttoken", "dryrun"})
-
-
-def norm(text: str) -> str:
-    """Lower case, one space between words, no surrounding punctuation."""
-    return " ".join(text.lower().split()).strip(" .,:;!?\"'`*()[]")
 
 
 def _contains(haystack: str, needle: str) -> bool:
@@ -131,7 +126,7 @@ def steps_of(procedure: str, values: Mapping[str, str]) -> list[Step]:
     filled_values = [v for v in values.values() if v]
     steps: list[Step] = []
     for line in procedure.splitlines():
-        m = _STEP.match(line)
+        m = numbered_step(line)
         if m is None:
             if steps and line.strip():         # a continuation line
                 last = steps[-1]
@@ -139,11 +134,11 @@ def steps_of(procedure: str, values: Mapping[str, str]) -> list[Step]:
                 steps[-1] = Step(last.number, text, tuple(anchors_of(text, filled_values)),
                                  last.targets)
             continue
-        raw = m[2]
+        number, raw = m
         text = fill(raw, values) if "{" in raw else raw
         targets = tuple(norm(values[k]) for k in re.findall(r"\{(\w+)\}", raw)
                         if values.get(k))
-        steps.append(Step(int(m[1]), text, tuple(anchors_of(text, filled_values)), targets))
+        steps.append(Step(number, text, tuple(anchors_of(text, filled_values)), targets))
     return steps
 
 
