@@ -127,7 +127,9 @@ class Satisfies:
 
 @dataclasses.dataclass(frozen=True)
 class NonEmpty:
-    """A non-empty string."""
+    """A non-empty string (``trimmed``: without surrounding spaces)."""
+
+    trimmed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,8 +233,9 @@ def _apply(mark: Any, base: Any, where: str, value: Any) -> None:
             raise ConfigError(f"{where}: must be one of {', '.join(map(str, mark.values))}, "
                               f"got {value!r}")
     elif isinstance(mark, NonEmpty):
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{where}: must be a non-empty string, got {value!r}")
+        if not isinstance(value, str) or not value or (mark.trimmed and value != value.strip()):
+            rule = " without surrounding spaces" if mark.trimmed else ""
+            raise ConfigError(f"{where}: must be a non-empty string{rule}, got {value!r}")
     elif isinstance(mark, Matches):
         if not isinstance(value, str) or not re.fullmatch(mark.pattern, value):
             raise ConfigError(f"{where}: must match {mark.pattern}, got {value!r}")
@@ -274,10 +277,10 @@ def check_fields(config: Any, name: str | None = None) -> None:
 
 class Checked:
     """Base of a config dataclass whose fields' types carry their constraints
-    (:class:`AtLeast`, :class:`Between`, :class:`OneOf`, :class:`NonEmpty`,
-    :class:`Matches`, :class:`Regex`, :class:`Satisfies`, ``Literal``): checked on construction. ``config_name`` (a class
-    attribute; default the name of the class that declares the field) is what messages call
-    it."""
+    (:class:`AtLeast`, :class:`Between`, :class:`OneOf`, :class:`NonEmpty`, :class:`Matches`,
+    :class:`Regex`, :class:`Satisfies`, ``Literal``): checked on construction. ``config_name``
+    (a class attribute; default the name of the class that declares the field) is what
+    messages call it."""
 
     def __post_init__(self) -> None:
         check_fields(self)

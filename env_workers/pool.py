@@ -16,15 +16,14 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import ray
 import ray._private.state
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from consolerl.accounts import lease_agent
-from consolerl.config import check_int, check_resources
-from consolerl.errors import ConfigError
+from consolerl.config import AtLeast, Checked, Satisfies, check_resources
 from consolerl.experience import Trajectory
 from consolerl.types import EnvError, EpisodeSpec, Observation, StepResult
 from infra.observability.discovery import PublishConfig, publish
@@ -62,30 +61,21 @@ class EpisodeStart:
 
 
 @dataclass(frozen=True)
-class EnvPoolConfig:
-    workers: int = 2
+class EnvPoolConfig(Checked):
+    workers: Annotated[int, AtLeast(1)] = 2
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     pool: PoolConfig = field(default_factory=PoolConfig)   # the account leases
     num_cpus_per_worker: float = 0.5
-    max_restarts: int = -1                  # -1: restart a crashed worker forever
+    max_restarts: Annotated[int, AtLeast(-1)] = -1     # -1: restart a crashed worker forever
     # Ray placement: DEFAULT packs workers, SPREAD puts them on distinct nodes.
-    scheduling_strategy: str = "DEFAULT"
+    scheduling_strategy: Literal["DEFAULT", "SPREAD"] = "DEFAULT"
     # Ray custom resources each worker needs (e.g. {"browser": 1}): workers go only to nodes
     # that offer them.
-    resources: dict[str, float] = field(default_factory=dict)
+    resources: Annotated[dict[str, float], Satisfies(check_resources)] = field(
+        default_factory=dict)
     # Each worker serves its Prometheus metrics (consolerl_env_worker_*, consolerl_env_pool_*)
     # on a free port of its node, announced for discovery (listed by health()); None: not served.
     metrics: PublishConfig | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.workers, int) or self.workers < 1:
-            raise ConfigError(f"env pool: field 'workers' must be an integer >= 1, "
-                              f"got {self.workers!r}")
-        check_int("env pool: field 'max_restarts'", self.max_restarts, -1)
-        if self.scheduling_strategy not in ("DEFAULT", "SPREAD"):
-            raise ConfigError(f"env pool: field 'scheduling_strategy' must be DEFAULT or "
-                              f"SPREAD, got {self.scheduling_strategy!r}")
-        check_resources("env pool: field 'resources'", self.resources)
 
 
 class LeasedEnvWorker:

@@ -25,9 +25,9 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Annotated, Protocol
 
-from consolerl.config import check_int
+from consolerl.config import AtLeast, Between, Checked, OneOf
 from consolerl.errors import ConfigError
 from consolerl.experience import Trajectory, Turn, keep_pages, page_seen
 from consolerl.types import Observation, StepResult
@@ -57,38 +57,28 @@ SYSTEM_PROMPTS = {"full": SYSTEM_PROMPT, "compact": COMPACT_SYSTEM_PROMPT}
 
 
 @dataclass(frozen=True)
-class AgentConfig:
+class AgentConfig(Checked):
     """``history_turns``: previous actions shown (K); ``max_steps``: actions per episode;
     ``max_prompt_tokens`` / ``max_new_tokens``: per turn; ``max_episode_tokens``: prompt and
     sampled tokens of the whole episode; sampling: ``temperature``, ``top_p``;
     ``system_prompt``: ``full`` (the grammar with a line per action) or ``compact``."""
 
-    max_steps: int = 20
-    history_turns: int = 4
-    max_observation_chars: int = 8_000
-    min_observation_chars: int = 500
-    max_prompt_tokens: int = 4_096
-    max_new_tokens: int = 96
-    max_episode_tokens: int = 65_536
-    temperature: float = 1.0
-    top_p: float = 1.0
-    system_prompt: str = "full"
+    max_steps: Annotated[int, AtLeast(1)] = 20
+    history_turns: Annotated[int, AtLeast(0)] = 4
+    max_observation_chars: Annotated[int, AtLeast(100)] = 8_000
+    min_observation_chars: Annotated[int, AtLeast(50)] = 500
+    max_prompt_tokens: Annotated[int, AtLeast(64)] = 4_096
+    max_new_tokens: Annotated[int, AtLeast(1)] = 96
+    max_episode_tokens: Annotated[int, AtLeast(128)] = 65_536
+    temperature: Annotated[float, Between(0, 5)] = 1.0
+    top_p: Annotated[float, Between(0, 1, low_open=True)] = 1.0
+    system_prompt: Annotated[str, OneOf(tuple(SYSTEM_PROMPTS))] = "full"
 
     def __post_init__(self) -> None:
-        if self.system_prompt not in SYSTEM_PROMPTS:
-            raise ConfigError(f"AgentConfig.system_prompt: must be one of "
-                              f"{', '.join(SYSTEM_PROMPTS)}, got {self.system_prompt!r}")
-        for name, low in (("max_steps", 1), ("history_turns", 0), ("max_observation_chars", 100),
-                          ("min_observation_chars", 50), ("max_prompt_tokens", 64),
-                          ("max_new_tokens", 1), ("max_episode_tokens", 128)):
-            check_int(f"AgentConfig.{name}", getattr(self, name), low)
+        super().__post_init__()
         if self.min_observation_chars > self.max_observation_chars:
             raise ConfigError("AgentConfig.min_observation_chars: must not exceed "
                               "max_observation_chars")
-        if not 0.0 <= self.temperature <= 5.0:
-            raise ConfigError(f"AgentConfig.temperature: must be 0..5, got {self.temperature!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"AgentConfig.top_p: must be in (0, 1], got {self.top_p!r}")
 
 
 @dataclass(frozen=True)

@@ -19,30 +19,22 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 import redis
 
-from consolerl.config import check_int
-from consolerl.errors import ConfigError
+from consolerl.config import AtLeast, Checked, Matches
 from consolerl.experience import Group, encode_group
 
 
 @dataclass(frozen=True)
-class StreamConfig:
-    url: str = "redis://127.0.0.1:6390/0"
+class StreamConfig(Checked):
+    url: Annotated[str, Matches(r"(redis|rediss|unix)://.*")] = "redis://127.0.0.1:6390/0"
     stream: str = "consolerl:experience"
-    max_len: int = 10_000            # approximate (MAXLEN ~): older groups are trimmed
-    retry_s: float = 60.0            # how long a restarting Redis is waited for
-
-    def __post_init__(self) -> None:
-        if not self.url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"StreamConfig.url: must be a redis:// URL, got {self.url!r}")
-        check_int("StreamConfig.max_len", self.max_len, 1)
-        if isinstance(self.retry_s, bool) or not isinstance(self.retry_s, (int, float)) \
-                or not 0 <= self.retry_s < float("inf"):
-            raise ConfigError(f"StreamConfig.retry_s: must be a number >= 0, got "
-                              f"{self.retry_s!r}")
+    # approximate (MAXLEN ~): older groups are trimmed
+    max_len: Annotated[int, AtLeast(1)] = 10_000
+    # how long a restarting Redis is waited for
+    retry_s: Annotated[float, AtLeast(0)] = 60.0
 
 
 log = logging.getLogger("rollout_service.experience")

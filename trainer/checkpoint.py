@@ -47,13 +47,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from consolerl.config import check_int
+from consolerl.config import AtLeast, Checked
 from consolerl.errors import ConfigError, ConsoleRLError
 from consolerl.tensors import unshared_tensors
 
@@ -82,23 +82,22 @@ class CheckpointCorrupt(ConsoleRLError, RuntimeError):
 
 
 @dataclass(frozen=True)
-class CheckpointConfig:
+class CheckpointConfig(Checked):
     """``dir``: where checkpoints go (``cluster.job`` puts a relative one inside ``run.dir``);
     ``every_steps``: :meth:`CheckpointManager.should_save`
     is true every k optimizer steps; ``keep``: committed checkpoints kept (the newest)."""
 
     dir: str = "checkpoints"
-    every_steps: int = 1
-    keep: int = 2
+    every_steps: Annotated[int, AtLeast(1)] = 1
+    keep: Annotated[int, AtLeast(1)] = 2
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if isinstance(self.dir, os.PathLike):
             object.__setattr__(self, "dir", os.fspath(self.dir))
         if not isinstance(self.dir, str) or not self.dir.strip():
             raise ConfigError(f"CheckpointConfig.dir: must be a non-empty path, "
                               f"got {self.dir!r}")
-        for name in ("every_steps", "keep"):
-            check_int(f"CheckpointConfig.{name}", getattr(self, name), 1)
 
 
 @dataclass

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
-from consolerl.config import check_int
-from consolerl.errors import ConfigError
+from consolerl.config import AtLeast, Checked, OneOf
 
 from .algo import AlgoConfig
 from .checkpoint import CheckpointConfig
@@ -16,7 +16,7 @@ TRANSPORTS = ("collective", "object_store")
 
 
 @dataclass(frozen=True)
-class WeightsConfig:
+class WeightsConfig(Checked):
     """How the weights reach the policy replicas after a step. ``transport``: ``collective``
     (a process group between trainer rank 0 and each replica's engine: NCCL on GPU, gloo on
     CPU; tensors streamed in chunks of ``chunk_mib``) or ``object_store`` (Ray's object store
@@ -24,21 +24,13 @@ class WeightsConfig:
     collective transfer failed). ``timeout_s``: how long forming a group, or one chunk, may
     take before the peer counts as dead."""
 
-    transport: str = "collective"
-    chunk_mib: int = 256
-    timeout_s: float = 120.0
-
-    def __post_init__(self) -> None:
-        if self.transport not in TRANSPORTS:
-            raise ConfigError(f"WeightsConfig.transport: must be one of "
-                              f"{', '.join(TRANSPORTS)}, got {self.transport!r}")
-        check_int("WeightsConfig.chunk_mib", self.chunk_mib, 1)
-        if not self.timeout_s > 0:
-            raise ConfigError(f"WeightsConfig.timeout_s: must be > 0, got {self.timeout_s!r}")
+    transport: Annotated[str, OneOf(TRANSPORTS)] = "collective"
+    chunk_mib: Annotated[int, AtLeast(1)] = 256
+    timeout_s: Annotated[float, AtLeast(0, open=True)] = 120.0
 
 
 @dataclass(frozen=True)
-class TrainerConfig:
+class TrainerConfig(Checked):
     """``steps``: optimizer steps of the GRPO stage; each takes ``orchestrator.groups_per_step``
     groups from the stream. ``publish_every``: weights reach the PolicyServers every k steps
     (the trainer version the staleness control reads moves with them). ``model``: the starting
@@ -52,8 +44,8 @@ class TrainerConfig:
     step's forward and backward run (for a CPU machine where both share the cores: two
     thread pools on two cores slow each other more than taking turns)."""
 
-    steps: int = 2
-    publish_every: int = 1
+    steps: Annotated[int, AtLeast(1)] = 2
+    publish_every: Annotated[int, AtLeast(1)] = 1
     model: str = ""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -61,13 +53,6 @@ class TrainerConfig:
     consumer: ConsumerConfig = field(default_factory=ConsumerConfig)
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     read_timeout_s: float = 1800.0        # waiting for the stream before giving up a step
-    time_budget_s: float = 0.0
+    time_budget_s: Annotated[float, AtLeast(0)] = 0.0     # 0 = no budget
     skip_zero_advantage: bool = True
     pause_generation: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "publish_every"):
-            check_int(f"TrainerConfig.{name}", getattr(self, name), 1)
-        if self.time_budget_s < 0:
-            raise ConfigError(f"TrainerConfig.time_budget_s must be >= 0 (0 = no budget), "
-                              f"got {self.time_budget_s}")

@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from consolerl.config import check_int
+from consolerl.config import AtLeast, Checked, NonEmpty
 from consolerl.errors import ConfigError, ConsoleRLError
 from rollout_service.experience import StreamConfig
 from consolerl.experience import Group, decode_group
@@ -75,29 +75,17 @@ def redact_url(url: str) -> str:
 
 
 @dataclass(frozen=True)
-class ConsumerConfig:
+class ConsumerConfig(Checked):
     """``group``/``consumer``: the Redis consumer group and this trainer's name in it (keep the
     name stable across restarts: pending entries belong to the name). ``block_ms``: how long
     :meth:`ExperienceConsumer.read` waits for new entries (0: not at all). ``retry_s``: how long
     Redis may stay unreachable (a restart) before :class:`StreamUnavailable`."""
 
-    group: str = "trainer"
-    consumer: str = "trainer-0"
-    block_ms: int = 1000
-    dead_letter_suffix: str = ":dead"
-    retry_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        for name in ("group", "consumer", "dead_letter_suffix"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value or value != value.strip():
-                raise ConfigError(f"ConsumerConfig.{name}: must be a non-empty string without "
-                                  f"surrounding spaces, got {value!r}")
-        check_int("ConsumerConfig.block_ms", self.block_ms, 0)
-        if isinstance(self.retry_s, bool) or not isinstance(self.retry_s, (int, float)) \
-                or not 0 <= self.retry_s < float("inf"):
-            raise ConfigError(f"ConsumerConfig.retry_s: must be a finite number >= 0, "
-                              f"got {self.retry_s!r}")
+    group: Annotated[str, NonEmpty(trimmed=True)] = "trainer"
+    consumer: Annotated[str, NonEmpty(trimmed=True)] = "trainer-0"
+    block_ms: Annotated[int, AtLeast(0)] = 1000
+    dead_letter_suffix: Annotated[str, NonEmpty(trimmed=True)] = ":dead"
+    retry_s: Annotated[float, AtLeast(0)] = 30.0
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ def test_custom_resources_reach_each_actor_config(tmp_path):
     ({"transport": "nccl"}, r"WeightsConfig\.transport: must be one of collective, "
                             r"object_store, got 'nccl'"),
     ({"chunk_mib": 0}, r"WeightsConfig\.chunk_mib"),
-    ({"timeout_s": 0}, r"WeightsConfig\.timeout_s: must be > 0, got 0"),
+    ({"timeout_s": 0}, r"WeightsConfig\.timeout_s: must be a number > 0, got 0"),
 ])
 def test_weights_config_names_the_bad_field(kwargs, message):
     from trainer.config import WeightsConfig
