@@ -18,7 +18,9 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated
 
+from consolerl.config import AtLeast, Checked
 from consolerl.errors import ConfigError
 
 from .schema import SCOPES
@@ -28,20 +30,11 @@ TOKEN_PREFIX = "crl_"
 
 
 @dataclass(frozen=True)
-class TeamQuota:
-    concurrent_episodes: int = 2
-    queued_jobs: int = 10
-    samples_per_job: int = 200
-    env_minutes_per_day: float = 600.0
-
-    def __post_init__(self) -> None:
-        for name in ("concurrent_episodes", "queued_jobs", "samples_per_job"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"quota field {name!r} must be an integer >= 1, got {value!r}")
-        if not isinstance(self.env_minutes_per_day, (int, float)) or \
-                self.env_minutes_per_day <= 0:
-            raise ConfigError("quota field 'env_minutes_per_day' must be a number > 0")
+class TeamQuota(Checked):
+    concurrent_episodes: Annotated[int, AtLeast(1)] = 2
+    queued_jobs: Annotated[int, AtLeast(1)] = 10
+    samples_per_job: Annotated[int, AtLeast(1)] = 200
+    env_minutes_per_day: Annotated[float, AtLeast(0, open=True)] = 600.0
 
 
 def _team(team: object, where: str) -> None:

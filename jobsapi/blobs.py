@@ -25,10 +25,11 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import oss2
 
+from consolerl.config import AtLeast, Checked, OneOf
 from consolerl.errors import ConfigError, ConsoleRLError
 
 KEY_MAX_CHARS = 512
@@ -70,26 +71,24 @@ class BlobStore(Protocol):
 
 
 @dataclass(frozen=True)
-class BlobConfig:
+class BlobConfig(Checked):
     """``api.blobs``. ``kind``: ``local`` (``dir``, made on first write) or ``oss``
     (``endpoint`` with its scheme, e.g. ``https://oss-cn-hangzhou.aliyuncs.com`` or the local
     cloud's ``http://127.0.0.1:18080``; ``bucket``, which must exist; ``prefix``, a folder in
     it, "" for the bucket's root). The AccessKey pair is read from the environment variables
     named by ``access_key_id_env`` / ``access_key_secret_env`` where the store is opened."""
 
-    kind: str = "local"
+    kind: Annotated[str, OneOf(KINDS)] = "local"
     dir: str = "var/api/blobs"
     endpoint: str = ""
     bucket: str = ""
     prefix: str = ""
     access_key_id_env: str = "CONSOLERL_OSS_ACCESS_KEY_ID"
     access_key_secret_env: str = "CONSOLERL_OSS_ACCESS_KEY_SECRET"
-    timeout_s: float = 10.0
+    timeout_s: Annotated[float, AtLeast(0, open=True)] = 10.0
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ConfigError(f"BlobConfig.kind: must be one of {', '.join(KINDS)}, got "
-                              f"{self.kind!r}")
+        super().__post_init__()
         if self.kind == "local" and not self.dir:
             raise ConfigError("BlobConfig.dir: a directory is needed with kind local")
         if self.kind == "oss":
@@ -104,8 +103,6 @@ class BlobConfig:
                     check_key(self.prefix, folder=True)
                 except BlobKeyError as exc:
                     raise ConfigError(f"BlobConfig.prefix: {exc}") from None
-        if not self.timeout_s > 0:
-            raise ConfigError("BlobConfig.timeout_s: must be > 0")
 
 
 def open_blobs(config: BlobConfig) -> BlobStore:

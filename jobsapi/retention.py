@@ -19,10 +19,11 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from consolerl.config import AtLeast, Checked
 from consolerl.errors import ConfigError
 
 from .blobs import BlobUnavailable
@@ -30,6 +31,10 @@ from .domain import OutOfDomain, key_part
 
 log = logging.getLogger("jobsapi.retention")
 DAY_S = 86400.0
+
+
+# A duration in seconds, > 0 and finite.
+Seconds = Annotated[float, AtLeast(0, open=True)]
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class TeamRetention:
 
 
 @dataclass(frozen=True)
-class RetentionConfig:
+class RetentionConfig(Checked):
     """``api.retention``: a finished job's results (the job, its events, rollouts and report)
     are kept ``results_s``, its screenshots ``screenshots_s`` (no longer than the results);
     ``teams``: overrides by team name. An ``Idempotency-Key`` is remembered 7 days, or the
@@ -50,24 +55,15 @@ class RetentionConfig:
     ``sweep_batch`` due entries a tick. Every duration is in seconds (a soak run uses
     seconds-long ones)."""
 
-    results_s: float = 30 * DAY_S
-    screenshots_s: float = 7 * DAY_S
+    results_s: Seconds = 30 * DAY_S
+    screenshots_s: Seconds = 7 * DAY_S
     teams: dict[str, TeamRetention] = field(default_factory=dict)
-    usage_keep_s: float = DAY_S
-    sweep_every_s: float = 60.0
-    sweep_batch: int = 100
+    usage_keep_s: Seconds = DAY_S
+    sweep_every_s: Seconds = 60.0
+    sweep_batch: Annotated[int, AtLeast(1)] = 100
 
     def __post_init__(self) -> None:
-        for name in ("results_s", "screenshots_s", "usage_keep_s", "sweep_every_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                    not 0 < value < float("inf"):
-                raise ConfigError(f"RetentionConfig.{name}: must be a number of seconds > 0, "
-                                  f"got {value!r}")
-        if isinstance(self.sweep_batch, bool) or not isinstance(self.sweep_batch, int) or \
-                self.sweep_batch < 1:
-            raise ConfigError(f"RetentionConfig.sweep_batch: must be an integer >= 1, got "
-                              f"{self.sweep_batch!r}")
+        super().__post_init__()
         for team, override in self.teams.items():
             try:
                 key_part(team)

@@ -42,10 +42,11 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Annotated, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from consolerl.config import AtLeast, Between, Checked
 from consolerl.errors import ConfigError, EpisodeCancelled
 from consolerl.page import parse
 from consolerl.tasks import Task
@@ -69,24 +70,16 @@ _BID = re.compile(r"^\w+\(\s*\"?(\d+)\"?")
 
 
 @dataclass(frozen=True)
-class SchedulerConfig:
-    share_during_training: float = 0.5
-    max_attempts: int = 3
+class SchedulerConfig(Checked):
+    share_during_training: Annotated[float, Between(0, 1, low_open=True)] = 0.5
+    max_attempts: Annotated[int, AtLeast(1)] = 3
     tick_s: float = 0.5                 # longest wait between looks at the queue
     step_event_interval_s: float = 1.0  # rollout.step events, at most one per rollout per this
     screenshots: bool = True            # keep each step's screenshot as an artifact
     heartbeat_ttl_s: float = 10.0
     # How long the start-up sweep may take (waiting for accounts that others hold or clean);
     # what is left then stays recorded, in its account too, for the account's next holder.
-    sweep_timeout_s: float = 180.0
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.share_during_training <= 1.0:
-            raise ConfigError("SchedulerConfig.share_during_training: must be in (0, 1]")
-        if self.max_attempts < 1:
-            raise ConfigError("SchedulerConfig.max_attempts: must be >= 1")
-        if not self.sweep_timeout_s >= 0:
-            raise ConfigError("SchedulerConfig.sweep_timeout_s: must be >= 0")
+    sweep_timeout_s: Annotated[float, AtLeast(0)] = 180.0
 
 
 @dataclass(frozen=True)
