@@ -92,6 +92,31 @@ class AtLeast:
 
 
 @dataclasses.dataclass(frozen=True)
+class AtMost:
+    """A number <= ``high`` (< ``high`` with ``open``)."""
+
+    high: float
+    open: bool = False
+
+    def allows(self, value: Any) -> bool:
+        return value < self.high if self.open else value <= self.high
+
+    def describe(self) -> str:
+        return f"{'<' if self.open else '<='} {_num(self.high)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Finite:
+    """Any finite number."""
+
+    def allows(self, value: Any) -> bool:
+        return True
+
+    def describe(self) -> str:
+        return ""
+
+
+@dataclasses.dataclass(frozen=True)
 class Between:
     """A number in [``low``, ``high``]; either end excluded with ``low_open`` / ``high_open``."""
 
@@ -221,13 +246,14 @@ def _checker(tp: Any) -> _Check | None:
 
 
 def _apply(mark: Any, base: Any, where: str, value: Any) -> None:
-    if isinstance(mark, (AtLeast, Between)):
+    if isinstance(mark, (AtLeast, AtMost, Between, Finite)):
         integer = base is int
         if not (_is_int(value) if integer else _is_number(value)) or (
                 not integer and not math.isfinite(value)) or not mark.allows(value):
             rule = mark.describe(integer) if isinstance(mark, Between) else mark.describe()
-            kind = "an integer" if integer else "a number"
-            raise ConfigError(f"{where}: must be {kind} {rule}, got {value!r}")
+            kind = "an integer" if integer else "a number" if rule else "a finite number"
+            raise ConfigError(f"{where}: must be {' '.join(filter(None, (kind, rule)))}, "
+                              f"got {value!r}")
     elif isinstance(mark, OneOf):
         if value not in mark.values:
             raise ConfigError(f"{where}: must be one of {', '.join(map(str, mark.values))}, "
@@ -277,8 +303,8 @@ def check_fields(config: Any, name: str | None = None) -> None:
 
 class Checked:
     """Base of a config dataclass whose fields' types carry their constraints
-    (:class:`AtLeast`, :class:`Between`, :class:`OneOf`, :class:`NonEmpty`, :class:`Matches`,
-    :class:`Regex`, :class:`Satisfies`, ``Literal``): checked on construction. ``config_name``
+    (:class:`AtLeast`, :class:`AtMost`, :class:`Between`, :class:`Finite`, :class:`OneOf`,
+    :class:`NonEmpty`, :class:`Matches`, :class:`Regex`, :class:`Satisfies`, ``Literal``): checked on construction. ``config_name``
     (a class attribute; default the name of the class that declares the field) is what
     messages call it."""
 

@@ -52,9 +52,10 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from consolerl.accounts import Account
+from consolerl.config import Between, Checked, NonEmpty, OneOf, Regex
 from consolerl.errors import ConfigError, ConsoleRLError
 from consolerl.resources import fill
 from consolerl.tasks import TASKS_DIR, Task, load_suite
@@ -82,17 +83,17 @@ class SecretLeak(ConsoleRLError, RuntimeError):
 
 
 @dataclass(frozen=True)
-class ExportConfig:
+class ExportConfig(Checked):
     """``split``: train | heldout (alias test) | all; ``tasks``: a regular expression over task
     ids; ``model``: whose tokenizer builds the prompts (the policy's); ``cloud_endpoint`` /
     ``redis_url``: "" starts a local one (``console_url``: the console's scheme://host:port when
     it is not the endpoint's); ``max_steps``: the oracle's step limit per episode."""
 
-    out: str
-    split: str = "train"
-    tasks: str = ""
-    episodes_per_task: int = 1
-    workers: int = 2
+    out: Annotated[str, NonEmpty()]
+    split: Annotated[str, OneOf(tuple(SPLITS))] = "train"
+    tasks: Annotated[str, Regex()] = ""
+    episodes_per_task: Annotated[int, Between(1, 1000)] = 1
+    workers: Annotated[int, Between(1, 8)] = 2
     agent: AgentConfig = field(default_factory=lambda: AgentConfig(
         history_turns=4, max_prompt_tokens=3072, max_observation_chars=6000))
     model: str = "default"
@@ -102,24 +103,7 @@ class ExportConfig:
     redis_url: str = ""
     accounts_file: str = ""
     lease_prefix: str = "consolerl:pool"
-    max_steps: int = 40
-
-    def __post_init__(self) -> None:
-        if self.split not in SPLITS:
-            raise ConfigError(f"ExportConfig.split: must be one of {', '.join(SPLITS)}, "
-                              f"got {self.split!r}")
-        try:
-            re.compile(self.tasks)
-        except re.error as exc:
-            raise ConfigError(f"ExportConfig.tasks: not a regular expression: {exc}") from None
-        for name, low, high in (("episodes_per_task", 1, 1000), ("workers", 1, 8),
-                                ("max_steps", 1, 200)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ConfigError(f"ExportConfig.{name}: must be an integer {low}..{high}, "
-                                  f"got {value!r}")
-        if not self.out:
-            raise ConfigError("ExportConfig.out: required")
+    max_steps: Annotated[int, Between(1, 200)] = 40
 
 
 @dataclass(frozen=True)

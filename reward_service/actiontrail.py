@@ -21,12 +21,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from alibabacloud_actiontrail20200706 import models as at
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from consolerl.audit import AuditEvent
+from consolerl.config import AtLeast, Between, Checked
 from consolerl.errors import CloudAPIError, ConfigError
 from infra.cloud import CloudClient
 
@@ -42,7 +43,7 @@ LOOKUP_MAX_WINDOW_S = 90 * 86_400.0
 
 
 @dataclass(frozen=True)
-class TrailConfig:
+class TrailConfig(Checked):
     """How :class:`TrailClient` queries ActionTrail.
 
     ``qps``/``burst``: the per-account token bucket (the cloud allows 2 LookupEvents per second
@@ -55,27 +56,15 @@ class TrailConfig:
     (1-50).
     """
 
-    qps: float = 2.0
-    burst: float = 1.0
-    max_retries: int = 6
-    backoff_base_s: float = 0.25
-    backoff_max_s: float = 8.0
-    clock_skew_s: float = 60.0
-    settle_s: float = 30.0
-    poll_s: float = 1.0
-    max_results: int = 50
-
-    def __post_init__(self) -> None:
-        for name in ("qps", "burst", "backoff_base_s", "backoff_max_s", "poll_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"TrailConfig.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("max_retries", "clock_skew_s", "settle_s"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"TrailConfig.{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.burst < 1:
-            raise ConfigError(f"TrailConfig.burst must be >= 1, got {self.burst!r}")
-        if not 1 <= self.max_results <= 50:
-            raise ConfigError(f"TrailConfig.max_results must be 1 to 50, got {self.max_results!r}")
+    qps: Annotated[float, AtLeast(0, open=True)] = 2.0
+    burst: Annotated[float, AtLeast(1)] = 1.0
+    max_retries: Annotated[int, AtLeast(0)] = 6
+    backoff_base_s: Annotated[float, AtLeast(0, open=True)] = 0.25
+    backoff_max_s: Annotated[float, AtLeast(0, open=True)] = 8.0
+    clock_skew_s: Annotated[float, AtLeast(0)] = 60.0
+    settle_s: Annotated[float, AtLeast(0)] = 30.0
+    poll_s: Annotated[float, AtLeast(0, open=True)] = 1.0
+    max_results: Annotated[int, Between(1, 50)] = 50
 
     def oldest_start(self, now: float) -> float:
         """The earliest episode start :meth:`TrailClient.wait_for` can query at ``now``: its

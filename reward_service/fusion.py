@@ -28,7 +28,9 @@ A trainable result pays ``forbidden_penalty`` per forbidden audit event on top (
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
+from consolerl.config import AtMost, Checked, Finite
 from consolerl.errors import ConfigError
 from consolerl.rewards import EvidenceOutcome, JudgeVerdict, RewardResult, RuleOutcome
 from consolerl.types import EnvError
@@ -37,36 +39,28 @@ from .rules import RuleVerdict
 
 EXPECTED = ("success", "infeasible")
 DECIDERS = ("rule", "evidence", "judges", "none", "env_error")
+Reward = Annotated[float, Finite()]
 
 
 @dataclass(frozen=True)
-class RewardConfig:
+class RewardConfig(Checked):
     """Rewards per verdict. ``forbidden_penalty`` (<= 0) is added once per forbidden audit
     event, the total floored at ``min_reward``; ``undetermined_trainable`` says whether an
     episode neither channel could decide goes into the training signal."""
 
-    success_reward: float = 1.0
-    failure_reward: float = 0.0
-    forbidden_penalty: float = -0.1
-    min_reward: float = -1.0
-    undetermined_reward: float = 0.0
+    success_reward: Reward = 1.0
+    failure_reward: Reward = 0.0
+    forbidden_penalty: Annotated[float, AtMost(0)] = -0.1
+    min_reward: Reward = -1.0
+    undetermined_reward: Reward = 0.0
     undetermined_trainable: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("success_reward", "failure_reward", "forbidden_penalty", "min_reward",
-                     "undetermined_reward"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"RewardConfig.{name}: must be a number, got {value!r}")
-        if self.forbidden_penalty > 0:
-            raise ConfigError(f"RewardConfig.forbidden_penalty: must be <= 0, "
-                              f"got {self.forbidden_penalty!r}")
+        super().__post_init__()
         if self.min_reward > min(self.success_reward, self.failure_reward,
                                  self.undetermined_reward):
             raise ConfigError("RewardConfig.min_reward: must not exceed success_reward, "
                               "failure_reward or undetermined_reward")
-        if not isinstance(self.undetermined_trainable, bool):
-            raise ConfigError("RewardConfig.undetermined_trainable: must be true or false")
 
 
 def rule_outcome_from(rule_verdict: RuleVerdict, *, decisive: bool,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from alibabacloud_tea_openapi.client import Client as OpenApiClient
 from alibabacloud_tea_openapi.utils_models import Config as SdkConfig
@@ -22,6 +22,7 @@ from alibabacloud_tea_openapi.utils_models import OpenApiRequest, Params
 from darabonba.runtime import RuntimeOptions
 from Tea.exceptions import TeaException
 
+from consolerl.config import Checked
 from consolerl.errors import CloudAPIError, ConfigError
 
 T = TypeVar("T")
@@ -53,7 +54,7 @@ class Credentials:
 
 
 @dataclass(frozen=True)
-class CloudConfig:
+class CloudConfig(Checked):
     """Where the cloud is. ``endpoint=None`` means the real Alibaba Cloud.
 
     ``signature`` is ``"v3"`` (ACS3-HMAC-SHA256, the SDK default) or ``"v2"`` (RPC HMAC-SHA1).
@@ -61,18 +62,15 @@ class CloudConfig:
     """
 
     endpoint: str | None = "127.0.0.1:18080"
-    protocol: str = "http"
+    protocol: Literal["http", "https"] = "http"
     region_id: str = "cn-hangzhou"
-    signature: str = "v3"
+    signature: Literal["v2", "v3"] = "v3"
     connect_timeout_ms: int = 5000
     read_timeout_ms: int = 10000
     max_attempts: int = 1
 
     def __post_init__(self) -> None:
-        if self.protocol not in ("http", "https"):
-            raise ConfigError(f"CloudConfig.protocol must be http or https, got {self.protocol!r}")
-        if self.signature not in ("v2", "v3"):
-            raise ConfigError(f"CloudConfig.signature must be v2 or v3, got {self.signature!r}")
+        super().__post_init__()
         if self.endpoint is not None and ("/" in self.endpoint or not self.endpoint.strip()):
             raise ConfigError("CloudConfig.endpoint is host[:port] without scheme or path, "
                               f"got {self.endpoint!r}")

@@ -26,10 +26,11 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Annotated, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from consolerl.config import AtLeast, Checked
 from consolerl.errors import ConfigError, ConsoleRLError
 from consolerl.resources import (NAMED_BY_EPISODE, SCHEMA, ResourceSpec, creation_levels, fill,
                                  parse_resources)
@@ -85,7 +86,7 @@ class Catalog:
 
 
 @dataclass(frozen=True)
-class CoderConfig:
+class CoderConfig(Checked):
     """Limits and deny-lists of the ResourceCoder.
 
     ``forbidden_properties`` holds ``type.property`` names a plan may not set (defaults still
@@ -95,12 +96,12 @@ class CoderConfig:
     """
 
     region: str = "cn-hangzhou"
-    max_resources: int = 8
-    max_instances: int = 2
-    max_reply_chars: int = 64_000
-    max_plan_chars: int = 16_000
-    max_procedure_chars: int = 8_000
-    max_attempts: int = 2
+    max_resources: Annotated[int, AtLeast(1)] = 8
+    max_instances: Annotated[int, AtLeast(0)] = 2
+    max_reply_chars: Annotated[int, AtLeast(1)] = 64_000
+    max_plan_chars: Annotated[int, AtLeast(1)] = 16_000
+    max_procedure_chars: Annotated[int, AtLeast(1)] = 8_000
+    max_attempts: Annotated[int, AtLeast(1)] = 2
     forbidden_types: frozenset[str] = frozenset()
     forbidden_properties: frozenset[str] = frozenset()
     forbidden_policies: frozenset[str] = frozenset({"AdministratorAccess",
@@ -108,13 +109,7 @@ class CoderConfig:
     placeholders: tuple[str, ...] = ("episode",)
 
     def __post_init__(self) -> None:
-        for name, low in (("max_resources", 1), ("max_instances", 0), ("max_reply_chars", 1),
-                          ("max_plan_chars", 1), ("max_procedure_chars", 1),
-                          ("max_attempts", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"CoderConfig.{name}: must be an integer >= {low}, "
-                                  f"got {value!r}")
+        super().__post_init__()
         # Accept any iterable of names (YAML gives lists); store frozensets.
         for name in ("forbidden_types", "forbidden_properties", "forbidden_policies"):
             value = getattr(self, name)
