@@ -1,11 +1,14 @@
 """consolerl.config: typed configs from YAML plus dotted overrides, errors naming the field."""
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
 import pytest
 
-from consolerl.config import check_resources, load_config, to_dict
+from consolerl.config import (AtLeast, AtMost, Between, Checked, Finite, Matches, NonEmpty,
+                              OneOf, Regex, check_resources, load_config, to_dict)
 from consolerl.errors import ConfigError
 from rollout_service.agent import AgentConfig
 
@@ -113,3 +116,70 @@ def test_weights_config_names_the_bad_field(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         WeightsConfig(**kwargs)
     assert WeightsConfig().transport == "collective"
+
+
+@dataclass(frozen=True)
+class Limits(Checked):
+    count: Annotated[int, AtLeast(1)] = 2
+    share: Annotated[float, Between(0, 1, low_open=True)] = 0.5
+    mode: Literal["async", "sync"] = "async"
+    kind: Annotated[str, OneOf(("a", "b"))] = "a"
+    cap: Annotated[int, Between(1, 15)] | None = None
+    temps: tuple[Annotated[float, AtMost(5)], ...] = (0.0,)
+    name: Annotated[str, NonEmpty(trimmed=True)] = "x"
+    pattern: Annotated[str, Regex()] = ""
+    key: Annotated[str, Matches(r"[a-z]+")] = "k"
+    offset: Annotated[float, Finite()] = 0.0
+    on: bool = True
+
+
+@dataclass(frozen=True)
+class MoreLimits(Limits):
+    config_name = "more"
+
+    extra: Annotated[int, AtLeast(0)] = 0
+
+
+@dataclass(frozen=True)
+class LimitsRoot:
+    limits: Limits = field(default_factory=Limits)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"count": 0}, "Limits.count: must be an integer >= 1, got 0"),
+    ({"count": True}, "Limits.count: must be an integer >= 1, got True"),
+    ({"share": 2}, r"Limits.share: must be a number in \(0, 1\], got 2"),
+    ({"share": 0}, r"Limits.share: must be a number in \(0, 1\], got 0"),
+    ({"share": float("nan")}, r"Limits.share: must be a number in \(0, 1\], got nan"),
+    ({"mode": "fast"}, "Limits.mode: must be one of async, sync, got 'fast'"),
+    ({"kind": "c"}, "Limits.kind: must be one of a, b, got 'c'"),
+    ({"cap": 16}, r"Limits.cap: must be an integer in 1\.\.15 or null, got 16"),
+    ({"temps": (1.0, 6.0)}, r"Limits.temps\[1\]: must be a number <= 5, got 6.0"),
+    ({"temps": 1.0}, "Limits.temps: must be a list, got 1.0"),
+    ({"name": " x"}, "Limits.name: must be a non-empty string without surrounding spaces"),
+    ({"pattern": "("}, "Limits.pattern: not a regular expression"),
+    ({"key": "K1"}, r"Limits.key: must match \[a-z\]\+, got 'K1'"),
+    ({"offset": float("inf")}, "Limits.offset: must be a finite number, got inf"),
+    ({"on": 1}, "Limits.on: must be true or false, got 1"),
+])
+def test_constraints_in_field_types_name_the_field_and_what_is_allowed(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        Limits(**kwargs)
+
+
+def test_checked_configs_pickle_and_name_their_section():
+    assert pickle.loads(pickle.dumps(Limits(cap=None, count=3))) == Limits(count=3)
+    with pytest.raises(ConfigError, match="more.count: must be an integer >= 1"):
+        MoreLimits(count=0)
+    with pytest.raises(ConfigError, match="more.extra: must be an integer >= 0"):
+        MoreLimits(extra=-1)
+
+
+def test_checked_configs_from_yaml_name_the_file_field_and_class(tmp_path):
+    assert load_config(LimitsRoot, None, ["limits.mode=sync", "limits.share=1e-1"]).limits == \
+        Limits(mode="sync", share=0.1)
+    with pytest.raises(ConfigError, match="config.limits: Limits.mode: must be one of async, "
+                                          "sync, got 'fast'"):
+        load_config(LimitsRoot, None, ["limits.mode=fast"])
+    with pytest.raises(ConfigError, match="config.limits.count: must be an integer"):
+        load_config(LimitsRoot, None, ["limits.count=many"])
