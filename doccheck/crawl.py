@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from playwright.async_api import Error as PlaywrightError
@@ -51,6 +51,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from consolerl.accounts import Account, lease_agent
 from consolerl.audit import AuditEvent
+from consolerl.config import AtLeast, Checked
 from consolerl.errors import CloudAPIError, ConfigError, ConsoleRLError
 from consolerl.resources import parse_resources
 from consolerl.types import EnvError, EpisodeSpec
@@ -100,30 +101,22 @@ class CrawlError(ConsoleRLError, RuntimeError):
 
 
 @dataclass(frozen=True)
-class CrawlConfig:
+class CrawlConfig(Checked):
     """``max_pages``/``max_seconds``: caps of the page walk; ``examples``: visits of a page
     pattern that names a resource; ``act``: send forms and POST controls to learn their API
     actions (needs the account's AccessKey); ``trail_qps``: LookupEvents rate (the local
     cloud takes many; the real ActionTrail 2 a second); ``settle_s``: how long to wait for an
     action's audit event; ``zone``: where the sample vSwitch goes."""
 
-    max_pages: int = 500
-    max_seconds: float = 900.0
-    examples: int = 2
+    max_pages: Annotated[int, AtLeast(1)] = 500
+    max_seconds: Annotated[float, AtLeast(0, open=True)] = 900.0
+    examples: Annotated[int, AtLeast(1)] = 2
     act: bool = True
     region: str = "cn-hangzhou"
     zone: str = "cn-hangzhou-h"
-    trail_qps: float = 2.0
+    trail_qps: Annotated[float, AtLeast(0, open=True)] = 2.0
     settle_s: float = 5.0
-    max_rounds: int = 12
-
-    def __post_init__(self) -> None:
-        for name in ("max_pages", "examples", "max_rounds"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"CrawlConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_seconds", "trail_qps"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"CrawlConfig.{name} must be > 0, got {getattr(self, name)}")
+    max_rounds: Annotated[int, AtLeast(1)] = 12
 
 
 class CrawlMetrics:

@@ -1,37 +1,27 @@
 """Typed configuration of the local cloud server."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
-from consolerl.errors import ConfigError
+from consolerl.config import AtLeast, Checked
 
 DEFAULT_ACCOUNTS_FILE = Path(__file__).with_name("default_accounts.yaml")
 
 
 @dataclass(frozen=True)
-class SigninLimits:
+class SigninLimits(Checked):
     """When wrong passwords lock sign-in. Defaults: 5 wrong passwords for one name, or 100
     from one address, within 5 minutes lock it for 5 minutes, then 10, 20, ... up to 1 hour
     for further locks in a row."""
 
-    account_failures: int = 5
-    address_failures: int = 100
-    window_s: float = 300.0
-    lockout_s: float = 300.0
-    max_lockout_s: float = 3600.0
-    max_tracked: int = 10_000
-
-    def __post_init__(self) -> None:
-        for name in ("account_failures", "address_failures", "max_tracked"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"SigninLimits.{name} must be an integer >= 1, got {value!r}")
-        for name in ("window_s", "lockout_s", "max_lockout_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"SigninLimits.{name} must be a number > 0, got {value!r}")
+    account_failures: Annotated[int, AtLeast(1)] = 5
+    address_failures: Annotated[int, AtLeast(1)] = 100
+    window_s: Annotated[float, AtLeast(0, open=True)] = 300.0
+    lockout_s: Annotated[float, AtLeast(0, open=True)] = 300.0
+    max_lockout_s: Annotated[float, AtLeast(0, open=True)] = 3600.0
+    max_tracked: Annotated[int, AtLeast(1)] = 10_000
 
 
 @dataclass(frozen=True)
