@@ -1,7 +1,7 @@
 """Typed configuration from one YAML file with command-line overrides.
 
-Each component owns a frozen dataclass (its ``__post_init__`` validates values); the composition
-root declares one dataclass whose fields are those component configs and builds it with
+Each component owns a frozen dataclass (its field types say which values are valid); the
+composition root declares one dataclass whose fields are those component configs and builds it with
 :func:`load_config`::
 
     root = load_config(RootConfig, "configs/cpu.yaml", ["agent.max_steps=12", "policy.replicas=2"])
@@ -21,9 +21,9 @@ checks them on construction (from YAML or from code alike)::
 
 A bad value is a :class:`ConfigError` naming ``Class.field`` and what is allowed
 (``OrchestratorConfig.curriculum_floor: must be a number in (0, 1], got 2``). A constrained
-number is finite; a ``bool`` field holds a bool. A config's
-``__post_init__`` keeps only what no single field can say (settings that contradict each
-other) and calls ``super().__post_init__()`` first.
+number is finite; a ``bool`` field holds a bool. A config's ``__post_init__`` keeps only what
+no single field can say (settings that contradict each other) and calls
+``super().__post_init__()`` first.
 """
 from __future__ import annotations
 
@@ -304,9 +304,9 @@ def check_fields(config: Any, name: str | None = None) -> None:
 class Checked:
     """Base of a config dataclass whose fields' types carry their constraints
     (:class:`AtLeast`, :class:`AtMost`, :class:`Between`, :class:`Finite`, :class:`OneOf`,
-    :class:`NonEmpty`, :class:`Matches`, :class:`Regex`, :class:`Satisfies`, ``Literal``): checked on construction. ``config_name``
-    (a class attribute; default the name of the class that declares the field) is what
-    messages call it."""
+    :class:`NonEmpty`, :class:`Matches`, :class:`Regex`, :class:`Satisfies`, ``Literal``):
+    checked on construction. ``config_name`` (a class attribute; default the name of the class
+    that declares the field) is what messages call it."""
 
     def __post_init__(self) -> None:
         check_fields(self)
