@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -36,10 +36,10 @@ import ray
 from prometheus_client import CollectorRegistry
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from consolerl.config import Between, Checked, OneOf
+from consolerl.config import Between
 from consolerl.errors import ConfigError
 from infra.observability.discovery import PublishConfig
-from reward_service.judges import CONSENSUS, JudgeChannel, JudgeConfig, judge_clients
+from reward_service.judges import JudgeChannel, JudgeConfig, judge_clients
 from cluster.replicas import start_policy
 from rollout_service.policy import PolicyConfig
 
@@ -50,7 +50,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
-class JudgeSection(Checked):
+class JudgeSection(JudgeConfig):
     """``reward.judges``: the LLM-judge channel of the reward service (the judges decide only
     episodes the rule, and the evidence channel, leave undetermined, and only by consensus).
 
@@ -64,22 +64,25 @@ class JudgeSection(Checked):
     the endpoint does; ``concurrency``: calls in flight over every episode together;
     ``retries`` of transport errors, 5xx and 429; ``max_tokens`` per reply; ``temperatures``:
     one for all judges or one per judge; ``audit_fraction``: the share of rule-decided
-    episodes also judged, only to measure the judges' agreement with the rule."""
+    episodes also judged, only to measure the judges' agreement with the rule.
+
+    The section is the judge channel's :class:`~reward_service.judges.JudgeConfig` (its other
+    fields too: ``max_trajectory_chars``, ``system_prompts``, ...), plus the endpoint and its
+    clients' settings. Inside a job every call is bounded, so the section redeclares five of
+    the channel's fields with bounds and defaults for a training loop (the channel alone
+    waits on its clients: no deadline, no timeout, no concurrency limit, no retries)."""
 
     enabled: bool = False
     endpoint: str = ""
     model: str = ""
     api_key_env: str | None = None
     k: Annotated[int, Between(1, 15)] = 3
-    consensus: Annotated[str, OneOf(CONSENSUS)] = "unanimous"
-    min_valid: int | None = None
     timeout_s: Annotated[float, Between(0, 3600, low_open=True)] = 30.0
     deadline_s: Annotated[float, Between(0, 3600, low_open=True)] = 60.0
     concurrency: Annotated[int, Between(1, 1024)] = 8
     retries: Annotated[int, Between(0, 10)] = 2
     max_tokens: Annotated[int, Between(1, 8192)] = 256
     temperatures: tuple[Annotated[float, Between(0, 5)], ...] = (0.0,)
-    audit_fraction: Annotated[float, Between(0, 1)] = 0.0
 
     config_name = "reward.judges"
 
@@ -108,11 +111,6 @@ class JudgeSection(Checked):
                                              or not _ENV_NAME.match(self.api_key_env)):
             raise ConfigError(f"reward.judges.api_key_env: must be an environment variable's "
                               f"name or null, got {self.api_key_env!r}")
-        if self.min_valid is not None and (
-                isinstance(self.min_valid, bool) or not isinstance(self.min_valid, int)
-                or not 1 <= self.min_valid <= self.k):
-            raise ConfigError(f"reward.judges.min_valid: must be an integer in 1..k "
-                              f"({self.k}) or null, got {self.min_valid!r}")
         if self.timeout_s > self.deadline_s:
             raise ConfigError(f"reward.judges.timeout_s ({self.timeout_s:g}) must not exceed "
                               f"reward.judges.deadline_s ({self.deadline_s:g}): a call is cut "
@@ -139,11 +137,9 @@ class JudgeSection(Checked):
 
 
 def judge_config(section: JudgeSection) -> JudgeConfig:
-    """The channel's own config from the section."""
-    return JudgeConfig(k=section.k, consensus=section.consensus, min_valid=section.min_valid,
-                       deadline_s=section.deadline_s, timeout_s=section.timeout_s,
-                       concurrency=section.concurrency, retries=section.retries,
-                       audit_fraction=section.audit_fraction)
+    """The channel's config: the section's :class:`JudgeConfig` fields (without the
+    endpoint's, which only the clients need)."""
+    return JudgeConfig(**{f.name: getattr(section, f.name) for f in fields(JudgeConfig)})
 
 
 def build_judge_channel(section: JudgeSection, registry: CollectorRegistry | None = None, *,

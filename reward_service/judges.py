@@ -120,16 +120,18 @@ class JudgeConfig(Checked):
     retry_backoff_s: Annotated[float, AtLeast(0)] = 0.25
     audit_fraction: Annotated[float, Between(0, 1)] = 0.0
 
+    config_name = "JudgeConfig"
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.min_valid is not None and (isinstance(self.min_valid, bool)
                                            or not isinstance(self.min_valid, int)
                                            or not 1 <= self.min_valid <= self.k):
-            raise ConfigError(f"JudgeConfig.min_valid: must be an integer in 1..k ({self.k}) "
-                              f"or null, got {self.min_valid!r}")
+            raise ConfigError(f"{self.config_name}.min_valid: must be an integer in 1..k "
+                              f"({self.k}) or null, got {self.min_valid!r}")
         if not self.system_prompts or not all(p.strip() for p in self.system_prompts):
-            raise ConfigError("JudgeConfig.system_prompts: must be a non-empty list of "
-                              "non-empty strings")
+            raise ConfigError(f"{self.config_name}.system_prompts: must be a non-empty list "
+                              "of non-empty strings")
         object.__setattr__(self, "system_prompts", tuple(self.system_prompts))
 
     @property

@@ -12,7 +12,7 @@ from cluster.judges import JudgeSection, build_judge_channel, judge_config, star
 from consolerl.config import load_config
 from consolerl.errors import ConfigError
 from reward_service.fusion import RewardConfig, fuse
-from reward_service.judges import JudgeChannel
+from reward_service.judges import JudgeChannel, JudgeConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -41,6 +41,20 @@ def test_overrides_reach_the_section():
     cfg = judge_config(judges)
     assert (cfg.k, cfg.deadline_s, cfg.timeout_s, cfg.concurrency, cfg.retries,
             cfg.audit_fraction) == (5, 20, 5, 4, 2, 0.1)
+
+
+def test_the_section_is_the_channels_config():
+    """One set of fields: every JudgeConfig setting is the section's, and reaches the channel
+    (only the endpoint's own settings stay behind)."""
+    config = load_config(JobConfig, None, ["reward.judges.max_trajectory_chars=5000",
+                                           "reward.judges.system_prompts=[a, b]"])
+    judges = config.reward.judges
+    assert isinstance(judges, JudgeConfig)
+    cfg = judge_config(judges)
+    assert type(cfg) is JudgeConfig and cfg.max_trajectory_chars == 5000
+    assert cfg.system_prompts == ("a", "b") and cfg.timeout_s == judges.timeout_s == 30
+    with pytest.raises(ConfigError, match=r"reward\.judges\.max_trajectory_chars"):
+        load_config(JobConfig, None, ["reward.judges.max_trajectory_chars=10"])
 
 
 @pytest.mark.parametrize("overrides, field", [
