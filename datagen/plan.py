@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass
 
 from consolerl.drift import Drift
+from consolerl.page import PageNode, parse
 from consolerl.types import Observation
 from env_workers.actions import Click, Fill, Select
 from env_workers.driver import DriverError, find_bid, find_in_row
@@ -59,46 +60,42 @@ VERBS = VALUE_VERBS | CHECK_VERBS | {"press", "row", "link", "last_link", "submi
 
 
 # ---- reading the page ------------------------------------------------------------------------
-# Small readers of the observation text, one per thing a verb needs to know.
-def _line(text: str, role: str, label: str) -> re.Match[str] | None:
-    return re.search(rf'^\s*\[(\d+)\] {re.escape(role)} "{re.escape(label)}"(.*)$', text, re.M)
+# Small readers of the typed page (consolerl.page), one per thing a verb needs to know.
+_CONFIRM = re.compile("To confirm, type")     # the label of a dialog's "type the id" field
+
+
+def _line(text: str, role: str, label: str) -> PageNode | None:
+    return parse(text).control(role, label)
 
 
 def _textbox_value(text: str, role: str, label: str) -> str | None:
-    m = _line(text, role, label)
-    if m is None:
-        return None
-    rest = m[2]
-    return rest[2:].strip() if rest.startswith(": ") else ""
+    node = _line(text, role, label)
+    return None if node is None else node.value.strip()
 
 
 def _selected(text: str, label: str) -> str | None:
-    m = _line(text, "combobox", label)
-    if m is None:
-        return None
-    for option in m[2].removeprefix(": ").split(" | "):
-        if option.endswith("*"):
-            return option[:-1]
-    return ""
+    node = _line(text, "combobox", label)
+    return None if node is None else node.selected
 
 
 def _options(text: str, label: str) -> list[str]:
-    m = _line(text, "combobox", label)
-    return [o.rstrip("*") for o in m[2].removeprefix(": ").split(" | ")] if m else []
+    node = _line(text, "combobox", label)
+    return list(node.options) if node is not None else []
 
 
 def _has(text: str, role: str, name: str) -> bool:
     return find_bid(text, role, name) is not None
 
 
-def _tab(text: str, word: str) -> re.Match[str] | None:
-    """The first tab whose name contains ``word`` (its bid, and what follows its name)."""
-    return re.search(rf'\[(\d+)\] tab "[^"]*{re.escape(word)}[^"]*"(.*)$', text, re.M)
+def _tab(text: str, word: str) -> PageNode | None:
+    """The first tab whose name contains ``word``."""
+    return next(iter(parse(text).find("tab", contains=word, actionable=True, inline=False)),
+                None)
 
 
-def _confirm_box(text: str) -> re.Match[str] | None:
-    """The confirmation dialog's "type the id" textbox (its bid, and what follows its name)."""
-    return re.search(r'\[(\d+)\] textbox "To confirm, type[^"]*"(.*)$', text, re.M)
+def _confirm_box(text: str) -> PageNode | None:
+    """The confirmation dialog's "type the id" textbox."""
+    return parse(text).control("textbox", _CONFIRM)
 
 
 def _click(bid: str | None) -> str | None:
@@ -180,7 +177,7 @@ def resolve(o: Op, observation: Observation, drift: Drift) -> Resolution:
         m = _line(text, "radio", a[0])
         bid = find_bid(text, "radio", a[0])
         return Resolution(present=bid is not None,
-                          satisfied=m is not None and "(checked)" in m[2],
+                          satisfied=m is not None and m.checked,
                           action=_click(bid), route=route, towards=towards,
                           missing=f"no option {a[0]!r} on {where}")
     if v == "reveal":
@@ -190,13 +187,13 @@ def resolve(o: Op, observation: Observation, drift: Drift) -> Resolution:
     if v == "tab":
         m = _tab(text, a[0])
         return Resolution(present=m is not None,
-                          satisfied=m is not None and "(selected)" in m[2],
-                          action=None if m is None else Click(m[1]).to_text(),
+                          satisfied=m is not None and "selected" in m.flags,
+                          action=None if m is None else Click(m.bid).to_text(),
                           route=route, towards=towards,
                           missing=f"no tab with {a[0]!r} on {where}")
     if v == "last_link":
         label = t(a[0])
-        bids = re.findall(rf'\[(\d+)\] link "{re.escape(label)}"', text)
+        bids = [n.bid for n in parse(text).find("link", label, actionable=True, inline=False)]
         return Resolution(present=_has(text, "link", label),
                           action=Click(bids[-1]).to_text() if bids else None,
                           missing=f"no link {label!r} on {where}")
@@ -208,11 +205,11 @@ def resolve(o: Op, observation: Observation, drift: Drift) -> Resolution:
                           missing=f"no submit button {label!r} on {where}")
     if v == "confirm":
         box = _confirm_box(text)
-        typed = (box[2][2:].strip() if box[2].startswith(": ") else "") if box else ""
+        typed = box.value.strip() if box else ""
         ok = find_bid(text, "button", t("OK"))
-        return Resolution(present=re.search(r"^\s*dialog ", text, re.M) is not None,
+        return Resolution(present=bool(parse(text).find("dialog")),
                           action=_click(ok),
-                          prepare=Fill(box[1], a[0]).to_text() if box and a[0] and
+                          prepare=Fill(box.bid, a[0]).to_text() if box and a[0] and
                           typed != a[0] else None, why="the dialog asks for the id",
                           missing=f"no button {t('OK')!r} on {where}")
     if v in CHECK_VERBS:
@@ -236,7 +233,7 @@ def check_failure(o: Op, observation: Observation, drift: Drift) -> str:
     if o.verb == "offered":
         field_, option = drift.label(o.args[0]), o.args[1]
         if find_bid(obs.text, "combobox", field_) is None and \
-                not re.search(r'\] radio "', obs.text):
+                not obs.page.find("radio", actionable=True):
             return f"no {field_!r} select or radio group on {obs.url}"
         if _has(obs.text, "radio", option) or _shown(obs, option):
             return f"{option!r} is offered on {obs.url}"

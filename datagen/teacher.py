@@ -30,7 +30,6 @@ over the audit log (:mod:`datagen.src` keeps only episodes the reward service so
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -215,8 +214,7 @@ def checked_action(reply: str, observation: Observation) -> str | None:
     if isinstance(action, ActionError):
         return None
     bid = getattr(action, "bid", None)
-    if bid is not None and not re.search(rf"^\s*\[{re.escape(str(bid))}\] ", observation.text,
-                                         re.M) and f"[{bid}]" not in observation.text:
+    if bid is not None and observation.page.by_bid(str(bid)) is None:
         return None
     return action.to_text()
 
