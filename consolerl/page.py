@@ -288,6 +288,23 @@ def _inline(segment: str, line: PageNode, region: Region, row: str) -> list[Page
     return out
 
 
+_IDS = re.compile(r"\b[a-z]{1,5}-[a-z0-9]{10,}\b")
+_TIMES = re.compile(r"\d{4}-\d\d-\d\d[T ][\d:.]+(?:Z|[+-]\d\d:\d\d)?")
+_ACCOUNT = re.compile(r"^\S+\nID \d+$", re.M)
+_NUMBERS = re.compile(r"\d{5,}")
+
+
+def comparable(text: str) -> str:
+    """A rendered page with what differs between two visits of the same state taken out:
+    timestamps, the account shown in the header, resource ids (``i-bp5uo7w6g51i0c``) and long
+    numbers become ``{time}``, ``{account}``, ``{id}`` and ``{n}``. Two episodes that reached
+    the same state render equal ``comparable`` texts (SRC's replay check)."""
+    text = _TIMES.sub("{time}", text)
+    text = _ACCOUNT.sub("{account}", text)
+    text = _IDS.sub("{id}", text)
+    return _NUMBERS.sub("{n}", text)
+
+
 @functools.lru_cache(maxsize=32)
 def parse(text: str, url: str = "", title: str = "") -> Page:
     """The page of a rendered text (``render(parse(text)) == text``). Cached: a page is
@@ -315,5 +332,5 @@ def parse(text: str, url: str = "", title: str = "") -> Page:
     return Page(tuple(nodes), url, title)
 
 
-__all__ = ["INTERACTIVE", "LANDMARKS", "Page", "PageNode", "Region", "parse", "render",
-           "render_line"]
+__all__ = ["INTERACTIVE", "LANDMARKS", "Page", "PageNode", "Region", "comparable", "parse",
+           "render", "render_line"]

@@ -50,6 +50,7 @@ from consolerl.config import Between, Checked, OneOf
 from consolerl.errors import ConfigError
 from consolerl.resources import fill
 from consolerl.tasks import Task
+from consolerl.page import comparable
 from consolerl.types import Observation, StepResult
 from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
@@ -165,19 +166,11 @@ def generalize(text: str, values: Mapping[str, str]) -> str:
     return text
 
 
-_IDS = re.compile(r"\b[a-z]{1,5}-[a-z0-9]{10,}\b")
-_TIMES = re.compile(r"\d{4}-\d\d-\d\d[T ][\d:.]+(?:Z|[+-]\d\d:\d\d)?")
-_ACCOUNT = re.compile(r"^\S+\nID \d+$", re.M)
-_NUMBERS = re.compile(r"\d{5,}")
-
-
 def normalize_page(text: str, values: Mapping[str, str]) -> str:
-    """A page with what differs between two episodes of the same state taken out."""
-    text = generalize(text, values)
-    text = _TIMES.sub("{time}", text)
-    text = _ACCOUNT.sub("{account}", text)
-    text = _IDS.sub("{id}", text)
-    return _NUMBERS.sub("{n}", text)
+    """A page with what differs between two episodes of the same state taken out: the
+    episode's own values (:func:`generalize`), then ids, times, the account and long numbers
+    (:func:`consolerl.page.comparable`)."""
+    return comparable(generalize(text, values))
 
 
 # ---- one task -------------------------------------------------------------------------------

@@ -67,10 +67,22 @@ _CONSOLE_PARAMS = frozenset({"clienttoken", "regionid", "pagenumber", "pagesize"
 
 
 def _contains(haystack: str, needle: str) -> bool:
-    """``needle`` (normalised) as a whole phrase in ``haystack`` (already lower-cased)."""
+    """``needle`` (normalised) as a whole phrase in ``haystack`` (already lower-cased): not
+    inside a longer word or number on either side."""
     if not needle:
         return False
-    return re.search(rf"(?<![a-z0-9]){re.escape(needle)}(?![a-z0-9])", haystack) is not None
+    start = haystack.find(needle)
+    while start >= 0:
+        end = start + len(needle)
+        if not (start and _alnum(haystack[start - 1])) and not (
+                end < len(haystack) and _alnum(haystack[end])):
+            return True
+        start = haystack.find(needle, start + 1)
+    return False
+
+
+def _alnum(char: str) -> bool:
+    return "a" <= char <= "z" or "0" <= char <= "9"
 
 
 def _strip_lead(phrase: str) -> str:

@@ -172,3 +172,14 @@ def test_real_pages_read_as_typed_nodes():
     wizard = _fixture("/console/ecs/instances@wizard > Next")
     radios = wizard.find("radio", actionable=True)
     assert radios and sum(r.checked for r in radios) <= 2
+
+
+def test_comparable_takes_out_what_differs_between_two_visits_of_one_state():
+    from consolerl.page import comparable
+    a = ("main-account\nID 1234567890\n# Instances\n- [7]i-bp5uo7w6g51i0cvguwpf web | Running"
+         " | 2026-11-28T15:02:54Z | 12345678")
+    b = ("other-account\nID 999\n# Instances\n- [7]i-bp1aaaaaaaaaaaaaaaaa web | Running"
+         " | 2026-11-27 09:00:00+08:00 | 87654321")
+    assert comparable(a) == comparable(b) == (
+        "{account}\n# Instances\n- [7]{id} web | Running | {time} | {n}")
+    assert comparable("[3] button \"Create\"") == "[3] button \"Create\""
