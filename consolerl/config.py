@@ -159,9 +159,11 @@ class NonEmpty:
 
 @dataclasses.dataclass(frozen=True)
 class Matches:
-    """A string the regular expression ``pattern`` matches whole."""
+    """A string the regular expression ``pattern`` matches whole; ``what`` says in words what
+    that is (``a redis:// URL``) for the error message, which otherwise shows the pattern."""
 
     pattern: str
+    what: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,7 +266,8 @@ def _apply(mark: Any, base: Any, where: str, value: Any) -> None:
             raise ConfigError(f"{where}: must be a non-empty string{rule}, got {value!r}")
     elif isinstance(mark, Matches):
         if not isinstance(value, str) or not re.fullmatch(mark.pattern, value):
-            raise ConfigError(f"{where}: must match {mark.pattern}, got {value!r}")
+            raise ConfigError(f"{where}: must be {mark.what or 'a match of ' + mark.pattern}, "
+                              f"got {value!r}")
     elif isinstance(mark, Regex):
         try:
             re.compile(value)

@@ -114,7 +114,8 @@ class PoolConfig(Checked):
     # Hidden from repr: a redis URL may carry a password (redis://:secret@host:port).
     # "" only inside a root config, whose composition root fills it in (the stream's Redis).
     redis_url: Annotated[str, Satisfies(_check_redis_url)] = field(default="", repr=False)
-    key_prefix: Annotated[str, Matches(r"[A-Za-z0-9_.:{}-]{1,64}")] = "consolerl:pool"
+    key_prefix: Annotated[str, Matches(r"[A-Za-z0-9_.:{}-]{1,64}",
+                                       "1-64 of [A-Za-z0-9_.:{}-]")] = "consolerl:pool"
     lease_ttl_s: Annotated[float, AtLeast(0.1)] = 60.0
     heartbeat_interval_s: Annotated[float, AtLeast(0.01)] | None = None
     acquire_timeout_s: Annotated[float, AtLeast(0)] = 300.0

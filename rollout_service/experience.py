@@ -29,7 +29,8 @@ from consolerl.experience import Group, encode_group
 
 @dataclass(frozen=True)
 class StreamConfig(Checked):
-    url: Annotated[str, Matches(r"(redis|rediss|unix)://.*")] = "redis://127.0.0.1:6390/0"
+    url: Annotated[str, Matches(r"(redis|rediss|unix)://.*", "a redis:// URL")] = \
+        "redis://127.0.0.1:6390/0"
     stream: str = "consolerl:experience"
     # approximate (MAXLEN ~): older groups are trimmed
     max_len: Annotated[int, AtLeast(1)] = 10_000

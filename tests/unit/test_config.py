@@ -158,7 +158,7 @@ class LimitsRoot:
     ({"temps": 1.0}, "Limits.temps: must be a list, got 1.0"),
     ({"name": " x"}, "Limits.name: must be a non-empty string without surrounding spaces"),
     ({"pattern": "("}, "Limits.pattern: not a regular expression"),
-    ({"key": "K1"}, r"Limits.key: must match \[a-z\]\+, got 'K1'"),
+    ({"key": "K1"}, r"Limits.key: must be a match of \[a-z\]\+, got 'K1'"),
     ({"offset": float("inf")}, "Limits.offset: must be a finite number, got inf"),
     ({"on": 1}, "Limits.on: must be true or false, got 1"),
 ])
