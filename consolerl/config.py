@@ -45,13 +45,6 @@ T = TypeVar("T")
 _EXPONENT_NUMBER = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
 
 
-def check_int(where: str, value: Any, minimum: int) -> None:
-    """A config field that must be an integer (not a bool) of at least ``minimum``; the
-    :class:`ConfigError` names ``where`` (``Class.field``)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{where}: must be an integer >= {minimum}, got {value!r}")
-
-
 # Resources with their own settings (num_cpus, num_gpus, memory_gib), not custom ones.
 _BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
 

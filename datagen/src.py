@@ -37,7 +37,6 @@ import asyncio
 import json
 import os
 import random
-import re
 import sys
 import tempfile
 import time
@@ -47,7 +46,6 @@ from pathlib import Path
 from typing import Annotated, Any, Protocol
 
 from consolerl.config import Between, Checked, OneOf
-from consolerl.errors import ConfigError
 from consolerl.resources import fill
 from consolerl.tasks import Task
 from consolerl.page import comparable
