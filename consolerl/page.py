@@ -305,6 +305,50 @@ def comparable(text: str) -> str:
     return _NUMBERS.sub("{n}", text)
 
 
+# The console's top bar before its first landmark: the skip link, the products menu, the logo,
+# the account's name and id and Sign Out. Only a select there (the region) is kept.
+def compact(text: str) -> str:
+    """The page as an agent's prompt shows it (``AgentConfig.page_view`` ``compact``): the
+    same lines and bids with the chrome an action never needs taken out.
+
+    - the lines at the top of the page before its first container or heading, other than a
+      select (the console's region), i.e. the skip link, products menu, logo, account name
+      and id and Sign Out of the top bar;
+    - the breadcrumb navigation (its links repeat the product navigation and the page's
+      heading);
+    - a heading that repeats the label of the container it opens (``navigation "RAM":`` then
+      ``## RAM``).
+
+    Every line kept is the page's own line, so every bid shown is the page's bid; what an
+    action needs (forms, tables, dialogs, alerts, the product navigation) stays."""
+    page = parse(text)
+    lines = page.lines()
+    keep: list[str] = []
+    top = True
+    skip_depth: int | None = None
+    previous: PageNode | None = None
+    for node in lines:
+        if skip_depth is not None:
+            if node.depth > skip_depth:
+                continue
+            skip_depth = None
+        if top and node.depth == 0 and not node.opens and node.role != "heading" \
+                and node.role not in SELECTS:
+            continue
+        if node.depth == 0 and (node.opens or node.role == "heading"):
+            top = False
+        if node.role == "navigation" and node.opens and node.label == "Breadcrumb":
+            skip_depth = node.depth
+            continue
+        if node.role == "heading" and previous is not None and previous.opens and \
+                previous.label == node.label and node.depth == previous.depth + 1:
+            previous = node
+            continue
+        keep.append(render_line(node))
+        previous = node
+    return "\n".join(keep)
+
+
 @functools.lru_cache(maxsize=32)
 def parse(text: str, url: str = "", title: str = "") -> Page:
     """The page of a rendered text (``render(parse(text)) == text``). Cached: a page is
@@ -332,5 +376,5 @@ def parse(text: str, url: str = "", title: str = "") -> Page:
     return Page(tuple(nodes), url, title)
 
 
-__all__ = ["INTERACTIVE", "LANDMARKS", "Page", "PageNode", "Region", "comparable", "parse",
-           "render", "render_line"]
+__all__ = ["INTERACTIVE", "LANDMARKS", "Page", "PageNode", "Region", "comparable", "compact",
+           "parse", "render", "render_line"]

@@ -30,8 +30,10 @@ from typing import Annotated, Protocol
 from consolerl.config import AtLeast, Between, Checked, OneOf
 from consolerl.errors import ConfigError
 from consolerl.experience import Trajectory, Turn, keep_pages, page_seen
+from consolerl.page import compact
+from consolerl.page import parse as page_of
 from consolerl.types import Observation, StepResult
-from env_workers.actions import ACTION_HELP
+from env_workers.actions import ACTION_HELP, parse_action
 
 # "stuck": a scripted policy found no way on (see rollout_service.episode.scripted_policy).
 END_REASONS = ("stop", "report_infeasible", "max_steps", "token_limit", "env_limit",
@@ -53,7 +55,19 @@ COMPACT_SYSTEM_PROMPT = (
     'click(bid) | fill(bid, "text") | select(bid, "option") | press("Enter") | '
     'scroll("down") | goto("https://host/path") | go_back() | stop("answer") when done | '
     'report_infeasible("reason") when the procedure cannot be done as documented')
-SYSTEM_PROMPTS = {"full": SYSTEM_PROMPT, "compact": COMPACT_SYSTEM_PROMPT}
+# The compact grammar for a grounded reply (AgentConfig.response "grounded"): the model first
+# copies the label of what it acts on, as the page shows it, then writes the action.
+GROUNDED_SYSTEM_PROMPT = (
+    "You operate a cloud console in a browser to carry out a documented procedure. Page "
+    "elements have ids in brackets, e.g. [12]. Reply with two lines: the label of the element "
+    "you act on, in quotes, as the page shows it; then one action:\n"
+    'click(bid) | fill(bid, "text") | select(bid, "option") | press("Enter") | '
+    'scroll("down") | goto("https://host/path") | go_back() | stop("answer") when done | '
+    'report_infeasible("reason") when the procedure cannot be done as documented')
+SYSTEM_PROMPTS = {"full": SYSTEM_PROMPT, "compact": COMPACT_SYSTEM_PROMPT,
+                  "grounded": GROUNDED_SYSTEM_PROMPT}
+PAGE_VIEWS = ("full", "compact")
+RESPONSES = ("action", "grounded")
 
 
 @dataclass(frozen=True)
@@ -61,7 +75,17 @@ class AgentConfig(Checked):
     """``history_turns``: previous actions shown (K); ``max_steps``: actions per episode;
     ``max_prompt_tokens`` / ``max_new_tokens``: per turn; ``max_episode_tokens``: prompt and
     sampled tokens of the whole episode; sampling: ``temperature``, ``top_p``;
-    ``system_prompt``: ``full`` (the grammar with a line per action) or ``compact``."""
+    ``system_prompt``: ``full`` (the grammar with a line per action), ``compact`` or
+    ``grounded`` (the compact grammar asking for the target's label first).
+
+    What the model reads and writes, which a trained model keeps (:data:`MODEL_SETTINGS`):
+    ``page_view``: ``full`` (the page as rendered) or ``compact`` (the top bar, breadcrumb and
+    repeated headings taken out, :func:`consolerl.page.compact`); ``response``: ``action``
+    (the action alone) or ``grounded`` (the label of the element acted on, quoted, on the line
+    before the action: :func:`grounded_response`; the env worker reads the last action line);
+    ``random_ids``: the env worker numbers a page's elements from a permutation drawn per
+    episode (``EpisodeSpec.id_seed``) instead of in document order, so an id says nothing
+    of where an element sits."""
 
     max_steps: Annotated[int, AtLeast(1)] = 20
     history_turns: Annotated[int, AtLeast(0)] = 4
@@ -73,9 +97,15 @@ class AgentConfig(Checked):
     temperature: Annotated[float, Between(0, 5)] = 1.0
     top_p: Annotated[float, Between(0, 1, low_open=True)] = 1.0
     system_prompt: Annotated[str, OneOf(tuple(SYSTEM_PROMPTS))] = "full"
+    page_view: Annotated[str, OneOf(PAGE_VIEWS)] = "full"
+    response: Annotated[str, OneOf(RESPONSES)] = "action"
+    random_ids: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if (self.response == "grounded") != (self.system_prompt == "grounded"):
+            raise ConfigError("AgentConfig.response: 'grounded' goes with system_prompt "
+                              "'grounded' (the prompt asks for the label line), and only with it")
         if self.min_observation_chars > self.max_observation_chars:
             raise ConfigError("AgentConfig.min_observation_chars: must not exceed "
                               "max_observation_chars")
@@ -151,9 +181,41 @@ def stable_part(title: str, procedure: str) -> str:
     return f"TASK: {title}\n\nPROCEDURE:\n{procedure.strip()}"
 
 
+# What a trained model was trained to read and write: these AgentConfig fields travel with the
+# model folder, and serving it with other values is refused.
+MODEL_SETTINGS = ("system_prompt", "page_view", "response", "random_ids", "history_turns",
+                  "max_observation_chars", "min_observation_chars", "max_prompt_tokens",
+                  "max_new_tokens")
+
+
+def grounded_response(action_text: str, page_text: str) -> str:
+    """The reply ``response: grounded`` trains: the label of the element the action names,
+    quoted, on the line before the action (``"Create User"`` then ``click(16)``), so the model
+    copies a label from the procedure to the page before it picks an id. An action that names
+    no element, or one whose element has no label on the page, is the action alone."""
+    action = parse_action(action_text)
+    bid = getattr(action, "bid", None)
+    if not bid:
+        return action_text
+    node = page_of(page_text).by_bid(bid)
+    if node is None or not node.label.strip():
+        return action_text
+    return f"{_quoted(node.label)}\n{action_text}"
+
+
+def _quoted(label: str) -> str:
+    flat = " ".join(label.split())
+    return '"' + flat.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def page_text(observation: Observation, view: str = "full") -> str:
+    """The page as the prompt shows it in ``view`` (``AgentConfig.page_view``)."""
+    return compact(observation.text) if view == "compact" else observation.text
+
+
 def build_messages(title: str, procedure: str, history: Sequence[_Step],
                    observation: Observation, observation_chars: int,
-                   system: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
+                   system: str = SYSTEM_PROMPT, view: str = "full") -> list[dict[str, str]]:
     lines = [f"TASK: {title}", "", "PROCEDURE:", procedure.strip(), ""]
     if history:
         lines.append("YOUR LAST ACTIONS (oldest first):")
@@ -163,7 +225,7 @@ def build_messages(title: str, procedure: str, history: Sequence[_Step],
     if observation.last_action_error:
         lines += [f"LAST ACTION ERROR: {observation.last_action_error}", ""]
     lines += [f"CURRENT PAGE: {observation.url}", f"TITLE: {observation.title}",
-              _cut(observation.text, observation_chars), "", "Your next action:"]
+              _cut(page_text(observation, view), observation_chars), "", "Your next action:"]
     return [{"role": "system", "content": system},
             {"role": "user", "content": "\n".join(lines)}]
 
@@ -186,7 +248,8 @@ class AgentLoop:
         stable = getattr(self.tokenizer, "apply_chat_template_stable", None)
         while True:
             messages = build_messages(title, procedure, history, observation, chars,
-                                      SYSTEM_PROMPTS[self.config.system_prompt])
+                                      SYSTEM_PROMPTS[self.config.system_prompt],
+                                      self.config.page_view)
             if stable is not None:      # the task and procedure are encoded once an episode
                 ids = list(stable(messages, stable_part(title, procedure)))
             else:
