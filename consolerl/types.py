@@ -22,12 +22,16 @@ class EnvError:
 @dataclass(frozen=True)
 class EpisodeSpec:
     """Where an episode starts: a console path (``/console/ecs/instances``) on the cloud's
-    console host, the drift profile to sign in with, and the episode's limits."""
+    console host, the drift profile to sign in with, and the episode's limits. ``id_seed``:
+    how the page's elements are numbered (``env_workers.observation.render_snapshot``):
+    ``None`` in document order, else from a permutation drawn from this seed, the same for
+    the whole episode (an episode that replays another's actions reuses its seed)."""
 
     start_path: str = "/console/"
     drift: str = ""
     max_steps: int = 30
     max_seconds: float = 600.0
+    id_seed: int | None = None
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,14 @@ the student ended the episode where the teacher would not have. Only then does t
 localise the first harmful deviation (one query per action it looks at): the first action that
 differs from its own and did not move the plan forward. Rollback keeps the useful prefix: the
 episode ends (cleaned up as every episode), a new one is provisioned, the kept actions are
-replayed in it (their values carried over to the new episode's names), and the teacher's
-correction is sent where the deviation was; the student goes on from there. ``max_rollbacks``
-bounds the corrections of one attempt. Each episode is a stepped episode of the runner
-(:class:`rollout_service.stepped.SteppedEpisode`): the loop here sends every action and ends
-the episode where it chooses, with a value (:class:`rollout_service.episode.Halt` for a
-rollback), the runner scoring and cleaning up as it does every episode.
+replayed in it (their values carried over to the new episode's names; its elements numbered
+as in the attempt's first episode: one ``EpisodeSpec.id_seed`` per attempt when the agent's
+``random_ids`` is on), and the teacher's correction is sent where the deviation was; the
+student goes on from there. ``max_rollbacks`` bounds the corrections of one attempt. Each
+episode is a stepped episode of the runner (:class:`rollout_service.stepped.SteppedEpisode`):
+the loop here sends every action and ends the episode where it chooses, with a value
+(:class:`rollout_service.episode.Halt` for a rollback), the runner scoring and cleaning up as
+it does every episode.
 
 Replay fidelity: after a replay, the page must equal the page the deviation was made on,
 compared with what differs between two episodes by design taken out (the episode's names and
@@ -55,7 +57,7 @@ from env_workers.worker import WorkerConfig
 from reward_service.service import RewardService
 
 from rollout_service.agent import AgentConfig, AgentLoop, SamplingParams, _Step, history_entry, recent_history
-from rollout_service.episode import EpisodeOutcome, EpisodeRunner, Halt
+from rollout_service.episode import EpisodeOutcome, EpisodeRunner, Halt, episode_id_seed
 from rollout_service.stepped import SteppedEpisode
 from .export import (ExportConfig, RecordedTurn, Recording, account_secrets, build_record,
                      check_no_secrets, select_tasks, start_services, stop_services)
@@ -396,10 +398,13 @@ class Collector:
         prefix: list[tuple[str, str]] = []
         correction: str | None = None
         target: str | None = None
+        # One numbering of the page's elements for every episode of the attempt: the kept
+        # actions replayed after a rollback name elements by the ids the first episode showed.
+        id_seed = episode_id_seed(self.agent.random_ids, f"{self.config.mode}:{task.id}", seed)
         while True:
             attempt = Attempt(self, run, prefix, correction, target, seed)
             t0 = time.monotonic()
-            outcome = await self._episode(env, task, seed, attempt)
+            outcome = await self._episode(env, task, seed, attempt, id_seed)
             run.env_s += time.monotonic() - t0
             run.episodes += 1
             if outcome.env_error is not None or attempt.rollback_at is None:
@@ -413,12 +418,12 @@ class Collector:
             correction = generalize(attempt.rollback_action or "", run.values)
             target = normalize_page(attempt.turns[at].turn.observation.text, run.values)
 
-    async def _episode(self, env: Any, task: Task, seed: int, attempt: Attempt
-                       ) -> EpisodeOutcome:
+    async def _episode(self, env: Any, task: Task, seed: int, attempt: Attempt,
+                       id_seed: int | None = None) -> EpisodeOutcome:
         """One episode of an attempt: opened, played, ended (scored and cleaned up) by the
-        runner."""
+        runner; ``id_seed``: the attempt's numbering of the page's elements."""
         episode = SteppedEpisode(self.runner, env, task, max_steps=self.config.max_steps + 2,
-                                 seed=seed)
+                                 seed=seed, id_seed=id_seed)
         try:
             opened = await episode.reset()
             if opened is None:                  # the environment failed before the page

@@ -12,7 +12,12 @@ YAML, elements tagged ``[ref=f2e17]``). :func:`render_snapshot` turns it into
     - [7]i-bp5uo7w6g51i0cvguwpf web | Running | cn-hangzhou-h | ... | [8]Manage Start(disabled)
 
 and a map bid -> Playwright ref. Rules, chosen for few tokens and stable output:
-- bids are numbered in document order, so one page state always renders the same text;
+- bids are decimal numbers, one per enabled control; without an ``id_seed`` they count up
+  in document order (1, 2, 3, ...); with one (``EpisodeSpec.id_seed``), the k-th control in
+  document order gets the k-th number of a permutation of 1..999 drawn from
+  ``random.Random(id_seed)`` (past 999 controls, 1000 + k), so an id says nothing of where
+  its element sits and differs between episodes. Either way one page state renders the same
+  text for the same seed;
 - unnamed wrappers (generic, list, listitem, rowgroup) are flattened; link targets, cursor
   hints and aria-hidden content are dropped;
 - a table row is one line, its cells joined by `` | `` with their controls inline;
@@ -25,6 +30,8 @@ ones this renderer uses.
 """
 from __future__ import annotations
 
+import functools
+import random
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +44,24 @@ from consolerl.text import ascii_digits
 _KEY = re.compile(r'^(?P<role>[a-z/][\w/-]*)(?: "(?P<name>(?:[^"\\]|\\.)*)")?(?P<attrs>(?: \[[^\]]*\])*)$')
 _ATTR = re.compile(r"\[([^\]=]+)(?:=([^\]]*))?\]")
 _STATES = ("checked", "disabled", "expanded", "selected", "pressed", "level")
+PERMUTED_IDS = 999              # how many bids a seeded numbering draws from its permutation
+
+
+@functools.lru_cache(maxsize=64)
+def _permutation(id_seed: int) -> tuple[int, ...]:
+    """1..PERMUTED_IDS in the order ``random.Random(id_seed)`` shuffles them (cached: an
+    episode renders many pages with one seed)."""
+    numbers = list(range(1, PERMUTED_IDS + 1))
+    random.Random(id_seed).shuffle(numbers)
+    return tuple(numbers)
+
+
+def bid_number(k: int, id_seed: int | None) -> int:
+    """The bid of the ``k``-th (from 1) enabled control in document order: ``k`` without a
+    seed; with one, the k-th number of the seed's permutation, ``1000 + k`` past it."""
+    if id_seed is None:
+        return k
+    return _permutation(id_seed)[k - 1] if k <= PERMUTED_IDS else 1000 + k
 
 
 @dataclass(frozen=True)
@@ -96,16 +121,17 @@ def _typed(node: _Node) -> str:
 
 
 class _Renderer:
-    def __init__(self) -> None:
+    def __init__(self, id_seed: int | None) -> None:
         self.lines: list[str] = []
         self.bids: dict[str, str] = {}
         self.focused = ""
+        self.id_seed = id_seed
 
     def bid_for(self, node: _Node) -> str:
         ref = node.attrs.get("ref", "")
         if not ref or "disabled" in node.attrs:
             return ""
-        bid = str(len(self.bids) + 1)
+        bid = str(bid_number(len(self.bids) + 1, self.id_seed))
         self.bids[bid] = ref
         if "active" in node.attrs:
             self.focused = bid
@@ -233,14 +259,16 @@ def _has_controls(items: list[Any]) -> bool:
     return False
 
 
-def render_snapshot(snapshot: str) -> Rendered:
-    """Render Playwright's ``aria_snapshot(mode="ai")`` YAML as compact text with bids."""
+def render_snapshot(snapshot: str, id_seed: int | None = None) -> Rendered:
+    """Render Playwright's ``aria_snapshot(mode="ai")`` YAML as compact text with bids,
+    numbered in document order (``id_seed`` None) or from ``id_seed``'s permutation (see the
+    module docstring)."""
     try:
         tree = yaml.load(snapshot, Loader=yaml.CSafeLoader) if snapshot.strip() else []
     except yaml.YAMLError:
         # Should not happen with Playwright's output; keep the agent going with raw text.
         return Rendered(snapshot[:20_000], {}, "")
-    renderer = _Renderer()
+    renderer = _Renderer(id_seed)
     renderer.block(tree if isinstance(tree, list) else [tree], 0)
     return Rendered("\n".join(renderer.lines), renderer.bids, renderer.focused)
 

@@ -462,7 +462,7 @@ class EnvWorker:
         page = episode.page
         snapshot = await page.aria_snapshot(mode="ai", timeout=self.config.navigation_timeout_s
                                             * 1000)
-        rendered = render_snapshot(snapshot)
+        rendered = render_snapshot(snapshot, episode.spec.id_seed)
         episode.bids = rendered.bids
         shot, mime = None, ""
         if self.config.screenshot:

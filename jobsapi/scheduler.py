@@ -55,7 +55,7 @@ from env_workers.leases import AccountPool, UnknownAccount
 
 from rollout_service.agent import AgentConfig, AgentLoop
 from rollout_service.episode import (EpisodeLease, EpisodeOutcome, EpisodePolicy, EpisodeRunner,
-                                     model_policy, scripted_policy)
+                                     episode_id_seed, model_policy, scripted_policy)
 from datagen.oracle import ORACLE_MAX_STEPS, run_oracle
 from .schema import (ORACLE_MODEL, TERMINAL, Attempt, AuditEvent, ClaimCheck, EpisodeCounts,
                      Job, JobCompletedEvent, JobStatusEvent, Rollout, RolloutCompletedEvent,
@@ -483,18 +483,19 @@ class JobScheduler:
             await self.store.add_event(job.id, JobStatusEvent(state=state, error=error))
 
     # ---- one episode ----------------------------------------------------------------------------
-    async def _policy(self, job: Job) -> tuple[EpisodePolicy, int]:
-        """Who acts in the job's episodes, and the env worker's step limit: the scripted
-        oracle (no model: as many steps as its script needs), or the job's model through the
-        agent loop with the job's sampling (one step more than the agent's limit, for its
-        final action)."""
+    async def _policy(self, job: Job) -> tuple[EpisodePolicy, int, bool]:
+        """Who acts in the job's episodes, the env worker's step limit and whether the page's
+        ids are drawn per episode: the scripted oracle (no model: as many steps as its script
+        needs, ids in document order), or the job's model through the agent loop with the
+        job's sampling (one step more than the agent's limit, for its final action; ids as
+        its agent config's ``random_ids`` says)."""
         if job.model == ORACLE_MODEL:
-            return scripted_policy(run_oracle), ORACLE_MAX_STEPS
+            return scripted_policy(run_oracle), ORACLE_MAX_STEPS, False
         s = job.sampling
         agent = await self.agent_for(job.model, replace(
             self.base_agent, temperature=s.temperature, top_p=s.top_p,
             max_steps=s.max_steps, max_new_tokens=s.max_new_tokens))
-        return model_policy(agent), s.max_steps + 1
+        return model_policy(agent), s.max_steps + 1, agent.config.random_ids
 
     async def _episode(self, live: RunningJob, rollout: Rollout, worker: Any) -> None:
         job = live.job
@@ -539,12 +540,13 @@ class JobScheduler:
         outcome: EpisodeOutcome | None = None
         try:
             s = job.sampling
-            policy, max_steps = await self._policy(job)
+            policy, max_steps, random_ids = await self._policy(job)
+            trajectory_id = f"{job.id}-{rollout.id}-{len(rollout.attempts)}"
+            seed = (s.seed * 1_000_003 + rollout.sample) % 2**31
             outcome = await self.runner.run(
-                worker, task, policy, max_steps=max_steps,
-                trajectory_id=f"{job.id}-{rollout.id}-{len(rollout.attempts)}",
-                seed=(s.seed * 1_000_003 + rollout.sample) % 2**31, observer=observer,
-                on_lease=on_lease)
+                worker, task, policy, max_steps=max_steps, trajectory_id=trajectory_id,
+                seed=seed, observer=observer, on_lease=on_lease,
+                id_seed=episode_id_seed(random_ids, trajectory_id, seed))
         except Exception as exc:           # the runner never raises for the env; a bug might
             log.exception("episode %s of %s", rollout.id, job.id)
             error = f"internal: {type(exc).__name__}: {str(exc)[:200]}"

@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
+import hashlib
 import logging
 import secrets
 import time
@@ -123,6 +124,18 @@ class WorkerSidePolicy:
         if trajectory is None:
             raise PolicyFailed(failure)
         return trajectory
+
+
+def episode_id_seed(random_ids: bool, trajectory_id: str, seed: int) -> int | None:
+    """An episode's element-id seed (``EpisodeSpec.id_seed``, for :meth:`EpisodeRunner.run`):
+    ``None`` (document order) unless ``random_ids`` (``AgentConfig.random_ids``); else a
+    number drawn from the episode's trajectory id and seed (a hash, the same in every
+    process), so two episodes of a group see different ids. A loop that replays an episode's
+    actions in a new episode passes that episode's seed again, not a new one."""
+    if not random_ids:
+        return None
+    digest = hashlib.blake2b(f"{trajectory_id}\0{seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 class PolicyFailed(ConsoleRLError, RuntimeError):
@@ -565,9 +578,12 @@ class EpisodeRunner:
     async def run(self, env: Any, task: Task, policy: EpisodePolicy, *, max_steps: int,
                   trajectory_id: str = "", seed: int = 0, observer: Observer | None = None,
                   interrupted: Callable[[], str] | None = None,
-                  on_lease: OnLease | None = None) -> EpisodeOutcome:
+                  on_lease: OnLease | None = None, id_seed: int | None = None
+                  ) -> EpisodeOutcome:
         """One episode of ``task`` on ``env`` (see the module docstring). ``max_steps``: the
-        env worker's step limit for the episode; ``observer``: sees every step (see
+        env worker's step limit for the episode; ``id_seed``: how the env worker numbers the
+        page's elements (``EpisodeSpec.id_seed``; :func:`episode_id_seed` draws one for an
+        agent with ``random_ids``); ``observer``: sees every step (see
         :data:`Observer`); ``interrupted``: asked before each step of turns run here, a
         non-empty answer (why) stops the episode there, cleaned up, as ``cancelled``;
         ``on_lease``: told the episode's lease before anything is provisioned (see
@@ -625,7 +641,7 @@ class EpisodeRunner:
             started = started_at[0] = time.time()
             opened = await _env_call(env.reset, EpisodeSpec(
                 start_path=fill(task.start_page, values), drift=task.drift,
-                max_steps=max_steps))
+                max_steps=max_steps, id_seed=id_seed))
             if opened.env_error is not None:
                 outcome.env_error = opened.env_error
                 return outcome

@@ -60,7 +60,7 @@ from infra.cloud import CloudClient
 from .agent import AgentLoop
 from .curriculum import BANDS, CURRICULA, Curriculum
 from .episode import (EpisodeOutcome, EpisodePolicy, EpisodeRunner, WorkerSidePolicy,
-                      model_policy)
+                      episode_id_seed, model_policy)
 from .experience import ExperienceStream
 from .policy import call
 
@@ -298,7 +298,10 @@ class Orchestrator:
             outcome = await self.runner.run(worker, task, self.policy,
                                             max_steps=self.agent.config.max_steps + 1,
                                             trajectory_id=trajectory_id, seed=seed,
-                                            interrupted=self._interrupted)
+                                            interrupted=self._interrupted,
+                                            id_seed=episode_id_seed(
+                                                self.agent.config.random_ids, trajectory_id,
+                                                seed))
             return outcome
         finally:
             self.metrics.busy_workers.dec()

@@ -56,12 +56,15 @@ class _End:
 
 class SteppedEpisode:
     """One episode of ``runner`` on ``env`` for ``task``, driven a step at a time (see the
-    module docstring). ``max_steps``: the env worker's step limit; ``seed``: the episode's."""
+    module docstring). ``max_steps``: the env worker's step limit; ``seed``: the episode's;
+    ``id_seed``: how the page's elements are numbered (``EpisodeSpec.id_seed``): an episode
+    that replays another's actions passes that episode's, so their ids name the same
+    elements."""
 
     def __init__(self, runner: EpisodeRunner, env: Any, task: Task, *, max_steps: int,
-                 seed: int = 0):
+                 seed: int = 0, id_seed: int | None = None):
         self.runner, self.env, self.task = runner, env, task
-        self.max_steps, self.seed = max_steps, seed
+        self.max_steps, self.seed, self.id_seed = max_steps, seed, id_seed
         self._inbox: asyncio.Queue[_Act | _End] = asyncio.Queue()
         self._opened: asyncio.Future[Opened] | None = None
         self._run: asyncio.Task[EpisodeOutcome] | None = None
@@ -75,7 +78,7 @@ class SteppedEpisode:
         self._opened = asyncio.get_running_loop().create_future()
         self._run = asyncio.create_task(self.runner.run(
             self.env, self.task, scripted_policy(self._script), max_steps=self.max_steps,
-            seed=self.seed))
+            seed=self.seed, id_seed=self.id_seed))
         await asyncio.wait({self._opened, self._run}, return_when=asyncio.FIRST_COMPLETED)
         if not self._opened.done():
             return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import generate_latest
@@ -18,7 +19,8 @@ from consolerl.rewards import RewardResult, RuleOutcome
 from consolerl.tasks import TASKS_DIR, load_suite
 from consolerl.types import EnvError, Observation, StepResult
 from tests.conftest import run_async
-from rollout_service.episode import EpisodeOutcome
+from rollout_service.agent import AgentConfig
+from rollout_service.episode import EpisodeOutcome, episode_id_seed
 from jobsapi.auth import TeamQuota
 from jobsapi.schema import Job, Sampling
 from jobsapi.scheduler import JobScheduler, SchedulerConfig
@@ -36,13 +38,15 @@ class Episodes:
         self.seconds = seconds
         self.env_errors = dict(env_errors or {})
         self.starts: list[str] = []
+        self.id_seeds: list[int | None] = []
         self.finished: list[str] = []
         self.running = 0
         self.most = 0
 
     async def run(self, worker, task, policy, *, max_steps, trajectory_id, seed, observer,
-                  on_lease=None):
+                  on_lease=None, id_seed=None):
         self.starts.append(trajectory_id)
+        self.id_seeds.append(id_seed)
         self.running += 1
         self.most = max(self.most, self.running)
         outcome = EpisodeOutcome(task.id, task.expected, "e1", worker=str(worker))
@@ -95,7 +99,7 @@ def scheduler(store, episodes, workers=2, quotas=None, **config) -> JobScheduler
 
 
 async def _agent(model, config):
-    return object()
+    return SimpleNamespace(config=config)      # an agent loop, as far as the scheduler looks
 
 
 async def run_until_done(sched: JobScheduler, store: JobStore, jobs: list[str],
@@ -132,6 +136,27 @@ def test_fair_share_between_teams_and_priority_within(store):
         # Within team b the higher-priority (newer) job goes first.
         b_jobs = [t.split("-")[0] for t in eps.starts if owners[t.split("-")[0]] == "b"]
         assert b_jobs[:2] == [high, high], b_jobs
+    run_async(go())
+
+
+def test_ids_are_drawn_per_episode_for_an_agent_with_random_ids(store):
+    """A job's episodes open with an id seed of their own when the agent's ``random_ids`` is
+    on (the oracle's, and every episode without it, in document order)."""
+    async def go():
+        plain = Episodes(seconds=0.01)
+        job = await make_job(store, "a", TASKS[:1], samples=2)
+        await run_until_done(scheduler(store, plain), store, [job])
+        assert plain.id_seeds == [None, None]
+        drawn = Episodes(seconds=0.01)
+        job = await make_job(store, "a", TASKS[:1], samples=2)
+        sched = JobScheduler(SchedulerConfig(tick_s=0.05), store, drawn, ["w0"], SUITE, _agent,
+                             lambda team: TeamQuota(concurrent_episodes=8),
+                             AgentConfig(random_ids=True))
+        await run_until_done(sched, store, [job])
+        assert len(set(drawn.id_seeds)) == 2 and None not in drawn.id_seeds
+        # Each from its episode's trajectory id and seed (samples 0 and 1: seeds 0 and 1).
+        assert set(drawn.id_seeds) <= {episode_id_seed(True, t, seed)
+                                       for t in drawn.starts for seed in (0, 1)}
     run_async(go())
 
 

@@ -11,7 +11,7 @@ from consolerl.types import EnvError, Observation, StepResult
 from datagen.src import Collector, SRCConfig, StudentAction
 from datagen.teacher import OracleTeacher, start_url_of
 from rollout_service.agent import AgentConfig
-from rollout_service.episode import EpisodeOutcome, Halt, _WorkerFailed
+from rollout_service.episode import EpisodeOutcome, Halt, _WorkerFailed, episode_id_seed
 from rollout_service.stepped import SteppedEpisode
 from tests.conftest import run_async
 
@@ -52,8 +52,10 @@ class FakeRunner:
     def __init__(self, fail_at: int = 0, opens: bool = True):
         self.fail_at, self.opens = fail_at, opens
         self.episodes: list[list[str]] = []
+        self.id_seeds: list[int | None] = []          # each episode's, as the runner got it
 
-    async def run(self, env, task, policy, *, max_steps, seed=0):
+    async def run(self, env, task, policy, *, max_steps, seed=0, id_seed=None):
+        self.id_seeds.append(id_seed)
         outcome = EpisodeOutcome(task.id, task.expected, f"e{len(self.episodes)}")
         if not self.opens:
             outcome.env_error = EnvError("provision_failed", "no quota")
@@ -171,6 +173,37 @@ def test_src_rolls_a_harmful_deviation_back_over_a_new_episode_and_corrects_it()
     assert [(c.student, c.action) for c in run.corrections] == [("click(6)", "click(8)")]
     assert [t.source for t in run.final] == ["teacher", "student", "student"]
     assert run.outcome.trajectory.end_reason == "stop"
+    assert runner.id_seeds == [None, None]           # random_ids off: document order
+
+
+def test_src_replays_a_rollback_under_the_first_episodes_id_seed():
+    """With ``random_ids``, every episode of an attempt (the rollback's new episode, where the
+    kept actions are replayed by their ids) is numbered as the first; another attempt (seed)
+    and another task get another numbering."""
+    agent = AgentConfig(random_ids=True)
+    config = SRCConfig(mode="src", segment_steps=2, max_rollbacks=3, max_steps=10)
+    runner = FakeRunner()
+    run = run_async(Collector(runner, OracleTeacher(), WrongFirst(), agent, config)
+                    .attempt(None, TASK, seed=0))
+    assert run.rollbacks == 1 and run.status == "solved"
+    first, second = runner.id_seeds
+    assert first is not None and second == first
+    assert first == episode_id_seed(True, f"src:{TASK.id}", 0)
+    other = FakeRunner()
+    run_async(Collector(other, OracleTeacher(), WrongFirst(), agent, config)
+              .attempt(None, TASK, seed=1))
+    assert other.id_seeds[0] is not None and other.id_seeds[0] != first
+    assert episode_id_seed(True, "src:ram-create-user-0", 0) != first
+
+
+def test_a_stepped_episode_passes_its_id_seed_to_the_runner():
+    async def go():
+        runner = FakeRunner()
+        episode = SteppedEpisode(runner, None, TASK, max_steps=5, id_seed=1234)
+        await episode.reset()
+        await episode.end()
+        return runner.id_seeds
+    assert run_async(go()) == [1234]
 
 
 def test_step_level_review_labels_every_step_in_one_episode():
