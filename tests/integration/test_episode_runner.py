@@ -11,17 +11,19 @@ import pytest
 import redis
 
 from consolerl.accounts import lease_agent, parse_lease_agent
+from consolerl.page import parse
 from consolerl.tasks import TASKS_DIR, Task, load_task
 from consolerl.types import Observation, StepResult
 from env_workers.accounts import PoolConfig
 from env_workers.leases import AccountPool
+from env_workers.observation import bid_number
 from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
 from infra.provisioning.sdk import EPISODE_TAG
 from reward_service.actiontrail import TrailClient
 from reward_service.service import RewardService
 from rollout_service import episode as episode_module
-from rollout_service.episode import EpisodeRunner, StepFn, scripted_policy
+from rollout_service.episode import EpisodeRunner, StepFn, episode_id_seed, scripted_policy
 from datagen.oracle import run_oracle
 from tests.conftest import _server, run_async
 
@@ -34,7 +36,7 @@ def runner_cloud(tmp_path_factory):
                                                           "0.3", "--network-ready", "0.1"])
 
 
-def run(cloud, accounts, redis_url: str, prefix: str, script):
+def run(cloud, accounts, redis_url: str, prefix: str, script, id_seed: int | None = None):
     runner = EpisodeRunner(accounts, cloud.endpoint,
                            RewardService([TASK], accounts, cloud.endpoint).score)
     pool = PoolConfig(redis_url=redis_url, key_prefix=prefix)
@@ -43,16 +45,36 @@ def run(cloud, accounts, redis_url: str, prefix: str, script):
         env = LeasedEnvWorker(WorkerConfig(console_url=cloud.url), pool, "runner-test")
         try:
             return await runner.run(env, TASK, scripted_policy(script), max_steps=40,
-                                    trajectory_id="t-1", seed=3)
+                                    trajectory_id="t-1", seed=3, id_seed=id_seed)
         finally:
             await env.drain()
     return runner, run_async(go())
 
 
+@pytest.mark.parametrize("random_ids", [False, True], ids=["document-order", "random-ids"])
 def test_the_oracle_episode_is_solved_scored_and_cleaned_up(runner_cloud, accounts,
-                                                             redis_server):
+                                                             redis_server, random_ids):
+    """Also with the page's ids drawn for the episode (``AgentConfig.random_ids``): every
+    page of the episode numbered from its seed, and the oracle, which finds elements by their
+    labels, solves it all the same."""
+    pages: list[str] = []
+
+    async def oracle(task: Task, values: Mapping[str, str], step: StepFn,
+                     observation: Observation) -> StepResult:
+        async def seen(text: str) -> StepResult:
+            result = await step(text)
+            pages.append(result.observation.text)
+            return result
+        pages.append(observation.text)
+        return await run_oracle(task, values, seen, observation)
+
+    id_seed = episode_id_seed(random_ids, "t-1", 3)
     runner, outcome = run(runner_cloud, accounts, redis_server.url, "test:runner:ok",
-                          run_oracle)
+                          oracle, id_seed)
+    bids = [[n.bid for n in parse(text).controls()] for text in pages]
+    assert len(bids) >= 3 and all(bids)
+    assert bids == [[str(bid_number(k, id_seed)) for k in range(1, len(b) + 1)] for b in bids]
+    assert any(b[:3] != ["1", "2", "3"] for b in bids) == random_ids
     assert outcome.env_error is None and outcome.status == "solved", outcome.reasons
     assert outcome.trajectory.trajectory_id == "t-1" and outcome.trajectory.end_reason == "stop"
     assert len(outcome.trajectory.turns) >= 2
