@@ -20,6 +20,7 @@ from rollout_service.episode import EpisodeOutcome, EpisodeRunner, episode_id_se
 from rollout_service.orchestrator import Orchestrator, OrchestratorConfig
 from tests.conftest import run_async
 from tests.unit.test_observation import SNAPSHOT
+from tests.unit.test_page import PAGES
 
 TASKS = load_suite(TASKS_DIR)
 
@@ -47,6 +48,16 @@ def test_a_seed_renumbers_the_same_text_and_renders_it_the_same_every_time():
     order = list(range(1, 1000))
     random.Random(7).shuffle(order)                         # the rule: Random(seed)'s shuffle
     assert list(seeded.bids) == [str(n) for n in order[:7]]
+
+
+def test_on_real_console_pages_only_the_numbers_change():
+    """The renderer's golden pages (``tests/data/pages.json``): the seeded text is the
+    document-order text renumbered, and the page parser finds the ids in the renderer's
+    order."""
+    for page in PAGES:
+        plain, seeded = render_snapshot(page["snapshot"]), render_snapshot(page["snapshot"], 99)
+        assert seeded.text == _renumbered(plain.text, 99), page["name"]
+        assert [n.bid for n in parse(seeded.text).controls()] == list(seeded.bids)
 
 
 def test_seeded_ids_are_unique_decimal_numbers_the_page_parser_reads():
