@@ -112,15 +112,19 @@ class RolloutSide:
 
 class TrainingRollouts:
     """The training job's rollouts: the orchestrator over a :class:`RolloutSide`, pushing
-    groups to the experience stream (as a Ray actor: :data:`TrainingRolloutsActor`)."""
+    groups to the experience stream (as a Ray actor: :data:`TrainingRolloutsActor`).
+    ``step_gamma``: the trainer's ``AlgoConfig.step_signal_gamma`` (see
+    :class:`~rollout_service.orchestrator.Orchestrator`)."""
 
     def __init__(self, spec: RolloutSpec, orchestrator: OrchestratorConfig,
-                 stream: StreamConfig, servers: list[Any] | None = None):
+                 stream: StreamConfig, servers: list[Any] | None = None,
+                 step_gamma: float | None = None):
         self.side = RolloutSide(spec, servers)
         self.stream = ExperienceStream(stream)
         self.orchestrator = Orchestrator(
             orchestrator, self.side.tasks, self.side.pool.actors, self.side.accounts,
-            spec.endpoint, self.side.agent(), self.side.reward.score, self.stream)
+            spec.endpoint, self.side.agent(), self.side.reward.score, self.stream,
+            step_gamma=step_gamma)
         self.endpoint = publish(spec.metrics, [self.orchestrator.registry,
                                                self.side.reward.registry], "rollout", "rollout")
 

@@ -4,12 +4,14 @@ itself as zlib-compressed JSON in ``data``). Written by the orchestrator, read b
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from consolerl.errors import ConfigError
+from consolerl.page import comparable, parse
 from consolerl.types import EnvError
 
 
@@ -70,18 +72,54 @@ def keep_pages(pages: list[str]) -> tuple[str, ...]:
     return tuple(pages[:head] + pages[len(pages) - (MAX_PAGES - head):])
 
 
+def state_key(page: str) -> str:
+    """The state a page (:func:`page_seen`: URL and text) stands for, as a short digest of its
+    :func:`consolerl.page.comparable` form with the element ids (``[12]``) taken out: two
+    visits of one state (other resource ids, times, account, element numbering) get the same
+    key, two different pages different keys."""
+    url, _, text = page.partition("\n")
+    lines = text.split("\n")
+    # Each id the parser read is blanked on the line that draws it (ids are unique on a page;
+    # a line with inline controls holds several).
+    for node in parse(text).nodes:
+        if node.bid:
+            lines[node.line] = lines[node.line].replace(f"[{node.bid}]", "[]", 1)
+    plain = comparable(url + "\n" + "\n".join(lines))
+    return hashlib.blake2b(plain.encode(), digest_size=8).hexdigest()
+
+
+def turn_states(trajectory: Trajectory) -> tuple[str, ...]:
+    """The :func:`state_key` of the page the agent saw before each turn ("" where
+    :func:`keep_pages` left that page out of a long trajectory, or no page was kept)."""
+    n, pages = len(trajectory.turns), trajectory.pages
+    if len(pages) >= n + 1:
+        by_turn: list[str | None] = list(pages[:n])
+    else:
+        # keep_pages kept the first ``head`` pages and the last ones, the final page included.
+        head = min(MAX_PAGES // 4, len(pages))
+        tail = len(pages) - head
+        by_turn = [None] * n
+        by_turn[:head] = pages[:head]
+        for i in range(tail - 1):              # the last kept page follows the final turn
+            by_turn[n - (tail - 1) + i] = pages[head + i]
+    return tuple("" if page is None else state_key(page) for page in by_turn)
+
+
 FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One episode of a group as the trainer needs it."""
+    """One episode of a group as the trainer needs it. ``states``: the :func:`state_key` of
+    the page before each turn (:func:`turn_states`; step-level advantages group turns by it),
+    or empty where the orchestrator did not record them."""
 
     trajectory_id: str
     turns: tuple[Turn, ...]
     reward: float
     verdict: str = ""
     end_reason: str = ""
+    states: tuple[str, ...] = ()
 
     @property
     def versions(self) -> tuple[int, ...]:
@@ -105,9 +143,11 @@ class Group:
         return tuple(s.reward for s in self.samples)
 
 
-def sample_of(trajectory: Trajectory, reward: float, verdict: str = "") -> Sample:
+def sample_of(trajectory: Trajectory, reward: float, verdict: str = "",
+              states: bool = False) -> Sample:
+    """The trajectory as a group's sample; ``states``: with its :func:`turn_states`."""
     return Sample(trajectory.trajectory_id, trajectory.turns, float(reward), verdict,
-                  trajectory.end_reason)
+                  trajectory.end_reason, turn_states(trajectory) if states else ())
 
 
 def _turn_body(t: Turn) -> dict[str, Any]:
@@ -124,7 +164,8 @@ def group_body(group: Group) -> dict[str, Any]:
     return {"group_id": group.group_id, "task_id": group.task_id,
             "samples": [{"trajectory_id": s.trajectory_id,
                          "turns": [_turn_body(t) for t in s.turns], "reward": s.reward,
-                         "verdict": s.verdict, "end_reason": s.end_reason}
+                         "verdict": s.verdict, "end_reason": s.end_reason,
+                         "states": s.states}
                         for s in group.samples],
             "created_at": group.created_at, "meta": group.meta}
 
@@ -152,7 +193,8 @@ def decode_group(fields: dict[bytes | str, bytes | str]) -> Group:
                               tuple(t["logprobs"]), tuple(t["loss_mask"]), t["version"],
                               t["response_text"], t["action_text"], t.get("action_error", ""))
                          for t in s["turns"]),
-                   float(s["reward"]), s.get("verdict", ""), s.get("end_reason", ""))
+                   float(s["reward"]), s.get("verdict", ""), s.get("end_reason", ""),
+                   tuple(str(k) for k in s.get("states", ())))
             for s in body["samples"])
         return Group(body["group_id"], body["task_id"], samples, body.get("created_at", 0.0),
                      body.get("meta", {}))

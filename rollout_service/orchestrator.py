@@ -17,7 +17,9 @@ will consume it. ``groups_admitted`` counts the groups opened that can still rea
 trainer: groups dropped or abandoned never will, so they give their slot back (counting them
 would stall the rollouts while the trainer waits for a group that is never opened). Groups
 whose rewards are all equal are counted and, with ``drop_uniform_groups``, not pushed (GRPO
-learns nothing from them).
+learns nothing from them), unless the trainer's step-level advantages are on (``step_gamma``)
+and some turn of the group has a non-zero one (:mod:`consolerl.step_advantage`): then it
+is pushed with its turns' page states.
 
 The task of each new group comes from the run's curriculum (``curriculum.py``): by default
 sampled by the task's recent success estimate, preferring p near 0.5 (the tasks whose groups
@@ -52,7 +54,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from consolerl.accounts import Account
 from consolerl.config import AtLeast, Between, Checked, OneOf, Regex
 from consolerl.errors import ConfigError
-from consolerl.experience import Group, sample_of
+from consolerl.experience import Group, Sample, sample_of
+from consolerl.step_advantage import has_step_signal
 from consolerl.tasks import Task
 from env_workers.pool import actor_state
 from infra.cloud import CloudClient
@@ -208,6 +211,10 @@ class RolloutMetrics:
                                       registry=registry)
         self.busy_workers = Gauge("consolerl_rollout_busy_workers", "Workers inside an "
                                   "episode now.", registry=registry)
+        self.step_signal_groups = Counter(
+            "consolerl_rollout_groups_step_signal_total", "Groups whose episodes all scored "
+            "alike but whose turns carry a step-level advantage (the trainer's step "
+            "advantages on): pushed, not dropped as uniform.", registry=registry)
         for end in ("stop", "report_infeasible", "max_steps", "token_limit", "env_limit",
                     "env_error"):
             self.episodes.labels(end)
@@ -231,7 +238,10 @@ class Orchestrator:
     ``endpoint``: the cloud's OpenAPI endpoint; ``scorer``: ``RewardService.score`` or a
     ``RewardActor`` handle's ``score`` (see :class:`~rollout_service.episode.EpisodeRunner`).
     Each group's task is picked by the run's :class:`~rollout_service.curriculum.Curriculum`
-    (``config.curriculum``), which hears every complete, scored group.
+    (``config.curriculum``), which hears every complete, scored group. ``step_gamma``: the
+    trainer's step-advantage discount when its step-level advantages are on
+    (``AlgoConfig.step_signal_gamma``), else None: samples then carry their turns' page states
+    and a group uniform in reward with step-level signal is pushed, not dropped.
     """
 
     def __init__(self, config: OrchestratorConfig, tasks: Sequence[Task],
@@ -239,8 +249,13 @@ class Orchestrator:
                  agent: AgentLoop, scorer: Any, stream: ExperienceStream,
                  registry: CollectorRegistry | None = None,
                  client_factory: Callable[[Account], CloudClient] | None = None,
-                 executor: concurrent.futures.Executor | None = None):
+                 executor: concurrent.futures.Executor | None = None,
+                 step_gamma: float | None = None):
+        if step_gamma is not None and not 0 < step_gamma <= 1:
+            raise ConfigError(f"orchestrator: step_gamma must be in (0, 1] or None, "
+                              f"got {step_gamma!r}")
         self.config = config
+        self.step_gamma = step_gamma
         pick = [t for t in tasks if (config.split == "all" or t.split == config.split)
                 and re.search(config.task_filter, t.id)]
         if not pick:
@@ -420,17 +435,27 @@ class Orchestrator:
         results = [r for r in group.results if r is not None]
         rewards = [r.reward.reward for r in results if r.reward is not None]
         trainable = all(r.reward is not None and r.reward.trainable for r in results)
-        if not group.abandoned and trainable and len(rewards) == group.n:
+        complete = not group.abandoned and trainable and len(rewards) == group.n
+        if complete:
             self._note_outcome(group.task.id, rewards)
-        if group.abandoned or not trainable or len(rewards) != group.n:
+        uniform = len(set(rewards)) == 1
+        states = self.step_gamma is not None        # the trainer's step advantages are on
+        samples: tuple[Sample, ...] = ()
+        if complete and (states or not (self.config.drop_uniform_groups and uniform)):
+            samples = tuple(sample_of(r.trajectory, r.reward.reward, r.reward.verdict, states)
+                            for r in results if r.trajectory is not None)
+        # With step advantages on, a group carries signal when any turn's advantage is not 0.
+        step_signal = states and uniform and bool(samples) and \
+            has_step_signal(samples, self.step_gamma)
+        if not complete:
             outcome = "abandoned"
             self.groups_abandoned += 1
-        elif self.config.drop_uniform_groups and len(set(rewards)) == 1:
+        elif self.config.drop_uniform_groups and uniform and not step_signal:
             outcome = "dropped_uniform"
             self.groups_dropped += 1
         else:
-            samples = tuple(sample_of(r.trajectory, r.reward.reward, r.reward.verdict)
-                            for r in results if r.trajectory is not None)
+            if step_signal:
+                self.metrics.step_signal_groups.inc()
             # Where each episode ran (lease, worker process, trajectory times): what an
             # operator or the fault suite needs to tie a trained sample to the outside world.
             episodes = [{"trajectory_id": r.trajectory.trajectory_id,

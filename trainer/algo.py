@@ -6,7 +6,8 @@ Layout (verl's): one row per turn of every trajectory. Prompts are LEFT-padded t
 prompt ``P``, responses RIGHT-padded to the longest response ``R``, so every response starts at
 column ``P`` of ``input_ids_BT`` (``T = P + R``) and response token ``j`` is predicted by the
 logits at column ``P - 1 + j``. A multi-turn episode is trained turn by turn; every turn carries
-its trajectory's advantage on its response tokens.
+its trajectory's advantage on its response tokens (plus its step-level advantage, weighted, when
+``AlgoConfig.step_advantage_weight`` is on).
 
 Exactness of the loss across micro-batches and data-parallel ranks (token-mean): each
 micro-batch loss is ``sum(loss * mask) / batch_num_tokens * dp_size`` where
@@ -35,6 +36,7 @@ from verl.workers.config import ActorConfig, PolicyLossConfig
 from consolerl.config import AtLeast, Between, Checked, OneOf
 from consolerl.errors import ConfigError
 from consolerl.experience import Group
+from consolerl.step_advantage import StepAdvantages, step_advantages
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k3+",
@@ -79,6 +81,15 @@ class AlgoConfig(Checked):
     ``softmax(logits / temperature)`` to match the rollout's); None, in a root config, is the
     agent's, which the composition root hands in; alone, None is 1. ``epsilon``: the advantage std
     floor.
+
+    Step-level advantages (GiGPO, :mod:`consolerl.step_advantage`): with
+    ``step_advantage_weight`` ``w > 0`` a turn's advantage is its trajectory's plus ``w`` times
+    its step advantage (its return ``step_gamma ** turns_left * reward`` less the mean return
+    of the group's turns taken from the same page state, divided by their std when
+    ``norm_adv_by_std``; 0 for a state no other turn of the group was taken from). 0 (the
+    default) leaves every advantage exactly the trajectory's. Turns need their states
+    (:attr:`~consolerl.experience.Sample.states`, recorded by the orchestrator when the
+    setting is on); a sample without them adds no step group.
     """
 
     adv_estimator: Annotated[str, OneOf(supported_adv_estimators())] = "grpo"
@@ -94,10 +105,28 @@ class AlgoConfig(Checked):
     rollout_is_cap: Annotated[float, AtLeast(1)] = 2.0
     temperature: Annotated[float, AtLeast(0, open=True)] | None = None
     epsilon: Annotated[float, AtLeast(0, open=True)] = 1e-6
+    step_advantage_weight: Annotated[float, AtLeast(0)] = 0.0
+    step_gamma: Annotated[float, Between(0, 1, low_open=True)] = 0.95
 
     @property
     def sampling_temperature(self) -> float:
         return 1.0 if self.temperature is None else self.temperature
+
+    @property
+    def step_signal_gamma(self) -> float | None:
+        """The discount under which a group's turns carry step-level signal (what the
+        orchestrator keeps groups for); None when step advantages are off."""
+        return self.step_gamma if self.step_advantage_weight > 0 else None
+
+
+def group_step_advantages(groups: Sequence[Group], config: AlgoConfig
+                          ) -> list[StepAdvantages] | None:
+    """Each group's :func:`~consolerl.step_advantage.step_advantages` under ``config``'s
+    discount and normalisation; None when ``step_advantage_weight`` is 0."""
+    if config.step_advantage_weight == 0:
+        return None
+    return [step_advantages(g.samples, config.step_gamma, config.norm_adv_by_std,
+                            config.epsilon) for g in groups]
 
 
 def trajectory_advantages(rewards_N: torch.Tensor | Sequence[float],
@@ -144,7 +173,7 @@ class TrainBatch:
     ``position_ids_BT`` (long, ``cumsum(attention) - 1`` clamped at 0: a left-padded row's
     positions equal the unpadded ones), ``responses_BR`` (long), ``response_mask_BR`` (float,
     the turn's loss mask, 0 on padding), ``rollout_logprobs_BR`` (float, the sampler's
-    log-probs, 0 on padding), ``advantages_BR`` (float, the trajectory's advantage times the
+    log-probs, 0 on padding), ``advantages_BR`` (float, the turn's advantage times the
     response mask). Per row: ``group_ids``, ``trajectory_ids``, ``versions`` (the policy version
     that sampled the turn). ``prompt_len``: ``P``.
 
@@ -261,9 +290,12 @@ class TrainBatch:
         return [int(i) for i in torch.nonzero(live).flatten().tolist()]
 
 
-def build_batch(groups: Sequence[Group], pad_token_id: int, config: AlgoConfig) -> TrainBatch:
+def build_batch(groups: Sequence[Group], pad_token_id: int, config: AlgoConfig,
+                steps: Sequence[StepAdvantages] | None = None) -> TrainBatch:
     """The training batch of ``groups``: one row per turn, advantages from
-    :func:`trajectory_advantages` over all samples of all groups at once (index = group id).
+    :func:`trajectory_advantages` over all samples of all groups at once (index = group id),
+    plus ``step_advantage_weight`` times each turn's step advantage when that is > 0
+    (``steps``: :func:`group_step_advantages` of ``groups``, computed here when not given).
 
     A sample without turns still counts in its group's baseline but adds no row. Raises
     :class:`ConfigError` naming the trajectory for a turn with an empty prompt or response, or
@@ -284,11 +316,18 @@ def build_batch(groups: Sequence[Group], pad_token_id: int, config: AlgoConfig) 
     if not rewards:
         raise ConfigError("build_batch: groups hold no samples")
     advantages_N = trajectory_advantages(rewards, index, config).tolist()
+    if config.step_advantage_weight == 0:
+        steps = None
+    elif steps is None:
+        steps = group_step_advantages(groups, config)
+    elif len(steps) != len(groups):
+        raise ConfigError(f"build_batch: steps ({len(steps)}) must hold one entry per group "
+                          f"({len(groups)})")
 
     turns, row_adv, group_ids, trajectory_ids, versions = [], [], [], [], []
     n = 0
-    for group in groups:
-        for sample in group.samples:
+    for g, group in enumerate(groups):
+        for j, sample in enumerate(group.samples):
             for k, turn in enumerate(sample.turns):
                 where = f"trajectory {sample.trajectory_id!r} turn {k}"
                 if not turn.prompt_ids:
@@ -301,7 +340,8 @@ def build_batch(groups: Sequence[Group], pad_token_id: int, config: AlgoConfig) 
                         f"logprobs ({len(turn.logprobs)}) and loss_mask "
                         f"({len(turn.loss_mask)}) must have the same length")
                 turns.append(turn)
-                row_adv.append(advantages_N[n])
+                row_adv.append(advantages_N[n] if steps is None else advantages_N[n]
+                               + config.step_advantage_weight * steps[g].per_sample[j][k])
                 group_ids.append(group.group_id)
                 trajectory_ids.append(sample.trajectory_id)
                 versions.append(int(turn.version))

@@ -6,8 +6,9 @@ Per step ``v -> v+1``:
 1. read ``groups_per_step`` groups through the consumer group (``XREADGROUP``); a group whose
    id a checkpoint already holds as trained (a crash between checkpoint and ``XACK``) is
    acknowledged and skipped, so nothing is trained twice;
-2. build the batch (one row per turn, advantages from verl's estimator), shard it over the
-   workers, one step each (DDP averages the gradients);
+2. build the batch (one row per turn, advantages from verl's estimator, plus step-level ones
+   with ``algo.step_advantage_weight``), shard it over the workers, one step each (DDP
+   averages the gradients);
 3. every ``publish_every`` steps: the weights of rank 0 go to every PolicyServer
    (:class:`trainer.weight_sync.WeightPublisher`: streamed over a process group, or through
    the Ray object store), then the trainer version in Redis moves to ``v+1``: the
@@ -35,7 +36,7 @@ from rollout_service.experience import ExperienceStream, StreamConfig
 from consolerl.experience import Group
 from consolerl.rewards import is_success
 
-from .algo import TrainBatch, build_batch
+from .algo import TrainBatch, build_batch, group_step_advantages
 from .checkpoint import CheckpointManager
 from .config import TrainerConfig
 from .engine import call_for_rank0
@@ -103,6 +104,16 @@ class TrainerMetrics:
                                "(before clipping).", registry=r)
         self.last_step = Gauge("consolerl_trainer_last_step_timestamp_seconds", "Unix time of "
                                "the last optimizer step (0 before the first).", registry=r)
+        self.step_groups = Counter("consolerl_trainer_step_groups_total", "Step groups formed "
+                                   "(two or more turns of one group taken from the same page "
+                                   "state; trainer.algo.step_advantage_weight > 0).",
+                                   registry=r)
+        self.step_group_size = Histogram("consolerl_trainer_step_group_size", "Turns in each "
+                                         "step group formed.", registry=r,
+                                         buckets=(2, 3, 4, 6, 8, 12, 16, 32, 64))
+        self.step_signal = Gauge("consolerl_trainer_step_signal_ratio", "Share of the last "
+                                 "step's turns with a non-zero step-level advantage (0 with "
+                                 "step advantages off).", registry=r)
 
 
 def rows_to_train(batch: TrainBatch, config: TrainerConfig, ranks: int = 1
@@ -157,6 +168,7 @@ class GRPOTrainer:
         # Entered around each forward/backward (the job pauses generation there when the
         # policy shares the trainer's cores).
         self.around_step: Callable[[], ContextManager[Any]] | None = None
+        self._warned_no_states = False
 
     # -- start / resume ----------------------------------------------------------------------
 
@@ -215,7 +227,8 @@ class GRPOTrainer:
         return out
 
     def train_step(self, groups: Sequence[Group]) -> dict[str, Any]:
-        batch = build_batch(list(groups), self.pad_token_id, self.config.algo)
+        steps = group_step_advantages(groups, self.config.algo)
+        batch = build_batch(list(groups), self.pad_token_id, self.config.algo, steps)
         tokens, seqs = int(batch.num_tokens()), int(batch.num_seqs())
         trained = self._rows_to_train(batch)
         t0 = time.perf_counter()
@@ -253,6 +266,22 @@ class GRPOTrainer:
                     self.metrics.staleness.observe(max(0, self.version - t.version))
         out["max_staleness"] = max((self.version - v for g in groups for v in g.versions),
                                    default=0)
+        if steps is not None:
+            if not self._warned_no_states and any(s.turns and not s.states for g in groups
+                                                  for s in g.samples):
+                self._warned_no_states = True
+                log.warning("trainer.algo.step_advantage_weight is on but samples arrive "
+                            "without page states: their turns form no step group (is the "
+                            "orchestrator recording states?)")
+            sizes = [n for st in steps for n in st.group_sizes]
+            turns = sum(st.turns for st in steps)
+            out["step_groups"] = len(sizes)
+            out["step_group_turns"] = sum(sizes)
+            out["step_signal_share"] = sum(st.nonzero for st in steps) / max(1, turns)
+            self.metrics.step_groups.inc(len(sizes))
+            for n in sizes:
+                self.metrics.step_group_size.observe(n)
+            self.metrics.step_signal.set(out["step_signal_share"])
         self.metrics.steps.inc()
         self.metrics.step_s.observe(step_s)
         self.metrics.reward.set(out["reward_mean"])
