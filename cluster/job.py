@@ -157,7 +157,7 @@ def _grpo(session: Session, run_dir: Path, summary: dict[str, Any], started: Sta
     started.rollouts = TrainingRolloutsActor.options(
         num_cpus=0, scheduling_strategy=on_driver_node()).remote(
         rollout_spec(config, policy, session.metrics), config.orchestrator, config.stream,
-        servers)
+        servers, config.trainer.algo.step_signal_gamma)
     started.run_ref = started.rollouts.run.remote(None)
     budget = config.trainer.time_budget_s
     summary["history"] = trainer.run(config.trainer.steps, _step_printer(config, trainer),
