@@ -134,13 +134,18 @@ class SrcSection(SRCConfig):
 
 @dataclass(frozen=True)
 class EvalSection:
-    """Success on held-out tasks (``split``), greedy, before and after training."""
+    """Success on held-out tasks (``split``), greedy, before and after training.
+    ``heldout_states``: the training job also records the oracle's trajectories on these
+    tasks (one episode each, the SFT export's record format and agent settings) into
+    ``<run.dir>/heldout-states.jsonl``, the states ``benchmarks.dose`` probes; no training
+    stage reads that file."""
 
     enabled: bool = False
     split: str = "heldout"
     tasks: str = ""
     episodes_per_task: int = 1
     temperature: float = 0.0
+    heldout_states: bool = False
 
 
 @dataclass(frozen=True)

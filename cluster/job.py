@@ -5,8 +5,10 @@ port, the local cloud on the configured endpoint); under ``ray job submit --addr
 http://HEAD:8265 --working-dir . -- python -m cluster.job --config ...`` it joins the cluster
 (``RAY_ADDRESS``) and uses whatever external Redis and cloud the config names.
 
-Stages: (1) SFT on oracle trajectories when ``sft.enabled`` (exported first unless
-``sft.data`` names a JSONL file); (2) GRPO: PolicyServers and trainer workers start from the
+Stages: (0) when ``eval.heldout_states``, the oracle's trajectories on the evaluation's
+tasks recorded for offline probes, never trained on (:func:`heldout_states_stage`); (1) SFT on
+oracle trajectories when ``sft.enabled`` (exported first unless ``sft.data`` names a JSONL
+file); (2) GRPO: PolicyServers and trainer workers start from the
 SFT output (or ``trainer.model`` / ``policy.model``), the orchestrator fills the experience
 stream asynchronously and the trainer consumes it (:class:`trainer.grpo.GRPOTrainer`) for
 ``trainer.steps`` steps. At the end everything is stopped in order: the orchestrator
@@ -16,8 +18,9 @@ process group) the same happens, with episodes stopped at their next step; the e
 then 128 + the signal's number.
 
 The run folder (``run.dir``) gets ``config.json``, ``metrics.jsonl`` (one line per SFT or
-GRPO step), ``checkpoints/``, ``summary.json`` and ``curves.png``. ``--resume`` continues from
-the latest checkpoint there.
+GRPO step), ``checkpoints/``, ``summary.json`` and ``curves.png`` (and the stages' data:
+``sft-data.jsonl``, ``heldout-states.jsonl``). ``--resume`` continues from the latest
+checkpoint there.
 """
 from __future__ import annotations
 
@@ -68,6 +71,10 @@ from trainer.stream import dead_letter_stream, redact_url
 from trainer.weight_sync import ReplicaSync, WeightPublisher, generation_paused
 
 log = logging.getLogger("cluster.job")
+# The run folder's data files: the oracle's train-split trajectories SFT trains on, and its
+# trajectories on the evaluation's tasks that only offline probes read.
+SFT_DATA = "sft-data.jsonl"
+HELDOUT_STATES = "heldout-states.jsonl"
 # The last memory sample of every process of the job, by pid: (kind, PSS bytes), for the
 # message when one of them is killed for memory.
 LAST_PSS: dict[int, tuple[str, int]] = {}
@@ -119,6 +126,8 @@ def _grpo(session: Session, run_dir: Path, summary: dict[str, Any], started: Sta
         ExperienceStream(config.stream).clear(dead_letter_stream(config.stream,
                                                                  config.trainer.consumer))
     start_model = config.trainer.model or config.policy.model
+    if config.eval.heldout_states:
+        in_child(_heldout_child, config, str(run_dir), start_model)
     if config.sft.enabled:
         start_model = _sft_stage(config, run_dir, start_model)
     if config.src.enabled:
@@ -262,18 +271,53 @@ def sft_stage(config: JobConfig, run_dir: Path, start_model: str,
         return str(out)
     data = sft.data
     if not data:
-        data = str(Path(run_dir) / "sft-data.jsonl")
-        pool = env_pool(config, None)
-        exported = asyncio.run(run_export(ExportConfig(
-            out=data, split="train", tasks=sft.tasks, episodes_per_task=sft.episodes_per_task,
-            workers=pool.workers, agent=config.agent, model=start_model,
-            cloud_endpoint=config.cloud.endpoint, console_url=pool.worker.console_url,
-            redis_url=pool.pool.redis_url, accounts_file=config.cloud.accounts_file,
-            lease_prefix=pool.pool.key_prefix)))
+        data = str(Path(run_dir) / SFT_DATA)
+        exported = export_oracle(config, data, "train", sft.tasks, sft.episodes_per_task,
+                                 start_model)
         progress(f"SFT: exported {exported['written']} oracle trajectories "
                  f"({exported['turns']} turns) in {exported['wall_s']} s")
     _train_stage(replace(sft, data=data, out=str(out), model=start_model), run_dir, "sft",
                  "SFT", progress)
+    return str(out)
+
+
+def export_oracle(config: JobConfig, out: str, split: str, tasks: str,
+                  episodes_per_task: int, model: str) -> dict[str, Any]:
+    """The oracle's trajectories on ``split``'s tasks matching ``tasks`` into ``out``
+    (:func:`datagen.export.run_export`, the SFT record format) with the job's own cloud, Redis,
+    lease prefix, env workers and agent settings; ``model`` names the tokenizer. Returns the
+    export's summary."""
+    pool = env_pool(config, None)
+    return asyncio.run(run_export(ExportConfig(
+        out=out, split=split, tasks=tasks, episodes_per_task=episodes_per_task,
+        workers=pool.workers, agent=config.agent, model=model,
+        cloud_endpoint=config.cloud.endpoint, console_url=pool.worker.console_url,
+        redis_url=pool.pool.redis_url, accounts_file=config.cloud.accounts_file,
+        lease_prefix=pool.pool.key_prefix)))
+
+
+def _heldout_child(config: JobConfig, run_dir: str, model: str) -> str:
+    return heldout_states_stage(config, Path(run_dir), model, progress=progress)
+
+
+def heldout_states_stage(config: JobConfig, run_dir: Path, model: str,
+                         progress: Callable[[str], None] = progress) -> str:
+    """The oracle's trajectories on the evaluation's tasks (``eval.split``, ``eval.tasks``),
+    one episode per task, into ``<run_dir>/heldout-states.jsonl``: the SFT export's record
+    format and agent settings (:func:`export_oracle`), the held-out states
+    ``benchmarks.dose`` probes a trained model on. No training stage reads this file (SFT
+    trains on ``sft-data.jsonl``, SRC collects on train-split tasks, GRPO samples
+    ``orchestrator.split``). A run folder that already has it (resume) keeps it. Returns its
+    path."""
+    out = Path(run_dir) / HELDOUT_STATES
+    if out.exists():
+        progress(f"held-out states: reusing {out}")
+        return str(out)
+    ev = config.eval
+    exported = export_oracle(config, str(out), ev.split, ev.tasks, 1, model)
+    progress(f"held-out states: recorded {exported['written']} oracle trajectories "
+             f"({exported['turns']} turns) of {exported['tasks']} {ev.split} tasks in "
+             f"{exported['wall_s']} s")
     return str(out)
 
 
