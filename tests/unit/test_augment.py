@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -370,3 +371,40 @@ def test_bad_settings_are_named():
         AugmentConfig(1, ("ids", "colours"))
     with pytest.raises(ConfigError, match="copies"):
         AugmentConfig(-1)
+
+
+def test_the_sft_stage_trains_on_the_originals_and_their_variants(tokenizer, tmp_path):
+    from dataclasses import replace as replaced
+
+    from cluster.config import JobConfig, SftSection
+    from cluster.job import augmented_sft_data
+    from trainer.sft import load_examples
+
+    record = exported(tokenizer, False)
+    data = tmp_path / "sft-data.jsonl"
+    data.write_text(json.dumps(record) + "\n")
+    plain = replaced(JobConfig(), sft=SftSection(enabled=True))
+    assert augmented_sft_data(plain, tmp_path, str(data), "default") == str(data)
+    assert not (tmp_path / "sft-augment.jsonl").exists()
+    config = replaced(JobConfig(), sft=SftSection(enabled=True, augment_copies=2,
+                                                  augment_kinds="ids,wording"))
+    said: list[str] = []
+    train = augmented_sft_data(config, tmp_path, str(data), "default", said.append)
+    assert train == str(tmp_path / "sft-train.jsonl")
+    variants_ = [json.loads(line) for line in
+                 (tmp_path / "sft-augment.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in Path(train).read_text().splitlines()]
+    assert lines == [record, *variants_] and len(variants_) == 2
+    assert all(v["augment_kinds"] == ["ids", "wording"] for v in variants_)
+    examples, stats = load_examples(train, tokenizer, 4096)
+    assert stats["records"] == 3 and len(examples) == 3 * len(record["turns"])
+    assert "2 augmented trajectories" in said[0]
+
+
+def test_the_sft_section_names_a_bad_augment_setting():
+    from cluster.config import SftSection
+    with pytest.raises(ConfigError, match="sft.augment_kinds"):
+        SftSection(augment_copies=1, augment_kinds="ids,colours")
+    with pytest.raises(ConfigError, match="augment_copies"):
+        SftSection(augment_copies=-1)
+    assert SftSection().augment().copies == 0
