@@ -27,11 +27,12 @@ import yaml
 from consolerl.config import build
 from consolerl.errors import ConfigError
 from consolerl.tasks import TASKS_DIR
-from rollout_service.agent import AgentConfig
+from rollout_service.agent import PAGE_VIEWS, RESPONSES, SYSTEM_PROMPTS, AgentConfig
 from datagen.export import SPLITS, ExportConfig, run_export
 
 
-def agent_settings(config_path: str | None, overrides: Mapping[str, int | None]) -> AgentConfig:
+def agent_settings(config_path: str | None, overrides: Mapping[str, int | str | None]
+                   ) -> AgentConfig:
     """The prompt settings: the rollout config's ``agent`` section when given (else the CPU
     defaults: 4 history turns, 3,072 prompt tokens, 6,000 page characters), then the flags
     that were set."""
@@ -65,7 +66,11 @@ def parse_args(argv: Sequence[str] | None = None) -> ExportConfig:
     parser.add_argument("--history-turns", type=int, default=None)
     parser.add_argument("--max-prompt-tokens", type=int, default=None)
     parser.add_argument("--max-observation-chars", type=int, default=None)
-    parser.add_argument("--system-prompt", default=None, choices=("full", "compact"))
+    parser.add_argument("--system-prompt", default=None, choices=sorted(SYSTEM_PROMPTS))
+    parser.add_argument("--page-view", default=None, choices=PAGE_VIEWS)
+    parser.add_argument("--response", default=None, choices=RESPONSES,
+                        help="grounded: the completion names the element's label first "
+                             "(goes with --system-prompt grounded)")
     parser.add_argument("--model", default="default",
                         help="model folder whose tokenizer the policy uses (default: SmolLM2)")
     parser.add_argument("--suite", default=str(TASKS_DIR))
@@ -81,7 +86,8 @@ def parse_args(argv: Sequence[str] | None = None) -> ExportConfig:
         agent = agent_settings(args.config, {
             "history_turns": args.history_turns, "max_prompt_tokens": args.max_prompt_tokens,
             "max_observation_chars": args.max_observation_chars,
-            "system_prompt": args.system_prompt})
+            "system_prompt": args.system_prompt, "page_view": args.page_view,
+            "response": args.response})
         return ExportConfig(out=args.out, split=args.split, tasks=args.tasks,
                             episodes_per_task=args.episodes_per_task, workers=args.workers,
                             agent=agent, model=args.model, suite=args.suite,

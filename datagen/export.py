@@ -19,13 +19,15 @@ episodes with a turn whose prompt cannot fit ``max_prompt_tokens`` (the policy w
 there). One JSON line per kept trajectory (:func:`build_record`)::
 
     {"trajectory_id", "task_id", "source": "oracle", "reward": 1.0, "status",
-     "agent": {history_turns, max_prompt_tokens, max_observation_chars, min_observation_chars},
+     "agent": {the AgentConfig settings a model keeps: rollout_service.agent.MODEL_SETTINGS},
      "turns": [{"messages": [system, user], "completion": action, "prompt_ids": [...],
                 "response_ids": [...], "action_error": ""}]}
 
 ``messages`` is the output of :func:`rollout_service.agent.build_messages` that
 :meth:`AgentLoop.prompt_ids` tokenized (page cut included), ``prompt_ids`` those ids,
-``completion`` the canonical action text the env worker ran, ``response_ids`` its tokens then
+``completion`` the canonical action text the env worker ran (for ``AgentConfig.response``
+``grounded``, the quoted label of its element on the line before it:
+:func:`rollout_service.agent.grounded_response`), ``response_ids`` its tokens then
 the chat template's end-of-turn token (SmolLM2: ``<|im_end|>``), i.e. what the policy samples
 when it stops; ``action_error`` what the action got back ("" normally; SFT skips turns that
 have one). No line may hold an account password or AccessKey secret
@@ -67,8 +69,10 @@ from infra.local_cloud import LocalCloud
 from infra.redis_local import RedisServer
 from reward_service.service import RewardService
 
-from rollout_service.agent import AgentConfig, AgentLoop, _Step, history_entry, recent_history
-from rollout_service.episode import EpisodeRunner, Script, StepFn, scripted_policy
+from rollout_service.agent import (MODEL_SETTINGS, AgentConfig, AgentLoop, _Step,
+                                   grounded_response, history_entry, recent_history)
+from rollout_service.episode import (EpisodeRunner, Script, StepFn, episode_id_seed,
+                                     scripted_policy)
 from rollout_service.models import HFChatTokenizer, end_of_turn_id, resolve_model
 from .oracle import run_oracle
 
@@ -180,14 +184,14 @@ def build_record(task: Task, status: str, recording: Recording, tokenizer: HFCha
         if ids is None:
             return None
         completion = r.action_text or r.text
+        if config.response == "grounded" and r.action_text:
+            completion = grounded_response(r.action_text, r.observation.text)
         turns.append({"messages": capture.messages, "completion": completion,
                       "prompt_ids": ids, "response_ids": tokenizer.encode(completion) + [eot],
                       "action_error": r.action_error})
     return {"trajectory_id": uuid.uuid4().hex, "task_id": task.id, "source": "oracle",
             "reward": 1.0, "status": status,
-            "agent": {k: getattr(config, k) for k in ("history_turns", "max_prompt_tokens",
-                                                      "max_observation_chars",
-                                                      "min_observation_chars")},
+            "agent": {k: getattr(config, k) for k in MODEL_SETTINGS},
             "turns": turns}
 
 
@@ -269,7 +273,11 @@ class _Exporter:
         recording = Recording()
         policy = scripted_policy(recording_policy(self.config.agent, recording))
         try:
-            outcome = await self.runner.run(env, task, policy, max_steps=self.config.max_steps)
+            # With random_ids the oracle sees the numbering the policy will see.
+            id_seed = episode_id_seed(self.config.agent.random_ids,
+                                      f"export:{task.id}:{uuid.uuid4().hex}", 0)
+            outcome = await self.runner.run(env, task, policy, max_steps=self.config.max_steps,
+                                            id_seed=id_seed)
             status = outcome.status
         except Exception as exc:      # noqa: BLE001  one broken episode must not end the export
             status = f"error: {type(exc).__name__}"
