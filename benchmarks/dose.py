@@ -1,7 +1,10 @@
 """SFT dose against GRPO temperature, measured offline: how well does each SFT checkpoint fit
-its teacher's trajectories, and at which sampling temperature would GRPO's groups be mixed?
-``python -m benchmarks.dose --json --data runs/learning-check/sft-data.jsonl
---model oracle-sft=runs/learning-check/sft --model src-sft=runs/learning-check/sft-src``.
+its teacher's trajectories, at which sampling temperature would GRPO's groups be mixed, and
+does it follow the procedure on held-out states?
+``python -m benchmarks.dose --json --model final=runs/learning-check/final`` (the learning
+check's own ``sft-data.jsonl`` and ``heldout-states.jsonl``; ``--data`` and ``--states``
+name others), or several models: ``--model oracle-sft=runs/learning-check/sft --model
+src-sft=runs/learning-check/sft-src``.
 
 One teacher-forced forward pass per turn of the data file (the oracle's trajectories as
 :mod:`datagen.export` writes them: each turn's prompt and the action the oracle took),
@@ -21,8 +24,26 @@ CPU core). From the logits at the response's positions:
   expected to have both outcomes (only those make a step). Compare it with the groups a GRPO
   run recorded (``runs/.../metrics.jsonl``).
 
-Prints one JSON object: ``data``, ``trajectories``, ``group_size``, ``models`` (per model:
-``trajectories``, ``turns``, ``greedy_turns``, ``greedy_trajectories``, ``by_temperature``, ``by_source``),
+The procedure probe (:mod:`benchmarks.dose_probe`), on the held-out states (``--states``,
+default the ``heldout-states.jsonl`` beside ``--data``: the oracle's trajectories on the
+evaluation's tasks, which no training stage reads): each turn that clicks, fills or selects
+an element the procedure names is asked again with that name in the procedure swapped for
+another control's label on the same page (and, for a fill, the value swapped for another);
+the model's greedy reply (``max_new_tokens`` from the record's agent settings, else 48) is
+scored on its last action line. ``procedure_following``: the share of swapped prompts whose
+reply acts on what the procedure now names (the other control's bid; the new value into
+the same field); ``procedure_following_original``: the share of those turns' recorded
+prompts whose reply is the recorded action; ``procedure_following_by_kind``: the share per
+kind of swap (``label``, ``value``); ``probe_states``: the turns probed and the swapped
+prompts (``label``, ``value``), and ``original_ids_match`` (recorded prompts that
+re-tokenize to their recorded ids with the model's chat template). A model that picks ids
+from the layout repeats the recorded action whatever the procedure says.
+
+Prints one JSON object: ``data``, ``states``, ``trajectories``, ``group_size``, ``turn_fit``
+(the first model's ``greedy_turns``), ``procedure_following``,
+``procedure_following_original`` and ``probe_states`` (the first model's; ``null`` when no
+state file is there), ``models`` (per model: ``trajectories``, ``turns``, ``greedy_turns``,
+``greedy_trajectories``, ``by_temperature``, ``by_source``, and the probe's keys),
 ``wall_s``.
 """
 from __future__ import annotations
@@ -36,8 +57,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.dose_probe import Generate, Variant, probe, read_records, record_variants
+from cluster.job import HELDOUT_STATES, SFT_DATA
 from rollout_service.models import HFChatTokenizer, end_of_turn_id, resolve_model
 from trainer.sft import IGNORE, DataError, load_examples
+
+LEARNING_CHECK_DIR = Path("runs/learning-check")
+PROBE_KEYS = ("procedure_following", "procedure_following_original", "probe_states")
 
 ANSWER_VERBS = ("stop(\"", "report_infeasible(\"")
 
@@ -102,8 +128,44 @@ def summarize(scores: dict[int, list[tuple[bool, dict[float, float]]]], lines: l
     return out
 
 
+def greedy_generator(model: Any, tokenizer: HFChatTokenizer) -> Generate:
+    """``generate(messages, max_new_tokens)``: the prompt tokenized with the model's chat
+    template as the agent's are (:class:`HFChatTokenizer`), decoded greedily to the chat's
+    end-of-turn token, returned as text."""
+    import torch
+    eot = end_of_turn_id(tokenizer)
+    pad = tokenizer.tokenizer.pad_token_id
+
+    def generate(messages: list[dict[str, str]], max_new_tokens: int) -> str:
+        ids = list(tokenizer.apply_chat_template(messages, tokenize=True,
+                                                 add_generation_prompt=True))
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.tensor([ids]),
+                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=max_new_tokens, do_sample=False,
+                                 eos_token_id=eot, pad_token_id=eot if pad is None else pad)
+        return tokenizer.decode(out[0, len(ids):].tolist(), skip_special_tokens=True)
+    return generate
+
+
+def probe_model(label: str, model: Any, tokenizer: HFChatTokenizer,
+                variants: list[Variant]) -> dict[str, Any]:
+    """:func:`benchmarks.dose_probe.probe` with the model's greedy replies, and how many
+    recorded prompts re-tokenize to their recorded ids."""
+    t0 = time.monotonic()
+    same = sum(list(tokenizer.apply_chat_template(list(v.messages), tokenize=True,
+                                                  add_generation_prompt=True))
+               == list(v.recorded_ids) for v in variants if v.kind == "original")
+    out = probe(variants, greedy_generator(model, tokenizer),
+                lambda msg: _progress(f"{label}: {msg} ({time.monotonic() - t0:.0f} s)"))
+    out["probe_states"]["original_ids_match"] = same
+    return out
+
+
 def measure(label: str, path: str, data: Path, temperatures: list[float], group: int,
-            max_seq_len: int) -> dict[str, Any]:
+            max_seq_len: int, variants: list[Variant] | None = None) -> dict[str, Any]:
+    """The teacher-forced figures of one model on ``data``, and the procedure probe's on
+    ``variants`` (none: not probed)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -137,6 +199,8 @@ def measure(label: str, path: str, data: Path, temperatures: list[float], group:
                       for name, part in (("procedure", procedure), ("wrong-doc", wrongdoc))
                       if part},
     }
+    if variants is not None:
+        result.update(probe_model(label, model, tokenizer, variants))
     _progress(f"{label}: {json.dumps(result)}")
     return result
 
@@ -144,8 +208,13 @@ def measure(label: str, path: str, data: Path, temperatures: list[float], group:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.dose", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True,
-                        help="the teacher's trajectories (a cluster.export / sft-data JSONL)")
+    parser.add_argument("--data", default=str(LEARNING_CHECK_DIR / SFT_DATA),
+                        help="the teacher's trajectories (a cluster.export / sft-data JSONL; "
+                        "default: %(default)s)")
+    parser.add_argument("--states", default=None,
+                        help="held-out states for the procedure probe (a JSONL of the same "
+                        f"format; default: {HELDOUT_STATES} beside --data, the probe left "
+                        "out when it is not there)")
     parser.add_argument("--model", action="append", required=True, metavar="LABEL=PATH",
                         help="a checkpoint folder (or 'default'), repeatable")
     parser.add_argument("--temperatures", type=float, nargs="+",
@@ -166,15 +235,24 @@ def main(argv: list[str] | None = None) -> int:
     if any(t <= 0 for t in args.temperatures) or args.group_size < 2:
         parser.error("--temperatures must be > 0 and --group-size >= 2")
     data = Path(args.data)
+    states = Path(args.states) if args.states else data.parent / HELDOUT_STATES
     t0 = time.monotonic()
     try:
+        variants = None
+        if args.states or states.exists():
+            variants = [v for r in read_records(states) for v in record_variants(r)]
+            _progress(f"probe: {len(variants)} prompts from {states}")
+        else:
+            _progress(f"probe: no {states}; procedure_following left out")
         results = [measure(label, path, data, args.temperatures, args.group_size,
-                           args.max_seq_len) for label, path in models]
-    except (DataError, OSError, json.JSONDecodeError) as exc:
+                           args.max_seq_len, variants) for label, path in models]
+    except (DataError, OSError, ValueError) as exc:
         print(f"benchmarks.dose: {exc}", file=sys.stderr)
         return 2
-    out = {"data": str(data), "trajectories": results[0]["trajectories"],
-           "group_size": args.group_size,
+    out = {"data": str(data), "states": str(states) if variants is not None else None,
+           "trajectories": results[0]["trajectories"], "group_size": args.group_size,
+           "turn_fit": results[0]["greedy_turns"],
+           **{k: results[0].get(k) for k in PROBE_KEYS},
            "models": results, "wall_s": round(time.monotonic() - t0, 1)}
     print(json.dumps(out, indent=None if args.json else 2))
     return 0

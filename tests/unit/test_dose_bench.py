@@ -79,3 +79,45 @@ def test_near_zero_temperature_success_is_the_greedy_fit(tiny, tmp_path):
         assert 0.0 <= figures["predicted_mixed_groups"] <= 1.0
     # a random tiny model: the teacher's actions are unlikely at temperature 1
     assert warm["turn_p_mean"] < 0.5 and not math.isnan(warm["turn_p_mean"])
+
+
+def test_the_learning_checks_files_give_turn_fit_and_procedure_following(tiny, tmp_path,
+                                                                         capsys):
+    from benchmarks.dose import main
+    from consolerl.types import Observation
+    from rollout_service.agent import COMPACT_SYSTEM_PROMPT, build_messages
+    path, _, tokenizer = tiny
+    page = ('# Users\n[8] link "Create User"\n[12] link "Refresh"\nform "User":\n'
+            ' [20] textbox "Logon Name"\n [21] textbox "Comments"')
+    procedure = "1. Click Create User.\n2. Enter bob-7 as the logon name."
+    records = []
+    for n, completion in enumerate(("click(8)", 'fill(20, "bob-7")')):
+        messages = build_messages("Create a user", procedure, [],
+                                  Observation(f"http://c/{n}", "Users", page), 2000,
+                                  COMPACT_SYSTEM_PROMPT)
+        turn = {"messages": messages, "completion": completion, "action_error": "",
+                "prompt_ids": tokenizer.apply_chat_template(messages),
+                "response_ids": tokenizer.encode(completion)}
+        records.append({"task_id": f"ram-create-user-{n}", "agent": {"max_new_tokens": 4},
+                        "turns": [turn]})
+    run = tmp_path / "learning-check"
+    run.mkdir()
+    (run / "sft-data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "heldout-states.jsonl").write_text(json.dumps(records[1]) + "\n")
+    assert main(["--json", "--data", str(run / "sft-data.jsonl"), "--temperatures", "1.0",
+                 "--model", f"tiny={path}"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["states"] == str(run / "heldout-states.jsonl")
+    assert out["turn_fit"] == out["models"][0]["greedy_turns"] and 0 <= out["turn_fit"] <= 1
+    # the fill turn: a label swap (Comments) and a value swap, beside the recorded prompt
+    assert out["probe_states"] == {"states": 1, "variants": 2, "label": 1, "value": 1,
+                                   "original_ids_match": 1}
+    for key in ("procedure_following", "procedure_following_original"):
+        assert 0.0 <= out[key] <= 1.0 and out[key] == out["models"][0][key]
+    (run / "heldout-states.jsonl").unlink()               # no state file: no probe
+    assert main(["--json", "--data", str(run / "sft-data.jsonl"), "--temperatures", "1.0",
+                 "--model", f"tiny={path}"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["states"] is None and out["procedure_following"] is None
+    assert main(["--json", "--data", str(run / "sft-data.jsonl"), "--model", f"tiny={path}",
+                 "--states", str(run / "missing.jsonl")]) == 2
