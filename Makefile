@@ -7,7 +7,8 @@
 #   make test-slow   the slow tests (multi-node, ray job submit, the learning regression; ~40 min)
 #   make test-faults the fault-injection suite (10 faults x 3 points in real runs, ~1.5 h) + table
 #   make cloud       serve the local cloud on $(CLOUD_PORT)
-#   make serve       the jobs API for other teams on 127.0.0.1:8000 (prints a token the first time)
+#   make serve       the jobs API for other teams on 127.0.0.1:8000 (prints a token the first time):
+#                    the newest trained model under runs/, or MODEL=FOLDER
 #   make observe     Prometheus on 127.0.0.1:19090 scraping a running job (CONFIG=configs/demo.yaml)
 #   make observability  regenerate the dashboards and the metrics inventory from the code
 #   make bench       every benchmark, python -m benchmarks.NAME --json, one JSON object each: cloud_api,
@@ -103,8 +104,11 @@ test-faults: $(PY)
 test-all: $(PY)
 	$(PY) -m pytest -q -m "not gpu"
 
+# MODEL=FOLDER serves that model; by default the newest trained one under runs/ (a folder with
+# agent.json and weights), else the base model. It prints the model and its agent settings.
+MODEL ?= newest
 serve: $(PY)
-	$(PY) -m cluster.serve --config configs/serve.yaml $(ARGS)
+	$(PY) -m cluster.serve --config configs/serve.yaml --model $(MODEL) $(ARGS)
 
 CONFIG ?= configs/demo.yaml
 observe: $(PY)

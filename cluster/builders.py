@@ -7,7 +7,8 @@ announcement) filled in here and nowhere else.
 - :func:`rollout_spec`: everything the rollout side is built from
   (:class:`cluster.rollout.RolloutSide`), for the training job, evaluation and the jobs API
   alike, the reward service's judges (:func:`judge_section`) included;
-- :func:`jobs_api_specs`: the jobs API's scheduler and HTTP side;
+- :func:`jobs_api_specs`: the jobs API's scheduler and HTTP side (:func:`served_models`: the
+  models it serves and their agent settings, checked at start);
 - :func:`trainer_algo`: the trainer's algorithm section with the sampling temperature.
 """
 from __future__ import annotations
@@ -15,8 +16,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from cluster.config import JobConfig
-from cluster.jobs_api import HttpSpec, SchedulerSpec
+from cluster.config import JobConfig, served_agent, untrained_agent
+from cluster.jobs_api import HttpSpec, SchedulerSpec, registered_model
 from cluster.judges import POLICY_PREFIX, JudgeSection
 from cluster.rollout import RolloutSpec
 from consolerl.tasks import TASKS_DIR
@@ -24,7 +25,10 @@ from env_workers.pool import EnvPoolConfig
 from infra.observability.discovery import PublishConfig
 from doccheck import labels_by_drift
 from jobsapi.schema import ORACLE_MODEL
-from rollout_service.models import resolve_model
+from consolerl.errors import ConfigError
+from rollout_service.agent import AgentConfig
+from rollout_service.models import (describe_agent, is_base_model, model_agent_settings,
+                                    resolve_model)
 from rollout_service.policy import PolicyConfig
 from trainer.algo import AlgoConfig
 
@@ -77,22 +81,59 @@ def judge_section(config: JobConfig) -> JudgeSection | None:
 
 
 def jobs_api_specs(config: JobConfig, policy: PolicyConfig, metrics: PublishConfig | None,
-                   suite_dir: str | None = None) -> tuple[SchedulerSpec, HttpSpec]:
+                   suite_dir: str | None = None, named: frozenset[str] = frozenset()
+                   ) -> tuple[SchedulerSpec, HttpSpec]:
     """The jobs API's scheduler (the rollout side with ``api.workers`` env workers, which
-    keep every other env setting: placement, restarts) and its HTTP side."""
+    keep every other env setting: placement, restarts) and its HTTP side. The rollout side's
+    agent is what a model without ``agent.json`` runs with
+    (:func:`cluster.config.untrained_agent`); the scheduler gives a trained model its own settings,
+    refusing one that contradicts what the config states (``named``:
+    :func:`cluster.config.agent_named`; :func:`served_models` checks them at start)."""
     api = config.api
     tokens = str(Path(api.tokens_file).resolve())
     # Both sides (separate processes, whatever their working folder) share one directory.
     blobs = replace(api.blobs, dir=str(Path(api.blobs.dir).resolve()))
-    rollout = rollout_spec(config, policy, metrics, workers=api.workers, suite_dir=suite_dir)
+    untrained = replace(config, agent=untrained_agent(config, named))
+    rollout = rollout_spec(untrained, policy, metrics, workers=api.workers,
+                           suite_dir=suite_dir)
     scheduler = SchedulerSpec(rollout=rollout, scheduler=api.scheduler,
                               redis_url=config.stream.url, prefix=api.prefix,
                               tokens_file=tokens, models=tuple(api.models.items()),
-                              blobs=blobs, retention=api.retention)
+                              blobs=blobs, retention=api.retention,
+                              agent_named=tuple(sorted(named)))
     http = HttpSpec(redis_url=config.stream.url, prefix=api.prefix, tokens_file=tokens,
                     models=("live", ORACLE_MODEL, *api.models), sse_max_s=api.sse_max_s,
                     suite_dir=rollout.suite_dir, blobs=blobs, retention=api.retention)
     return scheduler, http
+
+
+def served_models(config: JobConfig, named: frozenset[str], live: str) -> list[str]:
+    """What the jobs API will serve, one line per model (``live``: the served policy's
+    folder; then ``api.models`` whose folder is there now): its folder and the agent settings
+    it runs with (:func:`cluster.config.served_agent`), the untrained base model's lines
+    saying what its verdicts will be. Raises :class:`ConfigError` for a model the config's
+    ``agent`` section contradicts, so the jobs API is refused at start."""
+    lines = [_served_line("live", live, served_agent(config, named, live))]
+    for name, path in config.api.models.items():
+        try:
+            folder = registered_model(path)
+        except ConfigError:
+            lines.append(f"{name}: {path} (no model folder yet: checked when a job first "
+                         "asks for it)")
+            continue
+        lines.append(_served_line(name, folder, served_agent(config, named, folder)))
+    return lines
+
+
+def _served_line(name: str, folder: str, agent: AgentConfig) -> str:
+    if model_agent_settings(folder) is not None:
+        return f"{name}: {folder}, trained with {describe_agent(agent)} (its agent.json)"
+    line = f"{name}: {folder}, no agent.json: the config's settings {describe_agent(agent)}"
+    if is_base_model(folder):
+        line += ("; this is the untrained base model: it completes almost no procedure, so "
+                 "verdicts will be mostly `inconclusive` (train one: make demo or make "
+                 "learning-check; then make serve serves the newest)")
+    return line
 
 
 def trainer_algo(config: JobConfig) -> AlgoConfig:

@@ -5,11 +5,12 @@ section."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from consolerl.config import AtLeast, Checked
+from consolerl.config import AtLeast, Checked, build, config_tree
 from consolerl.errors import ConfigError
 from env_workers.pool import EnvPoolConfig
 from infra.console_sim.config import DEFAULT_ACCOUNTS_FILE
@@ -17,15 +18,15 @@ from infra.observability.discovery import PublishConfig
 from cluster.judges import JudgeSection
 from reward_service.actiontrail import TrailConfig
 from reward_service.fusion import RewardConfig
-from rollout_service.agent import AgentConfig
+from rollout_service.agent import MODEL_SETTINGS, AgentConfig
 from rollout_service.experience import StreamConfig
 from jobsapi.schema import ORACLE_MODEL
 from jobsapi.blobs import BlobConfig
 from jobsapi.retention import RetentionConfig
 from jobsapi.scheduler import SchedulerConfig
 from rollout_service.orchestrator import OrchestratorConfig
+from rollout_service.models import agent_for_model, model_agent_settings
 from rollout_service.policy import PolicyConfig
-from datagen.augment import KINDS as AUGMENT_KINDS, AugmentConfig
 from datagen.src import SRCConfig
 from trainer.config import TrainerConfig
 from trainer.sft import SftConfig
@@ -86,29 +87,11 @@ class SftSection(SftConfig):
     """The SFT stage before GRPO: the trainer's :class:`~trainer.sft.SftConfig` (its fields and
     defaults; ``data`` "" = export oracle runs first, ``out`` "" = ``<run.dir>/sft``) plus what
     the job does around it: ``enabled``, and the oracle export's ``tasks`` (a regular
-    expression over train-split task ids; "" = all) and ``episodes_per_task``;
-    ``augment_copies``: variants of each exported trajectory that SFT also trains on
-    (:mod:`datagen.augment`, written to ``<run.dir>/sft-augment.jsonl``; 0 = none) with the
-    transforms ``augment_kinds`` (comma-separated: ids, values, decoys, wording), seeded by
-    ``seed``."""
+    expression over train-split task ids; "" = all) and ``episodes_per_task``."""
 
     enabled: bool = False
     tasks: str = ""
     episodes_per_task: int = 1
-    augment_copies: Annotated[int, AtLeast(0)] = 0
-    augment_kinds: str = ",".join(AUGMENT_KINDS)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.augment()          # names a bad kind
-
-    def augment(self) -> AugmentConfig:
-        """The augmentation these settings ask for."""
-        try:
-            return AugmentConfig(self.augment_copies, tuple(
-                k.strip() for k in self.augment_kinds.split(",") if k.strip()), self.seed)
-        except ConfigError as exc:
-            raise ConfigError(f"sft.{exc}".replace("augment ", "augment_", 1)) from None
 
 
 @dataclass(frozen=True)
@@ -240,13 +223,19 @@ class ApiSection(Checked):
 @dataclass(frozen=True)
 class JobConfig:
     """The root config: one section per component. Only :mod:`cluster` reads it whole; every
-    component is built from its own section."""
+    component is built from its own section. ``base_model_agent``: model settings
+    (:data:`~rollout_service.agent.MODEL_SETTINGS`) over the ``agent`` section's defaults for
+    serving or evaluating a model folder without ``agent.json`` (the base model, a run saved
+    before the file existed; what the ``agent`` section states holds over it); a trained model
+    brings its own (:func:`served_agent`)."""
 
     # Where episodes run and how they are scored (cluster.builders.rollout_spec):
     cloud: CloudSection = field(default_factory=CloudSection)
     env: EnvPoolConfig = field(default_factory=EnvPoolConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    # The model settings for a model folder without agent.json (served_agent):
+    base_model_agent: dict[str, Any] = field(default_factory=dict)
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     trail: TrailConfig = field(default_factory=TrailConfig)
@@ -274,6 +263,11 @@ class JobConfig:
         for name, (value, source) in derived.items():
             if value:
                 raise ConfigError(f"{name}: taken from {source}; set that one only")
+        unknown = sorted(set(self.base_model_agent) - set(MODEL_SETTINGS))
+        if unknown:
+            raise ConfigError(f"base_model_agent.{unknown[0]}: not a model setting; allowed: "
+                              f"{', '.join(MODEL_SETTINGS)}")
+        build(AgentConfig, {**asdict(self.agent), **self.base_model_agent}, "base_model_agent")
 
 
 # Advantage estimators whose baseline is not the group's other samples.
@@ -320,3 +314,37 @@ def metrics_publish(config: JobConfig, run: str | None = None) -> PublishConfig 
         host = "127.0.0.1"      # an embedded cluster is this machine: stay off the network
     return PublishConfig(redis_url=config.stream.url, run=name, host=host,
                          ttl_s=config.observe.ttl_s)
+
+
+def agent_named(path: str | Path | None, overrides: Sequence[str] = ()) -> frozenset[str]:
+    """The model settings (:data:`~rollout_service.agent.MODEL_SETTINGS`) the config at
+    ``path`` with ``overrides`` states in its ``agent`` section: a key of the file's ``agent``
+    mapping or an ``agent.KEY=VALUE`` override, whatever its value. Named is told from
+    default by the raw YAML mapping (:func:`consolerl.config.config_tree`), not by comparing
+    with :class:`AgentConfig`'s defaults: a config that writes ``history_turns: 4`` states
+    it, and a model trained with 2 is refused, though 4 is the default."""
+    section = config_tree(path, overrides).get("agent")
+    return frozenset(section).intersection(MODEL_SETTINGS) if isinstance(section, dict) \
+        else frozenset()
+
+
+def served_agent(config: JobConfig, named: frozenset[str] | set[str], model: str
+                 ) -> AgentConfig:
+    """The agent settings the model folder ``model`` is served or evaluated with: a trained
+    model's ``agent.json`` settings, where ``config.agent`` states (``named``:
+    :func:`agent_named`) none with another value
+    (:func:`rollout_service.models.agent_for_model`; a :class:`ConfigError` naming the
+    setting, the config's value and the model's otherwise); for a folder without the file,
+    :func:`untrained_agent`."""
+    settings = model_agent_settings(model)
+    if settings is None:
+        return untrained_agent(config, named)
+    return agent_for_model(config.agent, named, settings, model)
+
+
+def untrained_agent(config: JobConfig, named: frozenset[str] | set[str]) -> AgentConfig:
+    """What a model folder without ``agent.json`` runs with: ``config.agent`` with
+    ``base_model_agent`` over it, except the settings the ``agent`` section states
+    (``named``: an ``agent.KEY=VALUE`` override holds over the file's base_model_agent)."""
+    return replace(config.agent, **{k: v for k, v in config.base_model_agent.items()
+                                    if k not in named})

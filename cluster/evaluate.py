@@ -4,7 +4,9 @@
 
 The same machinery as training (env worker actors, PolicyServers, the orchestrator, the reward
 service), with groups of one episode, nothing trained: each run does every selected task
-``episodes_per_task`` times. A success is a reward of at least 1 (the rule or the judges said
+``episodes_per_task`` times. A trained model runs with the agent settings it was trained with
+(its ``agent.json``); a config's ``agent`` section that states one of them with another value
+is refused before anything starts (:func:`cluster.config.served_agent`). A success is a reward of at least 1 (the rule or the judges said
 the documented procedure was carried out, or correctly reported infeasible).
 
 Figures: the success rate per run, pooled over runs with a bootstrap 95% confidence interval
@@ -48,7 +50,7 @@ from typing import Any
 import ray
 
 from cluster.builders import rollout_spec
-from cluster.config import JobConfig
+from cluster.config import JobConfig, agent_named, served_agent
 from cluster.replicas import start_policy
 from cluster.rollout import TrainingRolloutsActor
 from cluster.runtime import Session, on_driver_node, stop_actors
@@ -60,7 +62,7 @@ from consolerl.stats import (bootstrap_mean_ci as bootstrap_ci,
                              paired_diff_ci as paired_episode_diff, pass_at_k,
                              stratified_diff_ci as stratified_bootstrap_diff)
 from consolerl.tasks import TASKS_DIR, load_suite
-from rollout_service.models import resolve_model
+from rollout_service.models import describe_agent, resolve_model
 from rollout_service.orchestrator import OrchestratorConfig
 from rollout_service.policy import PolicyConfig
 
@@ -297,13 +299,17 @@ def append_record(path: Path, rec: dict[str, Any]) -> None:
 def evaluate(config: JobConfig, model_path: str, *, runs: int = 3, split: str | None = None,
              tasks: str | None = None, episodes_per_task: int | None = None,
              temperature: float | None = None, label: str = "eval",
-             progress: Any = None, record: Path | None = None) -> dict[str, Any]:
+             progress: Any = None, record: Path | None = None,
+             named: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Evaluate ``model_path`` (Ray initialised, Redis and the cloud up). Returns per-run and
     pooled success, per-task outcomes, env errors and leaks, pass@1 and pass@3, success by
     oracle family and by product, and the cost per episode (see the module docstring).
     ``record``: a JSON-lines file of finished runs; a run already in it (same label, model,
     split, tasks, temperature and episodes per task: the same seeds) is taken from it, not
-    run again, so an evaluation that was stopped goes on where it stopped."""
+    run again, so an evaluation that was stopped goes on where it stopped. The agent runs
+    with the model's own settings (:func:`cluster.config.served_agent`; ``named``: the model
+    settings the config's ``agent`` section states, which must be the model's)."""
+    config = replace(config, agent=served_agent(config, named, model_path))
     ev = config.eval
     split = split or ev.split
     tasks = ev.tasks if tasks is None else tasks
@@ -417,6 +423,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--also needs --baseline")
     try:
         config = load_config(JobConfig, args.config, args.overrides)
+        named = agent_named(args.config, args.overrides)
+        # Every model's settings checked before anything starts (a refusal is not found
+        # after the baseline's runs).
+        chosen = ([("baseline", args.baseline)] if args.baseline else []) + also + [
+            ("model", args.model)]
+        models = {name: resolve_model(folder) for name, folder in chosen}
+        for name, path in models.items():
+            print(f"[evaluate] {name} {path}: "
+                  f"{describe_agent(served_agent(config, named, path))}", file=sys.stderr)
     except (ConfigError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -430,26 +445,27 @@ def main(argv: list[str] | None = None) -> int:
         record = Path(args.record) if args.record else (
             Path(args.out + ".runs.jsonl") if args.out else None)
         if args.baseline:
-            before = evaluate(config, resolve_model(args.baseline), runs=args.runs,
-                              label="baseline", progress=progress, record=record)
+            before = evaluate(config, models["baseline"], runs=args.runs,
+                              label="baseline", progress=progress, record=record, named=named)
             result = {"baseline": before}
             order, previous = ["baseline"], "baseline"
-            for label, folder in also:
-                result[label] = evaluate(config, resolve_model(folder), runs=args.runs,
-                                         label=label, progress=progress, record=record)
+            for label, _ in also:
+                result[label] = evaluate(config, models[label], runs=args.runs,
+                                         label=label, progress=progress, record=record,
+                                         named=named)
                 result[f"difference {label} - {previous}"] = compare(result[previous],
                                                                       result[label])
                 order.append(label)
                 previous = label
-            after = evaluate(config, resolve_model(args.model), runs=args.runs,
-                             label="model", progress=progress, record=record)
+            after = evaluate(config, models["model"], runs=args.runs,
+                             label="model", progress=progress, record=record, named=named)
             result.update(model=after, difference=compare(before, after))
             if also:
                 result[f"difference model - {previous}"] = compare(result[previous], after)
                 result["rows"] = [*order, "model"]
         else:
-            result = evaluate(config, resolve_model(args.model), runs=args.runs,
-                              progress=progress, record=record)
+            result = evaluate(config, models["model"], runs=args.runs,
+                              progress=progress, record=record, named=named)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

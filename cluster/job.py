@@ -55,14 +55,13 @@ from env_workers.leases import AccountPool
 from env_workers.pool import EnvPoolConfig
 from infra.llm import OpenAIChatClient
 from rollout_service.experience import ExperienceStream
-from datagen.augment import augment_file
-from datagen.export import ExportConfig, account_secrets, run_export
-from env_workers.accounts import load_pool_accounts
+from datagen.export import ExportConfig, run_export
 from rollout_service.policy import PolicyConfig, PolicyServer
 from datagen.src import CollectConfig, ModelStudent, run_collection
 from datagen.teacher import ChatTeacher, OracleTeacher
 from jobsapi.store import TrainingBeacon
-from rollout_service.models import HFChatTokenizer, resolve_model
+from rollout_service.agent import AgentConfig
+from rollout_service.models import HFChatTokenizer, resolve_model, write_agent_settings
 from trainer.curves import plot_curves
 from trainer.engine import EngineConfig, call_for_rank0, start_workers
 from trainer.failures import describe_failure, explain_no_experience
@@ -175,7 +174,7 @@ def _grpo(session: Session, run_dir: Path, summary: dict[str, Any], started: Sta
                                      deadline=t_start + budget if budget else None)
     summary["stopped_by"] = trainer.stopped_by
     summary["final_model"] = _save_final(started.workers, config.trainer.engine, model_path,
-                                         run_dir / "final")
+                                         run_dir / "final", config.agent)
     progress(f"final model: {summary['final_model']}")
     summary["completed"] = True
 
@@ -216,10 +215,11 @@ class Started:
 
 
 def _save_final(workers: list[Any], engine: EngineConfig, model_path: str,
-                folder: Path) -> str:
-    """The trained weights as a model folder (config, weights, tokenizer) that the policy,
-    ``cluster.evaluate`` and Hugging Face load; written beside (by rank 0; under FSDP2 every
-    rank takes part in gathering the weights), then swapped in."""
+                folder: Path, agent: AgentConfig) -> str:
+    """The trained weights as a model folder (config, weights, tokenizer, and ``agent.json``:
+    the run's agent settings) that the policy, ``cluster.evaluate`` and Hugging Face load;
+    written beside (by rank 0; under FSDP2 every rank takes part in gathering the weights),
+    then swapped in."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     rank0, others = call_for_rank0(workers, engine, "save_pretrained", str(tmp))
@@ -228,6 +228,7 @@ def _save_final(workers: list[Any], engine: EngineConfig, model_path: str,
         if f.is_file() and (f.name.startswith("tokenizer") or f.name in (
                 "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")):
             shutil.copy2(f, tmp / f.name)
+    write_agent_settings(tmp, agent)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     return str(folder)
@@ -259,27 +260,6 @@ def _sft_child(config: JobConfig, run_dir: str, start_model: str) -> str:
     return sft_stage(config, Path(run_dir), start_model, progress=progress)
 
 
-def augmented_sft_data(config: JobConfig, run_dir: Path, data: str, model: str,
-                       progress: Callable[[str], None] = progress) -> str:
-    """What SFT trains on: ``data`` itself, or with ``sft.augment_copies`` the variants of its
-    trajectories (:func:`datagen.augment.augment_file`, ``model``'s tokenizer, the cloud's
-    account secrets refused) written beside it to ``<run_dir>/sft-augment.jsonl``, and the
-    originals then the variants in ``<run_dir>/sft-train.jsonl``, whose path it returns."""
-    augment = config.sft.augment()
-    if not augment.copies:
-        return data
-    augmented, train = Path(run_dir) / "sft-augment.jsonl", Path(run_dir) / "sft-train.jsonl"
-    secrets = account_secrets(load_pool_accounts(env_pool(config, None).pool))
-    summary = augment_file(data, augmented, augment, HFChatTokenizer(resolve_model(model)),
-                           secrets, progress=lambda _: None)
-    original = Path(data).read_text(encoding="utf-8")
-    train.write_text(original + ("\n" if original and not original.endswith("\n") else "")
-                     + augmented.read_text(encoding="utf-8"), encoding="utf-8")
-    progress(f"SFT: {summary['records_out']} augmented trajectories ({summary['turns_out']} "
-             f"turns, {augment.copies} per trajectory) in {summary['wall_s']} s")
-    return str(train)
-
-
 def sft_stage(config: JobConfig, run_dir: Path, start_model: str,
               progress: Callable[[str], None] = progress) -> str:
     """The training job's SFT stage: export oracle trajectories of train-split ``sft.tasks`` into
@@ -299,9 +279,8 @@ def sft_stage(config: JobConfig, run_dir: Path, start_model: str,
                                  start_model)
         progress(f"SFT: exported {exported['written']} oracle trajectories "
                  f"({exported['turns']} turns) in {exported['wall_s']} s")
-    data = augmented_sft_data(config, Path(run_dir), data, start_model, progress)
-    _train_stage(replace(sft, data=data, out=str(out), model=start_model), run_dir, "sft",
-                 "SFT", progress)
+    _train_stage(replace(sft, data=data, out=str(out), model=start_model), config.agent,
+                 run_dir, "sft", "SFT", progress)
     return str(out)
 
 
@@ -345,11 +324,11 @@ def heldout_states_stage(config: JobConfig, run_dir: Path, model: str,
     return str(out)
 
 
-def _train_stage(sft: Any, run_dir: Path, stage: str, name: str,
+def _train_stage(sft: Any, agent: AgentConfig, run_dir: Path, stage: str, name: str,
                  progress: Callable[[str], None]) -> None:
-    """SFT with ``sft`` (its ``out`` the stage's folder); its steps appended to
-    ``<run_dir>/metrics.jsonl`` as ``"stage": stage``."""
-    summary = train_sft(sft)
+    """SFT with ``sft`` (its ``out`` the stage's folder, with ``agent.json`` from ``agent``);
+    its steps appended to ``<run_dir>/metrics.jsonl`` as ``"stage": stage``."""
+    summary = train_sft(sft, agent)
     with (Path(run_dir) / "metrics.jsonl").open("a", encoding="utf-8") as f:
         for line in (Path(sft.out) / "metrics.jsonl").read_text().splitlines():
             f.write(json.dumps({"stage": stage, **json.loads(line)}) + "\n")
@@ -405,8 +384,8 @@ def src_stage(config: JobConfig, run_dir: Path, start_model: str,
                  f"{figures['corrections']} corrections, {figures['archived']} archived, "
                  f"replay fidelity {figures['replay_fidelity']} ({figures['wall_s']} s)")
     _train_stage(replace(sft, data=data, out=str(out), model=start_model, epochs=src.epochs,
-                         lr=sft.lr if src.lr is None else src.lr), run_dir, "sft-src",
-                 "SRC SFT", progress)
+                         lr=sft.lr if src.lr is None else src.lr), config.agent, run_dir,
+                 "sft-src", "SRC SFT", progress)
     return str(out)
 
 

@@ -37,7 +37,8 @@ from jobsapi.retention import RetentionConfig, StorageSweeper
 from jobsapi.scheduler import JobScheduler, SchedulerConfig
 from jobsapi.schema import ORACLE_MODEL
 from jobsapi.store import JobStore
-from rollout_service.models import HFChatTokenizer, resolve_model
+from rollout_service.models import (HFChatTokenizer, check_model_settings,
+                                    model_agent_settings, resolve_model)
 from rollout_service.policy import PolicyRouter
 
 SCHEDULER_NAME = "consolerl-api-scheduler"
@@ -52,10 +53,13 @@ GC_EVERY_S = 30.0
 
 @dataclass(frozen=True)
 class SchedulerSpec:
-    """What the scheduler actor is built from (component configs only): the rollout side,
-    the scheduler's settings, the jobs' Redis and key prefix, the tokens file, the
-    checkpoints or run folders registered by name, the artifacts' blob store and the
-    retention of finished jobs (its sweep runs beside the scheduler)."""
+    """What the scheduler actor is built from (component configs only): the rollout side
+    (its ``agent``: the settings of a model without ``agent.json``), the scheduler's
+    settings, the jobs' Redis and key prefix, the tokens file, the checkpoints or run folders
+    registered by name, the artifacts' blob store, the retention of finished jobs (its sweep
+    runs beside the scheduler) and ``agent_named``, the model settings the config's
+    ``agent`` section states (:func:`cluster.config.agent_named`: a model trained with other
+    values is refused)."""
 
     rollout: RolloutSpec
     scheduler: SchedulerConfig
@@ -65,6 +69,7 @@ class SchedulerSpec:
     models: tuple[tuple[str, str], ...] = ()
     blobs: BlobConfig = field(default_factory=BlobConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    agent_named: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -105,24 +110,38 @@ class JobsScheduler:
             self.tokens.quota, spec.rollout.agent, leases=self.leases)
         self.sweeper = StorageSweeper(self.store)
         self._lock = asyncio.Lock()
+        self.settings: dict[str, dict[str, Any] | None] = {}    # model name -> agent.json's
 
     async def agent_for(self, model: str, config: AgentConfig) -> AgentLoop:
         """The live policy, or a registered checkpoint's or run folder's (one replica,
-        started on first use and kept)."""
+        started on first use and kept), with ``config`` (the job's sampling over the spec's
+        agent) as that model runs: a model folder with ``agent.json`` takes every setting it
+        keeps from there (:data:`~rollout_service.agent.MODEL_SETTINGS`, ``max_new_tokens``
+        too: the model was trained to answer within it, whatever the job asks), after the
+        settings the config states are checked against it
+        (:func:`~rollout_service.models.check_model_settings`); one without runs with
+        ``config``."""
         if model == "live":
-            return self.side.agent(config)
+            settings = self._settings(model, self.spec.rollout.policy.model)
+            return self.side.agent(_with_settings(config, settings))
         async with self._lock:
             if model not in self.extra:
-                path = self.registered[model]
-                if (Path(path) / "final").is_dir():      # a run folder: its final model
-                    path = str(Path(path) / "final")
-                path = resolve_model(path)
+                path = registered_model(self.registered[model])
+                self._settings(model, path)         # refused before a replica starts
                 rollout = self.spec.rollout
                 servers, router = start_policy(replace(rollout.policy, model=path,
                                                        replicas=1), rollout.metrics)
                 self.extra[model] = (servers, router, HFChatTokenizer(path))
         _, router, tokenizer = self.extra[model]
-        return AgentLoop(router, tokenizer, config)
+        return AgentLoop(router, tokenizer, _with_settings(config, self.settings[model]))
+
+    def _settings(self, model: str, path: str) -> dict[str, Any] | None:
+        """``model``'s ``agent.json`` settings (read from ``path`` once, and checked then)."""
+        if model not in self.settings:
+            settings = model_agent_settings(path)
+            check_model_settings(self.spec.rollout.agent, self.spec.agent_named, settings, path)
+            self.settings[model] = settings
+        return self.settings[model]
 
     async def run(self) -> None:
         """The scheduler, and beside it the retention sweep."""
@@ -149,7 +168,19 @@ class JobsScheduler:
         self.leases.close()
 
 
+def _with_settings(config: AgentConfig, settings: dict[str, Any] | None) -> AgentConfig:
+    return config if settings is None else replace(config, **settings)
+
+
 JobsSchedulerActor = ray.remote(JobsScheduler)
+
+
+def registered_model(path: str) -> str:
+    """The model folder a name in ``api.models`` stands for: a run folder's ``final``, or
+    the folder (or model name) itself, resolved (:func:`rollout_service.models.resolve_model`)."""
+    if (Path(path) / "final").is_dir():      # a run folder: its final model
+        path = str(Path(path) / "final")
+    return resolve_model(path)
 
 
 def http_app(spec: HttpSpec, scheduler_metrics: Any = None):

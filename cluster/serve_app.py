@@ -18,17 +18,22 @@ from typing import Any
 
 from ray import serve
 
-from cluster.builders import jobs_api_specs
-from cluster.config import JobConfig, metrics_publish
+from cluster.builders import jobs_api_specs, served_models
+from cluster.config import JobConfig, agent_named, metrics_publish
 from cluster.jobs_api import JobsScheduler, http_app
 from consolerl.config import load_config
 from rollout_service.models import resolve_model
 
 
-def build(config: JobConfig, suite_dir: str | None = None) -> Any:
-    """The bound Serve application for ``config``."""
+def build(config: JobConfig, suite_dir: str | None = None,
+          named: frozenset[str] = frozenset()) -> Any:
+    """The bound Serve application for ``config`` (``named``: the model settings its
+    ``agent`` section states, :func:`cluster.config.agent_named`; a served model they
+    contradict is refused here, before anything is deployed)."""
     policy = replace(config.policy, model=resolve_model(config.policy.model))
-    sched_spec, http_spec = jobs_api_specs(config, policy, metrics_publish(config), suite_dir)
+    served_models(config, named, policy.model)
+    sched_spec, http_spec = jobs_api_specs(config, policy, metrics_publish(config), suite_dir,
+                                           named)
 
     @serve.deployment(name="consolerl-scheduler", num_replicas=1,
                       ray_actor_options={"num_cpus": 0}, max_ongoing_requests=16)
@@ -65,7 +70,7 @@ def build(config: JobConfig, suite_dir: str | None = None) -> Any:
 def _from_env() -> Any:
     path = os.environ.get("CONSOLERL_CONFIG") or None
     overrides = shlex.split(os.environ.get("CONSOLERL_OVERRIDES", ""))
-    return build(load_config(JobConfig, path, overrides))
+    return build(load_config(JobConfig, path, overrides), named=agent_named(path, overrides))
 
 
 def __getattr__(name: str) -> Any:

@@ -436,10 +436,16 @@ def read_yaml(path: str | Path) -> Any:
 def load_config(cls: type[T], path: str | Path | None = None,
                 overrides: Sequence[str] = ()) -> T:
     """Build ``cls`` from the YAML file at ``path`` (optional) plus ``overrides``."""
+    return build(cls, config_tree(path, overrides), "config" if path is None else str(path))
+
+
+def config_tree(path: str | Path | None = None, overrides: Sequence[str] = ()
+                ) -> dict[str, Any]:
+    """The plain mapping :func:`load_config` builds from: the YAML file at ``path`` (optional)
+    with ``overrides`` (``dotted.key=value``) set in it. What a config states, as opposed to
+    what it leaves to the defaults."""
     tree: dict[str, Any] = {}
-    where = "config"
     if path is not None:
-        where = str(path)
         loaded = read_yaml(path)
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: must hold a mapping")
@@ -453,7 +459,7 @@ def load_config(cls: type[T], path: str | Path | None = None,
         except yaml.YAMLError:
             value = raw
         _set(tree, key.strip(), value, f"override {item!r}")
-    return build(cls, tree, where)
+    return tree
 
 
 def to_dict(config: Any) -> dict[str, Any]:

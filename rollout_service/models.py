@@ -7,6 +7,11 @@ writes a normal Hugging Face folder under the cache (``CONSOLERL_MODEL_CACHE``, 
 ``~/.cache/consolerl/models``) the first time it is asked for; vLLM and transformers both serve
 that folder. Any local Hugging Face folder (or a hub id where the hub is reachable) may be
 configured instead.
+
+A folder a training stage wrote also holds ``agent.json``, the agent settings the model was
+trained with (:data:`rollout_service.agent.MODEL_SETTINGS`): this module owns that file
+(:func:`write_agent_settings`, :func:`model_agent_settings`) and the rule by which a config's
+``agent`` section meets it (:func:`agent_for_model`).
 """
 from __future__ import annotations
 
@@ -20,10 +25,14 @@ import shutil
 import sys
 import tempfile
 from collections import OrderedDict
+from collections.abc import Collection, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from consolerl.config import build
 from consolerl.errors import ConfigError
+from rollout_service.agent import MODEL_SETTINGS, AgentConfig
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +99,92 @@ def resolve_model(name: str) -> str:
     if name.count("/") == 1 and not name.startswith((".", "/")):
         return name                             # a hub id; loading it needs hub access
     raise ConfigError(f"model {name!r}: no such folder")
+
+
+# ---- the agent settings a model folder keeps ---------------------------------------------------
+AGENT_FILE = "agent.json"
+AGENT_FILE_FORMAT = 1
+
+
+def write_agent_settings(folder: str | Path, agent: AgentConfig) -> Path:
+    """``<folder>/agent.json``: ``{"format": 1, name: value}`` for every name in
+    :data:`~rollout_service.agent.MODEL_SETTINGS`, from the run's ``agent`` (what the model was
+    trained to read and write). Every training stage that writes a model folder writes it."""
+    path = Path(folder) / AGENT_FILE
+    settings = {"format": AGENT_FILE_FORMAT, **{n: getattr(agent, n) for n in MODEL_SETTINGS}}
+    path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def model_agent_settings(path: str | Path) -> dict[str, Any] | None:
+    """The agent settings the model folder ``path`` was trained with (its ``agent.json``), one
+    value per name of :data:`~rollout_service.agent.MODEL_SETTINGS`; ``None`` when it has none
+    (the base model, a run saved before the file existed, a hub id). A setting the file does
+    not name is :class:`~rollout_service.agent.AgentConfig`'s default: a model saved before
+    that setting existed was trained with it. A file that is not a JSON object with
+    ``"format": 1``, names an unknown key, or holds a value :class:`AgentConfig` refuses is a
+    :class:`ConfigError` naming the file and the key."""
+    file = Path(path) / AGENT_FILE
+    if not file.is_file():
+        return None
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{file}: not a readable JSON file: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file}: must hold a JSON object, got {type(data).__name__}")
+    if data.get("format") != AGENT_FILE_FORMAT:
+        raise ConfigError(f"{file}: key 'format': must be {AGENT_FILE_FORMAT}, got "
+                          f"{data.get('format')!r}")
+    settings = {k: v for k, v in data.items() if k != "format"}
+    unknown = sorted(set(settings) - set(MODEL_SETTINGS))
+    if unknown:
+        raise ConfigError(f"{file}: unknown key {unknown[0]!r}; allowed: format, "
+                          f"{', '.join(MODEL_SETTINGS)}")
+    agent = build(AgentConfig, settings, f"{file}: agent")
+    return {n: getattr(agent, n) for n in MODEL_SETTINGS}
+
+
+def check_model_settings(agent: AgentConfig, named: Collection[str],
+                         settings: Mapping[str, Any] | None, model: str | Path) -> None:
+    """Refuse an ``agent`` section that names a model setting with another value than the
+    model ``model`` was trained with (``settings``: :func:`model_agent_settings`; ``None``
+    checks nothing): a :class:`ConfigError` naming the setting, the config's value and the
+    model's. ``named``: the settings the config states (see
+    :func:`cluster.config.agent_named`); the others are not compared."""
+    if settings is None:
+        return
+    for name in MODEL_SETTINGS:
+        if name in named and getattr(agent, name) != settings[name]:
+            raise ConfigError(
+                f"agent.{name}: the config says {getattr(agent, name)!r}, the model {model} "
+                f"was trained with {settings[name]!r} (its {AGENT_FILE}); leave "
+                f"agent.{name} out to take the model's, or use a model trained with it")
+
+
+def agent_for_model(agent: AgentConfig, named: Collection[str],
+                    settings: Mapping[str, Any] | None, model: str | Path) -> AgentConfig:
+    """``agent`` as the model ``model`` is run with: a setting the config does not name
+    (``named``) takes the model's value (``settings``), one it names must be the model's
+    (:func:`check_model_settings`); ``settings`` ``None`` (no ``agent.json``) leaves
+    ``agent`` as it is. Settings outside MODEL_SETTINGS (steps, sampling) stay the config's."""
+    if settings is None:
+        return agent
+    check_model_settings(agent, named, settings, model)
+    return replace(agent, **settings)
+
+
+def is_base_model(path: str | Path) -> bool:
+    """Whether ``path`` is the untrained default model (its converted folder, or its name)."""
+    if str(path) in ("", "default"):
+        return True
+    return Path(path).expanduser().resolve() == (cache_dir() / DEFAULT_NAME).resolve()
+
+
+def describe_agent(agent: AgentConfig) -> str:
+    """The model settings of ``agent`` on one line (``name=value ...``), for start-up
+    messages."""
+    return " ".join(f"{n}={getattr(agent, n)}" for n in MODEL_SETTINGS)
 
 
 def tiny_model(target: Path, *, layers: int = 2, hidden: int = 64, seed: int = 0) -> Path:

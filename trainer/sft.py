@@ -32,9 +32,10 @@ that is most of the memory.
 Output: ``--out`` becomes a normal Hugging Face folder (model, tokenizer, chat template;
 ``generation_config`` also stops on the end-of-turn token) that
 ``AutoModelForCausalLM.from_pretrained`` and vLLM load, plus ``metrics.jsonl`` (one line per
-step: loss, tokens, response_tokens, lr, grad_norm) and ``sft_summary.json``. Everything is
-written in a temporary folder beside ``--out`` and renamed at the end; a failed run leaves no
-output folder.
+step: loss, tokens, response_tokens, lr, grad_norm), ``sft_summary.json`` and, when the
+training job gives the agent settings (:func:`train_sft`'s ``agent``), ``agent.json``.
+Everything is written in a temporary folder beside ``--out`` and renamed at the end; a failed
+run leaves no output folder.
 
 In code: :func:`build_sft_example` and :func:`train_sft` (``SftConfig -> summary``); the training
 job's SFT stage (export when needed, train, log the steps) is in :mod:`cluster.job`.
@@ -60,7 +61,9 @@ from typing import Annotated, Any, Literal
 
 from consolerl.config import AtLeast, Between, Checked
 from consolerl.errors import ConfigError
-from rollout_service.models import HFChatTokenizer, end_of_turn_id, resolve_model
+from rollout_service.agent import AgentConfig
+from rollout_service.models import (HFChatTokenizer, end_of_turn_id, resolve_model,
+                                    write_agent_settings)
 
 from .engine import freeze_below, top_layers
 
@@ -308,8 +311,10 @@ def _peak_memory_mb(device: str) -> dict[str, float]:
     return peak
 
 
-def train_sft(config: SftConfig) -> dict[str, Any]:
-    """Train, save the folder atomically, return the summary (also in ``sft_summary.json``)."""
+def train_sft(config: SftConfig, agent: AgentConfig | None = None) -> dict[str, Any]:
+    """Train, save the folder atomically, return the summary (also in ``sft_summary.json``).
+    ``agent``: the agent settings the data's prompts were built with, kept in the folder's
+    ``agent.json`` (:func:`rollout_service.models.write_agent_settings`); None writes none."""
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM
@@ -383,6 +388,8 @@ def train_sft(config: SftConfig) -> dict[str, Any]:
         _stop_on(model, eot)
         model.save_pretrained(tmp)
         tokenizer.tokenizer.save_pretrained(tmp)
+        if agent is not None:
+            write_agent_settings(tmp, agent)
         summary = {
             "records": stats["records"], "turns": stats["turns"],
             "turns_trained": len(examples),

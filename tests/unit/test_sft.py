@@ -1,6 +1,7 @@
 """SFT: the loss mask covers exactly the action tokens (id-carrying and messages-only turns), the
 end-of-turn token, malformed data named by line and field, batching, and a tiny-model run that
-lowers the loss and writes a loadable folder. Also the export's pure parts: recorded prompts
+lowers the loss and writes a loadable folder (with the agent settings in its agent.json when
+given). Also the export's pure parts: recorded prompts
 equal the agent loop's, and the secret check."""
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from consolerl.types import Observation, StepResult
 from env_workers.actions import parse_action
 from consolerl.accounts import Account
 from consolerl.tasks import TASKS_DIR, load_suite
-from rollout_service.agent import AgentConfig, AgentLoop, _Step
-from rollout_service.models import HFChatTokenizer, default_model, end_of_turn_id, tiny_model
+from rollout_service.agent import MODEL_SETTINGS, AgentConfig, AgentLoop, _Step
+from rollout_service.models import (HFChatTokenizer, default_model, end_of_turn_id,
+                                    model_agent_settings, tiny_model)
 from tests.conftest import run_async
 from cluster.export import parse_args
 from datagen.export import (Recording, SecretLeak, account_secrets, build_record,
@@ -235,6 +237,22 @@ def test_tiny_sft_lowers_the_loss_and_writes_a_loadable_folder(tmp_path, tiny, t
     assert not any(p.name.startswith(".sft") for p in tmp_path.iterdir())
     with pytest.raises(ConfigError, match="exists"):
         train_sft(SftConfig(data=str(data), out=str(out), model=str(tiny), epochs=1))
+    assert model_agent_settings(out) is None          # no agent given: no agent.json
+
+
+def test_sft_keeps_the_agent_settings_in_the_model_folder(tmp_path, tiny, tokenizer):
+    data = tmp_path / "data.jsonl"
+    _synthetic(data, tokenizer)
+    agent = AgentConfig(system_prompt="grounded", response="grounded", page_view="compact",
+                        random_ids=True, history_turns=2, max_observation_chars=2300,
+                        max_prompt_tokens=1024, max_new_tokens=48, max_steps=6)
+    out = tmp_path / "sft"
+    train_sft(SftConfig(data=str(data), out=str(out), model=str(tiny), epochs=1), agent)
+    stored = json.loads((out / "agent.json").read_text())
+    assert stored == {"format": 1, **{n: getattr(agent, n) for n in MODEL_SETTINGS}}
+    assert "max_steps" not in stored                  # not a model setting
+    assert model_agent_settings(out) == {n: getattr(agent, n) for n in MODEL_SETTINGS}
+    assert model_agent_settings(out)["response"] == "grounded"
 
 
 # ---- the export's pure parts -------------------------------------------------------------------
