@@ -27,6 +27,7 @@ from jobsapi.scheduler import SchedulerConfig
 from rollout_service.orchestrator import OrchestratorConfig
 from rollout_service.models import agent_for_model, model_agent_settings
 from rollout_service.policy import PolicyConfig
+from datagen.augment import KINDS as AUGMENT_KINDS, AugmentConfig
 from datagen.src import SRCConfig
 from trainer.config import TrainerConfig
 from trainer.sft import SftConfig
@@ -87,11 +88,29 @@ class SftSection(SftConfig):
     """The SFT stage before GRPO: the trainer's :class:`~trainer.sft.SftConfig` (its fields and
     defaults; ``data`` "" = export oracle runs first, ``out`` "" = ``<run.dir>/sft``) plus what
     the job does around it: ``enabled``, and the oracle export's ``tasks`` (a regular
-    expression over train-split task ids; "" = all) and ``episodes_per_task``."""
+    expression over train-split task ids; "" = all) and ``episodes_per_task``;
+    ``augment_copies``: variants of each exported trajectory that SFT also trains on
+    (:mod:`datagen.augment`, written to ``<run.dir>/sft-augment.jsonl``; 0 = none) with the
+    transforms ``augment_kinds`` (comma-separated: ids, values, decoys, wording), seeded by
+    ``seed``."""
 
     enabled: bool = False
     tasks: str = ""
     episodes_per_task: int = 1
+    augment_copies: Annotated[int, AtLeast(0)] = 0
+    augment_kinds: str = ",".join(AUGMENT_KINDS)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.augment()          # names a bad kind
+
+    def augment(self) -> AugmentConfig:
+        """The augmentation these settings ask for."""
+        try:
+            return AugmentConfig(self.augment_copies, tuple(
+                k.strip() for k in self.augment_kinds.split(",") if k.strip()), self.seed)
+        except ConfigError as exc:
+            raise ConfigError(f"sft.{exc}".replace("augment ", "augment_", 1)) from None
 
 
 @dataclass(frozen=True)

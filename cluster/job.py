@@ -55,7 +55,9 @@ from env_workers.leases import AccountPool
 from env_workers.pool import EnvPoolConfig
 from infra.llm import OpenAIChatClient
 from rollout_service.experience import ExperienceStream
-from datagen.export import ExportConfig, run_export
+from datagen.augment import augment_file
+from datagen.export import ExportConfig, account_secrets, run_export
+from env_workers.accounts import load_pool_accounts
 from rollout_service.policy import PolicyConfig, PolicyServer
 from datagen.src import CollectConfig, ModelStudent, run_collection
 from datagen.teacher import ChatTeacher, OracleTeacher
@@ -260,6 +262,27 @@ def _sft_child(config: JobConfig, run_dir: str, start_model: str) -> str:
     return sft_stage(config, Path(run_dir), start_model, progress=progress)
 
 
+def augmented_sft_data(config: JobConfig, run_dir: Path, data: str, model: str,
+                       progress: Callable[[str], None] = progress) -> str:
+    """What SFT trains on: ``data`` itself, or with ``sft.augment_copies`` the variants of its
+    trajectories (:func:`datagen.augment.augment_file`, ``model``'s tokenizer, the cloud's
+    account secrets refused) written beside it to ``<run_dir>/sft-augment.jsonl``, and the
+    originals then the variants in ``<run_dir>/sft-train.jsonl``, whose path it returns."""
+    augment = config.sft.augment()
+    if not augment.copies:
+        return data
+    augmented, train = Path(run_dir) / "sft-augment.jsonl", Path(run_dir) / "sft-train.jsonl"
+    secrets = account_secrets(load_pool_accounts(env_pool(config, None).pool))
+    summary = augment_file(data, augmented, augment, HFChatTokenizer(resolve_model(model)),
+                           secrets, progress=lambda _: None)
+    original = Path(data).read_text(encoding="utf-8")
+    train.write_text(original + ("\n" if original and not original.endswith("\n") else "")
+                     + augmented.read_text(encoding="utf-8"), encoding="utf-8")
+    progress(f"SFT: {summary['records_out']} augmented trajectories ({summary['turns_out']} "
+             f"turns, {augment.copies} per trajectory) in {summary['wall_s']} s")
+    return str(train)
+
+
 def sft_stage(config: JobConfig, run_dir: Path, start_model: str,
               progress: Callable[[str], None] = progress) -> str:
     """The training job's SFT stage: export oracle trajectories of train-split ``sft.tasks`` into
@@ -279,6 +302,7 @@ def sft_stage(config: JobConfig, run_dir: Path, start_model: str,
                                  start_model)
         progress(f"SFT: exported {exported['written']} oracle trajectories "
                  f"({exported['turns']} turns) in {exported['wall_s']} s")
+    data = augmented_sft_data(config, Path(run_dir), data, start_model, progress)
     _train_stage(replace(sft, data=data, out=str(out), model=start_model), config.agent,
                  run_dir, "sft", "SFT", progress)
     return str(out)
