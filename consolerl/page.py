@@ -317,7 +317,8 @@ def compact(text: str) -> str:
     - the breadcrumb navigation (its links repeat the product navigation and the page's
       heading);
     - a heading that repeats the label of the container it opens (``navigation "RAM":`` then
-      ``## RAM``).
+      ``## RAM``), and a text line that repeats the label of the control just above it (a
+      radio button's caption).
 
     Every line kept is the page's own line, so every bid shown is the page's bid; what an
     action needs (forms, tables, dialogs, alerts, the product navigation) stays."""
@@ -344,6 +345,9 @@ def compact(text: str) -> str:
                 previous.label == node.label and node.depth == previous.depth + 1:
             previous = node
             continue
+        if node.role == "text" and previous is not None and previous.bid and \
+                node.label == previous.label and node.depth == previous.depth:
+            continue                     # a radio's or checkbox's label drawn again beside it
         keep.append(render_line(node))
         previous = node
     return "\n".join(keep)

@@ -42,6 +42,10 @@ form "Create User":
   [10] textbox "Logon Name"
  [11] button "Create"
  [12] link "Cancel"
+  group "Type":
+   [15] radio "Basic" (checked)
+   Basic
+   Instances can reach each other.
 table "Users":
  - [13]ops Ops Team | [14]Delete
 status:
@@ -60,8 +64,9 @@ def test_compact_takes_out_the_chrome_and_keeps_every_line_an_action_needs():
     assert not any(word in view for word in gone), view
     assert "## Resource Access Management" not in view      # repeats its navigation's name
     assert "## User Account Information" not in view
+    assert "\n   Basic\n" not in view and "Instances can reach each other." in view
     kept = {n.bid for n in parse(view).controls()}
-    assert kept == {"4", "6", "7", "10", "11", "12", "13", "14"}
+    assert kept == {"4", "6", "7", "10", "11", "12", "13", "14", "15"}
     # Every bid shown still names the same control as on the whole page.
     for bid in kept:
         assert parse(view).by_bid(bid).label == parse(PAGE).by_bid(bid).label
