@@ -19,7 +19,7 @@ JSON summary on stdout). A variant applies, to every turn of the trajectory, the
   and the select on the page lists it (the new option takes its place in the list); console
   constants (ACLs, policy names) stay.
 - ``decoys``: in a table, one or two rows copied from a row that names a name-hex resource,
-  with fresh names and fresh bids (above every bid of the trajectory), never the row the
+  with fresh names, resource ids and bids (above every bid of the trajectory), never the row the
   completion acts in; pages cut to fit the prompt get none.
 - ``wording``: the procedure's steps rewritten in the help-center styles of ``docs/corpus``
   (``Click **Create User**.``, ``Enter v in the Logon Name field.``, ``Log on to the RAM
@@ -432,15 +432,15 @@ def add_decoys(turns: list[TurnView], rng: random.Random, max_chars: int | None)
                 next_bid[0] += 1 + rng.randrange(3)
             fresh: dict[str, str] = {}
             for tok in _tokens(row.label):
-                if _NAMEHEX.fullmatch(tok) and tok not in fresh:
-                    while (new := fresh_value(tok, rng)) in names:
+                if (_NAMEHEX.fullmatch(tok) or _RESOURCE_ID.fullmatch(tok)) and tok not in fresh:
+                    while (new := _fresh_token(tok, rng)) in names:
                         pass
                     fresh[tok] = new
             for old, new in fresh.items():
                 cells = [replace_token(c, old, new) for c in cells]
             decoy = _rebid_line(replace(row, cells=tuple(cells), label=" | ".join(cells)),
                                 [PageNode("control", bid=b) for b in inline[row.line]], mapping)
-            extra.append((rng.choice([r.line for r in rows]), render_line(decoy)))
+            extra.append((rng.choice(_table_of(row, rows)), render_line(decoy)))
         grown = sum(len(text) + 1 for _, text in extra)
         if max_chars is not None and len(t.prompt.page) + grown > max_chars:
             continue
@@ -449,6 +449,28 @@ def add_decoys(turns: list[TurnView], rng: random.Random, max_chars: int | None)
         t.prompt.page = "\n".join(lines)
         added += len(extra)
     return added
+
+
+def _table_of(row: PageNode, rows: Sequence[PageNode]) -> list[int]:
+    """The lines of the rows of ``row``'s table (the run of row lines around it)."""
+    lines = {r.line for r in rows if r.depth == row.depth}
+    first = last = row.line
+    while first - 1 in lines:
+        first -= 1
+    while last + 1 in lines:
+        last += 1
+    return list(range(first, last + 1))
+
+
+# A console resource id (i-bp5uo7w6g51i0c, vpc-bp1x9k2m4n5q): a decoy row gets its own.
+_RESOURCE_ID = re.compile(r"([a-z]{1,5})-([a-z0-9]{10,})")
+
+
+def _fresh_token(token: str, rng: random.Random) -> str:
+    if _NAMEHEX.fullmatch(token):
+        return fresh_value(token, rng)
+    head, _, tail = token.partition("-")
+    return f"{head}-{''.join(rng.choice('abcdefghijklmnopqrstuvwxyz0123456789') for _ in tail)}"
 
 
 def _tokens(text: str) -> Iterable[str]:

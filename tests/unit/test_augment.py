@@ -408,3 +408,24 @@ def test_the_sft_section_names_a_bad_augment_setting():
     with pytest.raises(ConfigError, match="augment_copies"):
         SftSection(augment_copies=-1)
     assert SftSection().augment().copies == 0
+
+
+def test_a_decoy_row_gets_its_own_ids_and_stays_in_its_table(tokenizer):
+    page = ("# VPCs\ntable \"VPCs\":\n - Name | ID | Actions\n"
+            " - [3]net-1a2b3c4d | vpc-bp1x9k2m4n5q7r | [4]Delete\n"
+            "table \"Quotas\":\n - Resource | Used\n - VPCs | 1\n[5] button \"Refresh\"")
+    messages = build_messages("Delete a VPC", "1. Click Refresh.", [],
+                              Observation("http://h/", "VPCs", page), 2300)
+    record = {"trajectory_id": "t3", "turns": [{
+        "messages": messages, "completion": "click(5)", "prompt_ids": [1],
+        "response_ids": [1], "action_error": ""}], "agent": {"max_observation_chars": 2300}}
+    out, stats = variants(record, tokenizer, ("decoys",), copies=4)
+    assert stats["decoy_rows"] >= 4
+    for variant in out:
+        lines = page_of(variant["turns"][0]).split("\n")
+        vpcs = lines[lines.index('table "VPCs":') + 1:lines.index('table "Quotas":')]
+        assert lines[lines.index('table "Quotas":'):] == page.split("\n")[4:]
+        assert len(vpcs) > 2 and vpcs[0] == " - Name | ID | Actions"
+        ids = [row.split(" | ")[1] for row in vpcs[1:]]
+        assert len(set(ids)) == len(ids) and "vpc-bp1x9k2m4n5q7r" in ids
+        assert all(len(i) == len("vpc-bp1x9k2m4n5q7r") and i.startswith("vpc-") for i in ids)
