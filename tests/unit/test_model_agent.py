@@ -80,6 +80,24 @@ def test_a_bad_agent_json_names_the_file_and_the_key(tmp_path, content, names):
     assert str(folder / "agent.json") in str(err.value) and names in str(err.value)
 
 
+def test_the_grpo_final_model_keeps_the_runs_agent_settings(tmp_path, monkeypatch):
+    import cluster.job as job
+    start = _model(tmp_path / "sft")
+    (start / "tokenizer.json").write_text("{}")
+
+    def save(_workers, _engine, method, folder):      # rank 0 writes the weights
+        assert method == "save_pretrained"
+        Path(folder).mkdir()
+        (Path(folder) / "config.json").write_text("{}")
+        return None, []
+    monkeypatch.setattr(job, "call_for_rank0", save)
+    monkeypatch.setattr(job.ray, "get", lambda refs: refs)
+    agent = AgentConfig(history_turns=1, page_view="compact")
+    final = job._save_final([], None, str(start), tmp_path / "final", agent)
+    assert model_agent_settings(final) == {n: getattr(agent, n) for n in MODEL_SETTINGS}
+    assert (Path(final) / "tokenizer.json").exists()
+
+
 # ---- the merge rule -----------------------------------------------------------------------------
 SETTINGS = {n: getattr(TRAINED, n) for n in MODEL_SETTINGS}
 

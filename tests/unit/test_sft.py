@@ -348,6 +348,8 @@ def test_the_jobs_sft_stage_trains_into_the_run_folder_and_logs_its_steps(tmp_pa
     said: list[str] = []
     model = sft_stage(config, run_dir, str(tiny), progress=said.append)
     assert model == str(run_dir / "sft") and (run_dir / "sft" / "config.json").exists()
+    # The run's agent settings travel with the model folder.
+    assert model_agent_settings(model) == {n: getattr(config.agent, n) for n in MODEL_SETTINGS}
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[0] == {"stage": "grpo", "step": 1}
     assert [r["stage"] for r in rows[1:]] == ["sft"] * (len(rows) - 1) and len(rows) > 1
