@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -144,11 +145,16 @@ def test_named_is_what_the_yaml_and_the_overrides_state(tmp_path):
 
 # ---- evaluation and serving ---------------------------------------------------------------------
 def test_served_agent_takes_the_trained_models_and_refuses_a_contradiction(tmp_path):
-    trained = str(_model(tmp_path / "final"))
     config = load_config(JobConfig, "configs/learning-check.yaml")
     named = agent_named("configs/learning-check.yaml")
-    agent = served_agent(config, named, trained)           # the same settings: fine
-    assert agent.history_turns == 2 and agent.max_steps == config.agent.max_steps
+    own = str(_model(tmp_path / "own", agent=config.agent))    # trained with these settings
+    assert served_agent(config, named, own) == config.agent
+    turns = config.agent.history_turns
+    other = str(_model(tmp_path / "other", agent=replace(config.agent, history_turns=turns + 1)))
+    with pytest.raises(ConfigError, match=f"agent.history_turns: the config says {turns}, "
+                                          f"the model {other} was trained with {turns + 1}"):
+        served_agent(config, named, other)
+    trained = str(_model(tmp_path / "final"))
     serve = load_config(JobConfig, "configs/serve.yaml")
     assert served_agent(serve, agent_named("configs/serve.yaml"), trained).max_prompt_tokens \
         == 1024                                              # serve.yaml names none of them
