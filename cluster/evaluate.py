@@ -4,10 +4,11 @@
 
 The same machinery as training (env worker actors, PolicyServers, the orchestrator, the reward
 service), with groups of one episode, nothing trained: each run does every selected task
-``episodes_per_task`` times. A trained model runs with the agent settings it was trained with
-(its ``agent.json``); a config's ``agent`` section that states one of them with another value
-is refused before anything starts (:func:`cluster.config.served_agent`). A success is a reward of at least 1 (the rule or the judges said
-the documented procedure was carried out, or correctly reported infeasible).
+``episodes_per_task`` times. A success is a reward of at least 1 (the rule or the judges said
+the documented procedure was carried out, or correctly reported infeasible). A trained model
+runs with the agent settings it was trained with (its ``agent.json``); a config's ``agent``
+section that states one of them with another value is refused before anything starts
+(:func:`cluster.config.served_agent`).
 
 Figures: the success rate per run, pooled over runs with a bootstrap 95% confidence interval
 (resampling episodes), and, for two models evaluated on the same tasks, the difference with a
