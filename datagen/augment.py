@@ -53,6 +53,7 @@ from typing import Any
 from consolerl.errors import ConfigError
 from consolerl.page import PageNode, parse, render_line
 from env_workers.actions import Action, Fill, Select, parse_action
+from env_workers.observation import PERMUTED_IDS
 
 KINDS = ("ids", "values", "decoys", "wording")
 HELDOUT_CORPUS = Path(__file__).resolve().parent.parent / "docs" / "corpus-heldout"
@@ -243,7 +244,8 @@ def page_bids(text: str) -> list[str]:
 
 # ---- ids --------------------------------------------------------------------------------------
 def renumber(turns: list[TurnView], rng: random.Random) -> bool:
-    """Apply one random bijection on the trajectory's bids (numeric ones only; ``False`` and
+    """Apply one random bijection on the trajectory's bids, new ids drawn from 1..999 as
+    :func:`env_workers.observation.bid_number` draws them (numeric ones only; ``False`` and
     nothing changed when a bid is not a number)."""
     bids: set[str] = set()
     for t in turns:
@@ -254,7 +256,9 @@ def renumber(turns: list[TurnView], rng: random.Random) -> bool:
     if not bids or not all(b.isdigit() for b in bids):
         return False
     ordered = sorted(bids, key=int)
-    top = max(2 * len(ordered), max(int(b) for b in ordered) + 8)
+    # Drawn from the range the env worker's random ids use (AgentConfig.random_ids), so a
+    # renumbered page looks like one the policy meets.
+    top = max(PERMUTED_IDS, 2 * len(ordered), max(int(b) for b in ordered) + 8)
     mapping = dict(zip(ordered, (str(n) for n in rng.sample(range(1, top + 1), len(ordered)))))
     for t in turns:
         t.prompt.page = _map_page(t.prompt.page, lambda line, inline: _rebid_line(
