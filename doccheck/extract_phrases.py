@@ -98,6 +98,7 @@ _CLAUSE = re.compile(r",\s+(?:and\s+|then\s+)?|;\s+|\s+and then\s+|\s+and\s+|\s+
 _LEAD = re.compile(_I(r"^(?:optional[:.]?\s*|\(optional\)\s*|then\s+|next\s+|finally\s+|"
                       r"if needed\s+|also\s+)+"))
 _PLACE = re.compile(r"⟨([blmc])(\d+)⟩")
+_NOT_PLACEHOLDERS = str.maketrans({"⟨": "〈", "⟩": "〉"})
 _VAGUE = re.compile(_I(r"^(?:a|an|the|your|any|one|some)\s+(.+?)(?:\s+(?:for|of)\b.*)?$"))
 
 
@@ -117,7 +118,9 @@ class Template:
         self.values: dict[str, Seg] = {}
         for i, seg in enumerate(segs):
             if seg.kind == "t":
-                parts.append(seg.text)
+                # The page's own text never reads as a placeholder (here or once a value is
+                # expanded): its angle brackets become look-alikes that _PLACE does not match.
+                parts.append(seg.text.translate(_NOT_PLACEHOLDERS))
             elif seg.kind == "b" and " > " in seg.text:
                 # **Identities > Users**: a path written as one bold run
                 parts.append(" > ".join(self._add(Seg("b", p.strip()), f"{i}_{j}")
@@ -128,7 +131,8 @@ class Template:
 
     def _add(self, seg: Seg, key: str) -> str:
         ph = f"⟨{seg.kind}{len(self.values)}⟩"
-        self.values[ph] = Seg(seg.kind, " ".join(seg.text.split()), seg.href)
+        self.values[ph] = Seg(seg.kind, " ".join(seg.text.translate(_NOT_PLACEHOLDERS).split()),
+                              seg.href)
         return ph
 
     def name(self, raw: str) -> str:
