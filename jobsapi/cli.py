@@ -10,6 +10,7 @@
     console-rl jobs report JOB [--html report.html]
     console-rl tasks list [--product ram] [--split heldout]
     console-rl docs check PAGE.md PAGE.html [--drift rename] [--run --samples 3] [--html OUT] [--json]
+                                          (without --run: checked here, no server, no token)
     console-rl quota
 
 ``--url``/``--token`` override the environment; ``--json`` prints the API's JSON. Errors go to
@@ -298,7 +299,31 @@ def _static_report(result: dict[str, Any]) -> dict[str, Any]:
             "totals": {v: sum(p["verdict"] == v for p in procs) for v in VERDICTS}}
 
 
-def cmd_docs_check(api: JobsClient, args: argparse.Namespace) -> int:
+class LocalDocs:
+    """The static check of ``console-rl docs check`` without ``--run``, here, with no server
+    and no token: the same reading, check and drafting the jobs API's ``POST /v1/docs`` does
+    (:class:`doccheck.DocsService` with the committed inventories), answered in its shape."""
+
+    def docs(self, pages: list[dict[str, str]], drift: str = "", run: bool = False,
+             samples: int | None = None) -> dict[str, Any]:
+        if run:
+            raise UsageError("--run: runs go through the jobs API (pass --url and --token)")
+        from doccheck import DocsInputError, DocsService, DocsUnavailable, PageIn
+        from .routers.docs import DocsResult, page_out
+        try:
+            read = DocsService.default().read(
+                [PageIn(p["name"], p["content"], p["content_type"]) for p in pages], drift)
+        except DocsInputError as exc:
+            raise UsageError(f"{exc.where}: {exc}") from None
+        except DocsUnavailable as exc:
+            raise UsageError(f"cannot check documentation here: {exc}") from None
+        result = DocsResult(drift=drift, pages=[page_out(p) for p in read])
+        if not any(p.procedures for p in read):
+            result.message = "no procedure found in any page"
+        return result.model_dump(mode="json")
+
+
+def cmd_docs_check(api: JobsClient | LocalDocs, args: argparse.Namespace) -> int:
     pages = [_read_page(p) for p in args.pages]
     if args.samples is not None and not args.run_job:
         raise UsageError("--samples: only with --run")
@@ -415,6 +440,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:                  # --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
     args.json = getattr(args, "json", False)
+    if args.group == "docs" and not args.run_job:     # the static check: no API, no token
+        try:
+            return cmd_docs_check(LocalDocs(), args)
+        except UsageError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     url = getattr(args, "url", None) or os.environ.get("CONSOLE_RL_URL") or DEFAULT_URL
     token = getattr(args, "token", None) or os.environ.get("CONSOLE_RL_TOKEN", "")
     if not token:
