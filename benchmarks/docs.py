@@ -19,6 +19,23 @@ object:
 - ``crawl_s``: one crawl of the local console (default profile) through an env worker;
 - ``misses``: what the figures count against, per procedure.
 
+Blind batches (``docs/corpus-blind-N``, written by people who never saw the checker, its
+results or the other batch; their labels add ``reworded_steps``, steps worded otherwise than
+the console that still work there, and ``optional_steps``, optional or conditional steps whose
+control the console lacks) are reported apart, one object each (``blind_1``, ``blind_2``, ...),
+with the keys above (no ``crawl_s``) plus, from each procedure's static-only verdict
+(:func:`doccheck.verdict.procedure_verdict` with no samples):
+
+- ``broken_precision`` / ``broken_recall``: procedures the verdict calls ``broken`` against the
+  procedures labelled ``defective``;
+- ``stale_vs_broken_accuracy``: over the procedures that are defective, stale, or correct but
+  reworded, the share whose verdict is ``broken`` exactly when they are defective (worded
+  differently is not broken).
+
+A ``not_applicable`` label on a labelled optional step counts neither as a flag nor as a false
+alarm. ``--blind 1`` measures only the first batch (a batch is measured once before any fix made
+from it: choose which), ``--blind none`` none; by default every batch present.
+
 ``--no-cloud`` skips what needs a running cloud (the drafts' validation and the crawl).
 Progress goes to stderr.
 """
@@ -38,9 +55,11 @@ from consolerl.stats import percentile
 from doccheck.check import check_procedure
 from doccheck.extract import extract
 from doccheck.service import DocsService
-from doccheck.model import DEFECT_LABELS, Inventory, Procedure, StepCheck
+from doccheck.model import DEFECT_LABELS, Inventory, Procedure, StepCheck, StepLabel
+from doccheck.verdict import procedure_verdict
 
 CORPUS = Path(__file__).resolve().parent.parent / "docs" / "corpus"
+BLIND = "corpus-blind-"          # docs/corpus-blind-1, docs/corpus-blind-2, ...
 
 
 def _progress(msg: str) -> None:
@@ -107,6 +126,12 @@ def read_corpus(corpus: Path) -> tuple[list[Item], list[float], int]:
     return items, times, unlabelled
 
 
+def _optional_na(item: Item, check: StepCheck) -> bool:
+    """A labelled optional step the check calls ``not_applicable``: right, and no flag."""
+    return check.label == StepLabel.NOT_APPLICABLE and \
+        check.number in {str(s) for s in item.label.get("optional_steps") or ()}
+
+
 def static_figures(items: list[Item]) -> dict[str, Any]:
     flagged: set[tuple[str, str]] = set()
     defective: set[tuple[str, str]] = set()
@@ -114,7 +139,8 @@ def static_figures(items: list[Item]) -> dict[str, Any]:
     for item in items:
         lab = item.label
         defective |= {(item.key, str(s)) for s in lab.get("defective_steps") or ()}
-        flagged |= {(item.key, c.number) for c in item.checks if c.label in DEFECT_LABELS}
+        flagged |= {(item.key, c.number) for c in item.checks
+                    if c.label in DEFECT_LABELS and not _optional_na(item, c)}
         if lab["status"] == "stale":
             stale_total += 1
             by_number = {c.number: c.label for c in item.checks}
@@ -141,6 +167,64 @@ def static_figures(items: list[Item]) -> dict[str, Any]:
         "static_recall": round(hit / len(defective), 4) if defective else None,
         "stale_detected": round(stale_ok / stale_total, 4) if stale_total else None,
         "defective_steps": len(defective), "flagged_steps": len(flagged),
+    }
+
+
+def verdict_figures(items: list[Item]) -> dict[str, Any]:
+    """Per procedure, the static-only verdict against its label (blind batches)."""
+    broken, defective, contrast, right = set(), set(), 0, 0
+    for item in items:
+        if item.proc is None:
+            continue
+        checks = [c for c in item.checks if not _optional_na(item, c)]
+        verdict = procedure_verdict(checks, [], samples=0).verdict
+        status = item.label["status"]
+        if verdict == "broken":
+            broken.add(item.key)
+        if status == "defective":
+            defective.add(item.key)
+        if status in ("defective", "stale") or item.label.get("reworded_steps"):
+            contrast += 1
+            right += (verdict == "broken") == (status == "defective")
+        if verdict == "broken" and status != "defective":
+            item.notes.append(f"called broken, labelled {status}")
+    hit = len(broken & defective)
+    return {"broken_precision": round(hit / len(broken), 4) if broken else None,
+            "broken_recall": round(hit / len(defective), 4) if defective else None,
+            "stale_vs_broken_accuracy": round(right / contrast, 4) if contrast else None,
+            "called_broken": len(broken)}
+
+
+def blind_batches(which: str) -> list[Path]:
+    """The blind corpora to measure: every ``docs/corpus-blind-N`` (``all``), the numbered
+    ones (``1,2``) or none (``none``)."""
+    docs = CORPUS.parent
+    present = sorted((p for p in docs.glob(BLIND + "*") if (p / "labels.yaml").is_file()),
+                     key=lambda p: int(p.name.removeprefix(BLIND)))
+    if which == "all":
+        return present
+    if which == "none":
+        return []
+    wanted = [docs / f"{BLIND}{n.strip()}" for n in which.split(",") if n.strip()]
+    for path in wanted:
+        if path not in present:
+            raise SystemExit(f"--blind: no blind batch {path.name} (have: "
+                             f"{', '.join(p.name for p in present) or 'none'})")
+    return wanted
+
+
+def corpus_figures(items: list[Item], times: list[float], unlabelled: int) -> dict[str, Any]:
+    found = [i for i in items if i.proc is not None]
+    return {
+        "procedures": len(found),
+        "labelled": len(items),
+        "unlabelled_extracted": unlabelled,
+        "extracted": round(sum(i.proc.extracted for i in found) / len(found), 4)
+        if found else None,
+        **static_figures(items),
+        "check_ms_per_page_p50": round(percentile(times, 0.5), 2),
+        "check_ms_per_page_max": round(max(times), 2) if times else None,
+        "pages": len(times),
     }
 
 
@@ -232,24 +316,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the drafts' validation and the crawl (no local cloud)")
     parser.add_argument("--tasks", action="store_true",
                         help="instead: the static check over the task suite's procedures")
+    parser.add_argument("--blind", default="all",
+                        help="blind batches to measure: all (default), none, or numbers (1,2)")
     args = parser.parse_args(argv)
     if args.tasks:
         print(json.dumps(task_suite(), indent=None if args.json else 1))
         return 0
     items, times, unlabelled = read_corpus(args.corpus)
     _progress(f"{len(items)} procedures checked, p50 {percentile(times, 0.5):.1f} ms a page")
-    found = [i for i in items if i.proc is not None]
-    out: dict[str, Any] = {
-        "procedures": len(found),
-        "labelled": len(items),
-        "unlabelled_extracted": unlabelled,
-        "extracted": round(sum(i.proc.extracted for i in found) / len(found), 4)
-        if found else None,
-        **static_figures(items),
-        "check_ms_per_page_p50": round(percentile(times, 0.5), 2),
-        "check_ms_per_page_max": round(max(times), 2) if times else None,
-        "pages": len(times),
-    }
+    out: dict[str, Any] = corpus_figures(items, times, unlabelled)
+    blind: dict[str, tuple[list[Item], dict[str, Any]]] = {}
+    for path in blind_batches(args.blind):
+        b_items, b_times, b_unlabelled = read_corpus(path)
+        name = "blind_" + path.name.removeprefix(BLIND)
+        _progress(f"{name}: {len(b_items)} procedures checked")
+        blind[name] = (b_items, {**corpus_figures(b_items, b_times, b_unlabelled),
+                                 **verdict_figures(b_items)})
+        draft_all(b_items)
     draft_all(items)
     if not args.no_cloud:
         from benchmarks.services import cloud_and_redis
@@ -257,10 +340,19 @@ def main(argv: list[str] | None = None) -> int:
                                              "--lookup-qps", "0")) as (cloud, _redis):
             validate_all(items, cloud)
             out.update(draft_figures(items))
+            for b_items, figures in blind.values():
+                validate_all(b_items, cloud)
+                figures.update(draft_figures(b_items))
             out["crawl_s"] = crawl_seconds(cloud)
     else:
         out["drafted"] = sum(i.draft is not None and i.draft.task is not None for i in items)
+        for b_items, figures in blind.values():
+            figures["drafted"] = sum(i.draft is not None and i.draft.task is not None
+                                     for i in b_items)
     out["misses"] = {i.key: i.notes for i in items if i.notes}
+    for name, (b_items, figures) in blind.items():
+        figures["misses"] = {i.key: i.notes for i in b_items if i.notes}
+        out[name] = figures
     print(json.dumps(out, indent=None if args.json else 1))
     return 0
 
