@@ -204,8 +204,9 @@ def grounded_response(action_text: str, page_text: str) -> str:
 
 
 def _quoted(label: str) -> str:
-    flat = " ".join(label.split())
-    return '"' + flat.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """The label between double quotes, its characters as the page shows them (the page does
+    not escape a quote inside a label either), on one line."""
+    return '"' + " ".join(label.split()) + '"'
 
 
 def page_text(observation: Observation, view: str = "full") -> str:
