@@ -20,8 +20,14 @@ Each step gets the worst label of its mentions, from best to worst: ``ok``, ``la
 of the same console records, see ``previous``), ``ambiguous`` (several controls of that name
 lead to different places and the step does not say which), ``unreachable`` (it exists, but not
 where the previous steps lead: a missing step or steps out of order), ``missing`` (nothing of
-that name, nor close to it, in the console), ``not_applicable`` (the console has no such
-product, or the field does not take that value).
+that name, nor close to it, in the console, or a value the field does not take, or a product
+the console does not have), ``not_applicable`` (an optional or conditional step, "(Optional)
+Add tags", "If you want to ...", that this console has nothing for: no defect, the reader
+skips it).
+
+A generic submit or confirm word ("click **OK**", "click **Confirm**",
+:data:`GENERIC_SUBMIT`) names the open dialog's confirming button or the open form's submit
+whatever it reads: ``label_differs``, not ``missing``.
 
 A step that names nothing (a note, a result, prose the extractor could not structure) is ``ok``
 with a detail saying so: the check has nothing to contradict, and the agent's runs decide.
@@ -45,6 +51,13 @@ NEAR_MISS = 0.5         # below this the closest label is not worth naming
 _RANK = {"ok": 0, "label_differs": 1, "ambiguous": 2, "unreachable": 3, "missing": 4,
          "not_applicable": 5}
 _PRODUCT_WORDS = re.compile(r"\b(console|service|management)\b")
+# What help-center pages call the button that submits a form or confirms a dialog, whatever
+# the button reads: "click OK" on a form whose button is Create is the same click, reworded.
+# A step a reader may skip: "(Optional) Add tags.", "If you want to ..., click ...".
+_OPTIONAL = re.compile(r"^\W*(?:optional\b|if (?:you (?:want|need|would like|prefer)|needed|"
+                       r"required|necessary|applicable)\b)|\(optional\)", re.IGNORECASE)
+GENERIC_SUBMIT = frozenset({"ok", "confirm", "submit", "save", "create", "done", "apply",
+                            "yes", "finish", "complete", "continue"})
 
 
 def similarity(a: str, b: str) -> float:
@@ -126,7 +139,7 @@ class Checker:
             if label != "missing":
                 key = names[norm(found)]
         if key is None:
-            return _Match("not_applicable", detail=f"the console has no product {m.text!r}")
+            return _Match("missing", detail=f"the console has no product {m.text!r}")
         where.product = key
         where.pages = [p for p in self.inv.pages if p.product == key and p.menu_path][:1]
         where.form, where.dialog, where.lost = None, "", False
@@ -263,6 +276,9 @@ class Checker:
                                 "places; the step does not say which")
             self._follow(hits[0][1], where)
             return match
+        generic = self._generic_submit(m, where, here)
+        if generic is not None:
+            return generic
         if where.form is not None:
             # On an open form a button the form lacks is missing here, whatever other page
             # has a button of that name (OK, Create and Cancel are everywhere).
@@ -284,6 +300,29 @@ class Checker:
                       detail=f"no control named {m.text!r} where the step is"
                              + (f"; closest: {found!r}" if found else ""))
 
+    def _generic_submit(self, m: Mention, where: _Where,
+                        here: list[tuple[PageEntry, Control]]) -> _Match | None:
+        """A generic submit or confirm word (:data:`GENERIC_SUBMIT`) for the button that does
+        it under another name: the open dialog's confirming button, else the open form's
+        submit. ``None`` when the word is not generic or nothing here submits."""
+        if norm(m.text) not in GENERIC_SUBMIT:
+            return None
+        confirming = [(p, c) for p, c in here if c.where.kind is WhereKind.DIALOG
+                      and norm(c.label) in GENERIC_SUBMIT
+                      and (not where.dialog or c.where.name == where.dialog)]
+        if confirming and (where.dialog or where.form is None):
+            page, control = confirming[0]
+            self._follow(control, where)
+            return _Match("label_differs", control.label, similarity(m.text, control.label),
+                          control=control, page=page,
+                          detail=f"the dialog's button reads {control.label!r}")
+        if where.form is not None and where.form.submit:
+            submit = where.form.submit
+            self._submitted(where)
+            return _Match("label_differs", submit, similarity(m.text, submit),
+                          detail=f"the form's button reads {submit!r}")
+        return None
+
     def _region(self, m: Mention) -> _Match:
         """The top bar's region selector is the same on every page; the regions it offers are
         those of the console's Region fields."""
@@ -293,7 +332,7 @@ class Checker:
             return _Match("ok", detail="the inventory records no region list")
         label, found, score = self._compare(m.text, regions, fuzzy=False)
         if label == "missing":
-            return _Match("not_applicable", found, score,
+            return _Match("missing", found, score,
                           detail=f"the console offers no region {m.text!r}")
         return _Match(label, found, score)
 
@@ -370,7 +409,7 @@ class Checker:
         if m.value:
             bad = _value_problem(f, m.value)
             if bad:
-                return _Match("not_applicable", found, score, field=f, detail=bad)
+                return _Match("missing", found, score, field=f, detail=bad)
         return match
 
     def _option(self, m: Mention, where: _Where) -> _Match:
@@ -437,6 +476,14 @@ class Checker:
                                      detail=f"nothing to check: the step {why}"))
                 continue
             mention, worst = _worst(results)
+            if _OPTIONAL.search(step.text) and worst.label in ("missing", "unreachable"):
+                # An optional or conditional step whose control this console does not have:
+                # the reader skips it and goes on from where they are.
+                out.append(StepCheck(step.number, "not_applicable", mention.text or mention.value,
+                                     worst.found, round(worst.score, 3), here,
+                                     "an optional step this console has nothing for: "
+                                     + worst.detail))
+                continue
             if any(r.label == "unreachable" for _, r in results):
                 pending.append(step)
             lost = any(r.label == "unreachable" or r.label == "missing" and m.kind in

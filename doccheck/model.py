@@ -70,8 +70,8 @@ class MentionKind(StrEnum):
 STEP_LABELS = tuple(StepLabel)
 # A step labelled one of these is a defect the static check found (label_differs is text that is
 # stale, not a defect: the control is there under another name).
-DEFECT_LABELS = frozenset({StepLabel.MISSING, StepLabel.UNREACHABLE, StepLabel.AMBIGUOUS,
-                           StepLabel.NOT_APPLICABLE})
+# not_applicable (an optional step the console has nothing for) is no defect.
+DEFECT_LABELS = frozenset({StepLabel.MISSING, StepLabel.UNREACHABLE, StepLabel.AMBIGUOUS})
 VERDICTS = tuple(VerdictKind)
 
 

@@ -4,8 +4,9 @@ evidence; an agent that failed says something about the agent, not the doc).
 
 In order:
 
-1. **broken, static**: a step the static check labelled ``missing``, ``unreachable``,
-   ``ambiguous`` or ``not_applicable`` (:data:`~.model.DEFECT_LABELS`). This wins over passing
+1. **broken, static**: a step the static check labelled ``missing``, ``unreachable`` or
+   ``ambiguous`` (:data:`~.model.DEFECT_LABELS`; an optional step the console has nothing for,
+   ``not_applicable``, is none). This wins over passing
    samples: an agent that reached the goal another way does not make a control that is not there
    appear (a missing step, a renamed-away menu); the passes are kept on the verdict.
 2. **works** / **works_text_stale**: at least one completed sample passed: the reward service's

@@ -2,6 +2,8 @@
 VPC pages (the crawled inventory is exercised in tests/integration/test_docs_corpus_check.py)."""
 from __future__ import annotations
 
+import pytest
+
 from doccheck.check import check_procedure, known_renames, similarity
 from doccheck.model import (Control, DocStep, Form, FormField, Inventory, Mention,
                             PageEntry, Procedure)
@@ -71,10 +73,32 @@ def labels(checks):
 
 def test_a_correct_procedure_is_ok_and_a_wrong_submit_label_is_missing():
     assert labels(check_procedure(create_user("Create"), inventory())) == ["ok"] * 5
-    checks = check_procedure(create_user("OK"), inventory())
+    checks = check_procedure(create_user("Add New Member"), inventory())
     assert labels(checks)[:4] == ["ok"] * 4
-    # the console's form button reads Create, not OK: no control named OK where the step is
-    assert checks[4].label == "missing" and checks[4].mention == "OK"
+    # the console's form button reads Create: no control of that name where the step is
+    assert checks[4].label == "missing" and checks[4].mention == "Add New Member"
+
+
+@pytest.mark.parametrize("word", ["OK", "Confirm", "Submit", "Save"])
+def test_a_generic_submit_word_names_the_forms_button_under_another_name(word):
+    checks = check_procedure(create_user(word), inventory())
+    assert labels(checks) == ["ok"] * 4 + ["label_differs"]
+    assert checks[4].closest == "Create" and "'Create'" in checks[4].detail
+
+
+def test_an_optional_step_the_console_lacks_is_not_applicable_and_the_reader_goes_on():
+    steps = list(create_user("Create").steps)
+    steps.insert(4, DocStep("4a", "(Optional) Click Add Tag to tag the user.",
+                            (Mention("control", "Add Tag"),)))
+    checks = check_procedure(Procedure("Create a RAM user", "ram.md", tuple(steps)),
+                             inventory())
+    assert labels(checks) == ["ok"] * 4 + ["not_applicable", "ok"]
+    assert "optional" in checks[4].detail
+    # The same step, not optional, is a defect.
+    steps[4] = DocStep("4a", "Click Add Tag to tag the user.", (Mention("control", "Add Tag"),))
+    checks = check_procedure(Procedure("Create a RAM user", "ram.md", tuple(steps)),
+                             inventory())
+    assert checks[4].label == "missing"
 
 
 def test_a_missing_step_makes_the_field_unreachable():
@@ -106,13 +130,13 @@ def test_invented_names_options_and_values_outside_the_field():
         step(8, Mention("control", "Provision Network")),
     ))
     assert labels(check_procedure(proc, inventory())) == [
-        "ok", "ok", "ok", "ok", "missing", "not_applicable", "missing", "missing"]
+        "ok", "ok", "ok", "ok", "missing", "missing", "missing", "missing"]
 
 
 def test_products_the_console_lacks_and_controls_of_another_product():
     proc = Procedure("Create a database", "rds.md", (
         step(1, Mention("product", "ApsaraDB RDS console")),))
-    assert labels(check_procedure(proc, inventory())) == ["not_applicable"]
+    assert labels(check_procedure(proc, inventory())) == ["missing"]
     proc = Procedure("x", "x.md", (step(1, Mention("product", "RAM console")),
                                    step(2, Mention("menu", "VPCs"))))
     assert labels(check_procedure(proc, inventory())) == ["ok", "unreachable"]

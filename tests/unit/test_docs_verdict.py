@@ -53,10 +53,16 @@ def test_a_static_defect_is_broken_with_the_step_and_closest_control(rollouts):
         assert v.passes == 2 and "another way" in v.evidence[-1].detail
 
 
-@pytest.mark.parametrize("label", ["unreachable", "ambiguous", "not_applicable"])
+@pytest.mark.parametrize("label", ["missing", "unreachable", "ambiguous"])
 def test_every_defect_label_is_broken(label):
     v = procedure_verdict([StepCheck("4", label, mention="X")], [], samples=0)
     assert v.verdict == "broken" and v.evidence[0].ref == "4" and label in v.evidence[0].detail
+
+
+def test_an_optional_step_the_console_lacks_is_no_defect():
+    v = procedure_verdict([StepCheck("3", "ok"), StepCheck("4", "not_applicable",
+                                                           mention="Add Tag")], [], samples=0)
+    assert v.verdict == "inconclusive" and v.evidence[0].detail == NOT_RUN
 
 
 def test_static_only_without_a_defect_is_inconclusive_and_says_not_run():
