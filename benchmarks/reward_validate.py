@@ -29,7 +29,9 @@ rendered trajectory with different angles (how the episode ended and what the fi
 whether the actions cover the procedure; whether anything was undone afterwards), unanimous
 consensus. They stand in for LLM judges and make mistakes an LLM judge could make (they trust
 the page). ``--judge openai --judge-url URL --judge-model NAME`` uses an OpenAI-compatible
-endpoint instead (k and consensus from ``--judges`` / ``--consensus``).
+endpoint instead (k and consensus from ``--judges`` / ``--consensus``). LLM judges ask for
+their vote under structured output (the vote's JSON schema as ``response_format``; ``--judge
+live`` serves it with ``--judge-backend vllm``); ``--judge-free-text`` asks without it.
 
 Metrics (positive class: success). Only cases without an env error count (``env_errors``
 reports the rest), and only cases whose scripted agent carried out its behaviour to the end
@@ -38,7 +40,10 @@ reports the rest), and only cases whose scripted agent carried out its behaviour
 - ``rule_accuracy_decisive``: accuracy of the rule channel where it was decisive (success or
   failure; for wrong-documentation tasks only a failure is decisive, as in fusion);
   ``rule_coverage``: the fraction of cases where it was decisive;
-- ``judge_accuracy`` / ``judge_coverage``: the same for the judge channel;
+- ``judge_accuracy`` / ``judge_coverage``: the same for the judge channel (its consensus);
+- ``judge_valid_rate``: the judges' valid votes over the votes asked (every judge of every
+  judged case); ``judge_vote_accuracy``: the votes that match the label over the valid votes
+  (each judge on its own, before consensus); both null when no judge ran;
 - ``fused_accuracy``: the fused verdict against the label over all cases (undetermined counts
   as wrong);
 - ``precision`` / ``recall`` per channel: precision over the channel's decisive success
@@ -621,6 +626,8 @@ def report(scored: Sequence[Scored], tasks: Mapping[str, Task]) -> dict:
         row["fused_right"] += s.fused == s.label
         row["rule_decisive"] += _rule_decisive(s, tasks[s.task_id].expected)
         row["evidence_decisive"] += s.evidence_decisive
+    votes = [(v.split(":", 1)[0], s.label) for s in ok for v in s.judge_votes]
+    valid = [(v, label) for v, label in votes if v in ("success", "failure")]
     return {
         "n": len(ok),
         "env_errors": sum(s.env_error for s in scored),
@@ -637,13 +644,16 @@ def report(scored: Sequence[Scored], tasks: Mapping[str, Task]) -> dict:
         "rule_evidence_coverage": both["coverage"],
         "judge_accuracy": judge["accuracy"],
         "judge_coverage": judge["coverage"],
+        "judge_valid_rate": round(len(valid) / len(votes), 4) if votes else None,
+        "judge_vote_accuracy": round(sum(v == label for v, label in valid) / len(valid), 4)
+        if valid else None,
         "fused_accuracy": fused["accuracy"],
         "undetermined_rate": round(sum(s.fused == "undetermined" for s in ok) / len(ok), 4)
         if ok else None,
         "decided_by": dict(Counter(s.decided_by for s in ok)),
         "judge_seconds_median": round(statistics.median(s.judge_s for s in ok), 3)
         if ok and any(s.judge_s for s in ok) else None,
-        "judge_votes": dict(Counter(v.split(":", 1)[0] for s in ok for v in s.judge_votes)),
+        "judge_votes": dict(Counter(v for v, _ in votes)),
         "judge_invalid_reasons": dict(Counter(
             v.split(":", 1)[1].strip()[:60] for s in ok for v in s.judge_votes
             if v.startswith("invalid")).most_common(5)),
@@ -748,6 +758,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge-chars", type=int, default=6000,
                         help="the rendering's budget of characters (the episode as the "
                              "judges read it)")
+    parser.add_argument("--judge-free-text", action="store_true",
+                        help="LLM judges answer free text (no response_format json_schema), "
+                             "for an endpoint without structured output")
     parser.add_argument("--judge-every", type=int, default=1,
                         help="judge every n-th case (and every case the rule and the evidence "
                              "leave open); 1: all (a small CPU judge takes many seconds a case)")
@@ -791,7 +804,9 @@ def main(argv: list[str] | None = None) -> int:
                               max_tokens=args.judge_max_tokens),
                 JudgeConfig(k=args.judges, consensus=args.consensus,
                             deadline_s=args.judge_deadline,
-                            max_trajectory_chars=args.judge_chars))
+                            max_trajectory_chars=args.judge_chars,
+                            structured=not args.judge_free_text and not (
+                                args.judge == "live" and args.judge_backend != "vllm")))
         else:
             channel = None
         cloud, redis_server = stack.enter_context(
@@ -803,6 +818,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = report(scored, {t.id: t for t in tasks})
     summary["judge_kind"] = args.judge
     summary["judge_model"] = judge_model or None
+    summary["judge_structured"] = channel.config.structured if channel is not None and \
+        args.judge in ("openai", "live") else None
     summary["judged_cases"] = sum(bool(s.judge_votes) for s in scored)
     summary["inventory"] = sorted(labels) if labels is not None else None
     summary["wall_s"] = round(time.monotonic() - started, 1)

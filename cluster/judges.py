@@ -64,7 +64,10 @@ class JudgeSection(JudgeConfig):
     the endpoint does; ``concurrency``: calls in flight over every episode together;
     ``retries`` of transport errors, 5xx and 429; ``max_tokens`` per reply; ``temperatures``:
     one for all judges or one per judge; ``audit_fraction``: the share of rule-decided
-    episodes also judged, only to measure the judges' agreement with the rule.
+    episodes also judged, only to measure the judges' agreement with the rule;
+    ``structured``: ask for each vote under structured output (the vote's JSON schema as the
+    request's ``response_format``; false for an endpoint that refuses it; a ``policy:`` judge
+    on the transformers backend answers free text either way).
 
     The section is the judge channel's :class:`~reward_service.judges.JudgeConfig` (its other
     fields too: ``max_trajectory_chars``, ``system_prompts``, ...), plus the endpoint and its
@@ -181,7 +184,8 @@ class JudgeApi:
     :data:`JudgeApiActor`)."""
 
     def __init__(self, servers: list[Any], model_path: str, model_name: str,
-                 max_prompt_tokens: int = 8192, default_max_tokens: int = 256):
+                 max_prompt_tokens: int = 8192, default_max_tokens: int = 256,
+                 structured_outputs: bool = False):
         import uvicorn  # noqa: PLC0415 - only where it serves
 
         from rollout_service.chat_api import build_api  # noqa: PLC0415
@@ -190,7 +194,8 @@ class JudgeApi:
         self.router = PolicyRouter(servers)
         app = build_api(self.router, HFChatTokenizer(model_path), model_name,
                         max_prompt_tokens=max_prompt_tokens,
-                        default_max_tokens=default_max_tokens)
+                        default_max_tokens=default_max_tokens,
+                        structured_outputs=structured_outputs)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -225,7 +230,9 @@ def serve_judge(model: str, policy: PolicyConfig | None = None, *, name: str = "
     Ray cluster: one PolicyServer replica (``policy``'s backend, device, dtype, resources;
     default: transformers on CPU) and the chat API on 127.0.0.1 of this node. Returns
     ``(base_url, model_name, stop)``: point an OpenAI client (no key) at ``base_url``;
-    ``stop()`` ends both. ``name``: the served model name (default: the folder's name)."""
+    ``stop()`` ends both. ``name``: the served model name (default: the folder's name).
+    The API serves ``response_format`` json_schema where the backend can constrain output
+    (:func:`serves_structured`)."""
     from rollout_service.models import resolve_model  # noqa: PLC0415
 
     if not ray.is_initialized():
@@ -239,7 +246,8 @@ def serve_judge(model: str, policy: PolicyConfig | None = None, *, name: str = "
     api = None
     try:
         api = JudgeApiActor.options(num_cpus=0, scheduling_strategy=strategy).remote(
-            servers, path, model_name, max(config.max_model_len - max_tokens, 256), max_tokens)
+            servers, path, model_name, max(config.max_model_len - max_tokens, 256), max_tokens,
+            serves_structured(config))
         url = ray.get(api.start.remote(), timeout=120)
     except BaseException:
         _stop(api, servers)
@@ -259,6 +267,12 @@ def _stop(api: Any, servers: list[Any]) -> None:
         ray.kill(server)
 
 
+def serves_structured(policy: PolicyConfig) -> bool:
+    """Whether a judge served with ``policy`` can answer under structured output (vLLM
+    can; the transformers engine cannot)."""
+    return policy.backend == "vllm"
+
+
 def start_judges(section: JudgeSection | None, policy: PolicyConfig | None = None,
                  metrics: PublishConfig | None = None,
                  registry: CollectorRegistry | None = None
@@ -266,11 +280,16 @@ def start_judges(section: JudgeSection | None, policy: PolicyConfig | None = Non
     """The section's judge channel and what stops it: for ``policy:<model>`` the judge is
     served first (:func:`serve_judge`, with ``policy``: the job's policy section, whose
     ``model`` the section's replaces; resolve the folder before: see
-    :func:`cluster.builders.judge_section`); otherwise nothing is started."""
+    :func:`cluster.builders.judge_section`); otherwise nothing is started. A served judge
+    whose backend cannot constrain output answers free text (``structured`` off)."""
     if section is None or not section.active:
         return None, _nothing
     if section.remote:
         return build_judge_channel(section, registry), _nothing
+    if section.structured and not serves_structured(policy or PolicyConfig()):
+        log.info("judge %s: the %s backend cannot constrain output; judges answer free text",
+                 section.policy_model, (policy or PolicyConfig()).backend)
+        section = replace(section, structured=False)
     url, name, stop = serve_judge(section.policy_model, policy, name=section.model,
                                   metrics=metrics, max_tokens=section.max_tokens)
     try:

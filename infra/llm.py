@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -79,10 +79,16 @@ class OpenAIChatClient:
         self._http.close()
 
     def complete(self, messages: Sequence[Mapping[str, str]],
-                 timeout_s: float | None = None) -> str:
-        """The assistant's text; ``timeout_s``: this call's timeout (default: the client's)."""
-        body = {"model": self.model, "messages": [dict(m) for m in messages],
-                "temperature": self.temperature, "max_tokens": self.max_tokens}
+                 timeout_s: float | None = None,
+                 response_format: Mapping[str, Any] | None = None) -> str:
+        """The assistant's text; ``timeout_s``: this call's timeout (default: the client's);
+        ``response_format``: sent as the request's ``response_format`` (e.g. ``{"type":
+        "json_schema", "json_schema": {"name", "schema"}}`` for structured output; an endpoint
+        that does not support it answers an error status, a :class:`ChatError`)."""
+        body: dict[str, Any] = {"model": self.model, "messages": [dict(m) for m in messages],
+                                "temperature": self.temperature, "max_tokens": self.max_tokens}
+        if response_format is not None:
+            body["response_format"] = dict(response_format)
         log.debug("chat request to %s (model %s, %d messages)", self.url, self.model,
                   len(messages))
         extra = {} if timeout_s is None else {"timeout": timeout_s}

@@ -7,9 +7,17 @@ from :attr:`JudgeConfig.system_prompts`), and callers may also give each judge i
 (another model, or another temperature: see :func:`judge_clients`). One client may serve all k
 judges; it is then called k times concurrently with the k prompts.
 
-A judge must end its reply with one JSON object::
+A judge must end its reply with one JSON object (:data:`VOTE_SCHEMA`)::
 
     {"verdict": "success" | "failure", "reason": "..."}
+
+With :attr:`JudgeConfig.structured` (the default) the channel asks for it under structured
+output: each call carries :data:`RESPONSE_FORMAT` (OpenAI's ``response_format`` of type
+``json_schema``) to clients whose ``complete`` takes ``response_format``
+(:class:`infra.llm.OpenAIChatClient`), so a server that honours it (vLLM, the project's chat
+API over vLLM replicas) can only produce a vote; without it (an endpoint that refuses
+``response_format``) the judges answer free text, parsed the same way. The reply is validated
+either way (structured output cut by ``max_tokens`` is still not a vote).
 
 Anything else (no object, prose after it, another verdict word, no reason, a reply that is
 too long) is an ``invalid`` vote, never an exception; so is a judge whose endpoint fails or
@@ -79,6 +87,24 @@ _INSTRUCTIONS = {
                   "(report_infeasible) for a reason consistent with that; failure if it "
                   "claimed to have completed the task, gave an unrelated reason, or gave none.",
 }
+# The vote, as a JSON schema: what structured output is constrained to and what
+# :func:`parse_vote` accepts (the verdict's values come from here; a reason longer than
+# ``maxLength`` is cut by the parser, not refused, and other keys of a free-text reply are
+# ignored).
+VOTE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "verdict": {"type": "string", "enum": ["success", "failure"]},
+        "reason": {"type": "string", "minLength": 1, "maxLength": 200},
+    },
+    "required": ["verdict", "reason"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMAT: dict[str, Any] = {
+    "type": "json_schema",
+    "json_schema": {"name": "judge_vote", "strict": True, "schema": VOTE_SCHEMA},
+}
+_VERDICT_VALUES = tuple(VOTE_SCHEMA["properties"]["verdict"]["enum"])
 _FORMAT = ('End your reply with one JSON object and nothing after it: '
            '{"verdict": "success" or "failure", "reason": "<one sentence>"}')
 _TRAILING_FENCE = re.compile(r"```\s*$")
@@ -93,7 +119,9 @@ class JudgeConfig(Checked):
     rendering's budget; ``system_prompts``: cycled over the judges so that they are not clones;
     ``max_reply_chars``: longer replies are invalid votes; ``max_json_chars``: the final JSON
     object must fit in this tail of the reply; ``deadline_s``: judges that have not answered by
-    then abstain (``None``: wait for the clients' own timeouts).
+    then abstain (``None``: wait for the clients' own timeouts); ``structured``: ask for the
+    vote under structured output (:data:`RESPONSE_FORMAT`, sent to clients that take
+    ``response_format``); false: free text only, for an endpoint that refuses it.
 
     Bounds for a judge in the training loop: ``timeout_s``: one call's timeout (``None``: the
     client's own; never past the deadline for clients that take one); ``concurrency``: calls
@@ -119,6 +147,7 @@ class JudgeConfig(Checked):
     retries: Annotated[int, Between(0, 10)] = 0
     retry_backoff_s: Annotated[float, AtLeast(0)] = 0.25
     audit_fraction: Annotated[float, Between(0, 1)] = 0.0
+    structured: bool = True
 
     config_name = "JudgeConfig"
 
@@ -214,8 +243,10 @@ def render_trajectory(task_title: str, procedure: str, actions: Sequence[str],
 def parse_vote(judge: str, reply: object, config: JudgeConfig | None = None) -> JudgeVote:
     """A judge's reply as a vote. The reply must end with a JSON object (a closing code fence
     and whitespace may follow it) holding ``verdict`` (exactly ``success`` or ``failure``) and
-    a non-empty string ``reason``; when the reply holds several objects the last one counts.
-    Anything else is an ``invalid`` vote naming what was wrong."""
+    a non-empty string ``reason`` (:data:`VOTE_SCHEMA`); when the reply holds several objects
+    the last one counts. Anything else is an ``invalid`` vote naming what was wrong, whether
+    or not the reply was produced under structured output (a reply cut by ``max_tokens`` is
+    not a vote)."""
     cfg = config or JudgeConfig()
     if not isinstance(reply, str):
         return JudgeVote(judge, "invalid", f"reply is not text ({type(reply).__name__})")
@@ -229,7 +260,7 @@ def parse_vote(judge: str, reply: object, config: JudgeConfig | None = None) -> 
         return JudgeVote(judge, "invalid", f"reply does not end with a JSON object (of at most "
                                            f"{cfg.max_json_chars} chars)")
     verdict, reason = obj.get("verdict"), obj.get("reason")
-    if verdict not in ("success", "failure"):
+    if verdict not in _VERDICT_VALUES:
         return JudgeVote(judge, "invalid", f"verdict must be 'success' or 'failure', "
                                            f"got {_middle(repr(verdict), 60)}")
     if not isinstance(reason, str) or not reason.strip():
@@ -566,8 +597,8 @@ class JudgeChannel:
                     call.finish("timeout")
                     return JudgeVote(name, "invalid", f"no answer within {cfg.deadline_s}s")
                 try:
-                    reply = self._complete(client, messages, min(cfg.timeout_s or math.inf,
-                                                                 left))
+                    reply = _complete(client, messages, min(cfg.timeout_s or math.inf, left),
+                                      cfg.structured)
                 except ChatError as exc:
                     kind = _failure_kind(exc)
                     call.fail(kind)
@@ -590,17 +621,21 @@ class JudgeChannel:
             if self._slots is not None:
                 self._slots.release()
 
-    @staticmethod
-    def _complete(client: ChatClient, messages: Sequence[Mapping[str, str]],
-                  timeout_s: float) -> str:
-        """``client.complete``, with this call's timeout where the client takes one."""
-        if timeout_s != math.inf and _takes_timeout(client):
-            return client.complete(messages, timeout_s=timeout_s)
-        return client.complete(messages)
+
+def _complete(client: ChatClient, messages: Sequence[Mapping[str, str]], timeout_s: float,
+              structured: bool) -> str:
+    """``client.complete``, with this call's timeout and (``structured``) the vote's
+    :data:`RESPONSE_FORMAT` where the client takes them."""
+    extra: dict[str, Any] = {}
+    if timeout_s != math.inf and _takes(client, "timeout_s"):
+        extra["timeout_s"] = timeout_s
+    if structured and _takes(client, "response_format"):
+        extra["response_format"] = RESPONSE_FORMAT
+    return client.complete(messages, **extra)
 
 
-def _takes_timeout(client: ChatClient) -> bool:
+def _takes(client: ChatClient, parameter: str) -> bool:
     try:
-        return "timeout_s" in inspect.signature(client.complete).parameters
+        return parameter in inspect.signature(client.complete).parameters
     except (TypeError, ValueError):
         return False

@@ -179,6 +179,24 @@ def _unpack_cpu_linears(model: Any, scope: tuple[str, ...] | None = None) -> Non
             params_dtype=module.params_dtype, weight_loader=loader)
 
 
+def sampling_params(s: dict[str, Any], classes: tuple[Any, Any] | None = None) -> Any:
+    """vLLM's ``SamplingParams`` for the owner's sampling dict ``s`` (``max_tokens``,
+    ``temperature``, ``top_p``, ``seed``, and ``json_schema``: the schema as JSON text, which
+    constrains the completion through vLLM's structured outputs). ``classes``: vLLM's
+    ``(SamplingParams, StructuredOutputsParams)``, imported when not given."""
+    if classes is None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+    else:
+        SamplingParams, StructuredOutputsParams = classes
+    structured = (StructuredOutputsParams(json=s["json_schema"]) if s.get("json_schema")
+                  else None)
+    return SamplingParams(n=1, temperature=float(s["temperature"]),
+                          top_p=float(s.get("top_p", 1.0)), max_tokens=int(s["max_tokens"]),
+                          seed=s.get("seed"), logprobs=0, detokenize=False,
+                          structured_outputs=structured)
+
+
 class _Server:
     def __init__(self, conn: Connection, args: dict[str, Any]):
         self.conn = conn
@@ -249,12 +267,9 @@ class _Server:
             self.cond.notify_all()
 
     async def generate(self, rid: str, prompt_ids: list[int], s: dict[str, Any]) -> dict:
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import TokensPrompt
 
-        params = SamplingParams(n=1, temperature=float(s["temperature"]),
-                                top_p=float(s.get("top_p", 1.0)),
-                                max_tokens=int(s["max_tokens"]), seed=s.get("seed"),
-                                logprobs=0, detokenize=False)
+        params = sampling_params(s)
         version = await self._admit()
         try:
             final = None
