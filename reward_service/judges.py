@@ -90,12 +90,13 @@ _INSTRUCTIONS = {
 # The vote, as a JSON schema: what structured output is constrained to and what
 # :func:`parse_vote` accepts (the verdict's values come from here; a reason longer than
 # ``maxLength`` is cut by the parser, not refused, and other keys of a free-text reply are
-# ignored).
+# ignored). ``maxLength`` keeps a constrained reply, braces included, within about 50 tokens,
+# under the 64 a small CPU judge is usually given.
 VOTE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "verdict": {"type": "string", "enum": ["success", "failure"]},
-        "reason": {"type": "string", "minLength": 1, "maxLength": 200},
+        "reason": {"type": "string", "minLength": 1, "maxLength": 120},
     },
     "required": ["verdict", "reason"],
     "additionalProperties": False,
