@@ -102,6 +102,14 @@ def run_async(coro):
         return pool.submit(asyncio.run, coro).result()
 
 
+def in_thread(fn, *args, **kwargs):
+    """Call ``fn`` in a thread of its own: code that calls ``asyncio.run`` (a training job's
+    stages) cannot run on the main thread, where the session's sync Playwright keeps an event
+    loop running."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args, **kwargs).result()
+
+
 def require_vllm() -> None:
     """Skip the calling test where vLLM (``.venv-vllm``, or ``policy.vllm_python``) is not
     installed, except under CI, where its absence is a failure: ``make setup`` installs it."""

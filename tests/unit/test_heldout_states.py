@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import cluster.job as job
+from tests.conftest import in_thread
 from cluster.config import JobConfig
 from consolerl.config import load_config
 from consolerl.tasks import TASKS_DIR, load_suite
@@ -41,14 +42,16 @@ def test_the_learning_check_records_the_eval_tasks_once_each_and_keeps_them_on_r
     config = _config(tmp_path)
     assert config.eval.heldout_states
     said: list[str] = []
-    out = job.heldout_states_stage(config, tmp_path, "default", progress=said.append)
+    out = in_thread(job.heldout_states_stage, config, tmp_path, "default",
+                    progress=said.append)
     assert out == str(tmp_path / job.HELDOUT_STATES)
     (call,) = exports
     assert (call.out, call.split, call.tasks, call.episodes_per_task, call.model) == (
         out, config.eval.split, config.eval.tasks, 1, "default")
     assert call.agent == config.agent                    # the SFT export's agent settings
     assert call.lease_prefix == config.env.pool.key_prefix
-    assert job.heldout_states_stage(config, tmp_path, "default", progress=said.append) == out
+    assert in_thread(job.heldout_states_stage, config, tmp_path, "default",
+                     progress=said.append) == out
     assert len(exports) == 1 and said[-1].startswith("held-out states: reusing")
     assert not JobConfig().eval.heldout_states           # off unless a config asks for it
 
@@ -56,7 +59,7 @@ def test_the_learning_check_records_the_eval_tasks_once_each_and_keeps_them_on_r
 def test_sft_and_src_train_on_their_own_files_never_the_heldout_states(tmp_path, exports,
                                                                        monkeypatch):
     config = _config(tmp_path)
-    job.heldout_states_stage(config, tmp_path, "default", progress=lambda _: None)
+    in_thread(job.heldout_states_stage, config, tmp_path, "default", progress=lambda _: None)
     trained: list[str] = []
 
     def fake_train(sft, *_) -> dict:
@@ -86,8 +89,8 @@ def test_sft_and_src_train_on_their_own_files_never_the_heldout_states(tmp_path,
     monkeypatch.setattr(job, "HFChatTokenizer", lambda _path: None)
     monkeypatch.setattr(job, "ModelStudent", lambda *_: None)
     monkeypatch.setattr(job, "resolve_model", lambda m: m)
-    sft_model = job.sft_stage(config, tmp_path, "default", progress=lambda _: None)
-    job.src_stage(config, tmp_path, sft_model, progress=lambda _: None)
+    sft_model = in_thread(job.sft_stage, config, tmp_path, "default", progress=lambda _: None)
+    in_thread(job.src_stage, config, tmp_path, sft_model, progress=lambda _: None)
     held = str(tmp_path / job.HELDOUT_STATES)
     assert trained[0].startswith(str(tmp_path)) and trained[1] == str(tmp_path / "src-data.jsonl")
     assert held not in trained
