@@ -78,6 +78,23 @@ class _Match:
     control: Control | None = None
     page: PageEntry | None = None
     field: FormField | None = None
+    form: Form | None = None     # the form whose submit or next button the step clicks
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What one mention of a step resolved to: its label (as :class:`StepCheck` labels),
+    the console's label (``found``), the control, page or form field it is (when one is), and
+    the page pattern the reader is on after the step (``here``)."""
+
+    mention: Mention
+    label: str
+    found: str = ""
+    control: Control | None = None
+    page: PageEntry | None = None
+    field: FormField | None = None
+    here: str = ""
+    form: Form | None = None
 
 
 @dataclass
@@ -252,17 +269,19 @@ class Checker:
             extra = [where.form.submit, where.form.next_label, where.form.cancel]
             label, found, score = self._compare(m.text, [x for x in extra if x])
             if label != "missing" and (label == "ok" or not here):
+                form = where.form
                 if norm(found) == norm(where.form.submit):
                     self._submitted(where)
-                return _Match(label, found, score, detail="" if label == "ok" else
+                return _Match(label, found, score, form=form, detail="" if label == "ok" else
                               f"the form's button reads {found!r}")
         label, found, score = self._compare(m.text, [c.label for _, c in here])
         if where.form is not None:
             submit_label, submit, s2 = self._compare(m.text, [where.form.submit])
             if _RANK[submit_label] < _RANK[label]:
+                form = where.form
                 self._submitted(where)
-                return _Match(submit_label, submit, s2, detail=f"the form's button reads "
-                              f"{submit!r}")
+                return _Match(submit_label, submit, s2, form=form,
+                              detail=f"the form's button reads {submit!r}")
         if label != "missing":
             hits = [(p, c) for p, c in here if c.label == found]
             targets = {c.target for _, c in hits if c.target}
@@ -317,9 +336,9 @@ class Checker:
                           control=control, page=page,
                           detail=f"the dialog's button reads {control.label!r}")
         if where.form is not None and where.form.submit:
-            submit = where.form.submit
+            submit, form = where.form.submit, where.form
             self._submitted(where)
-            return _Match("label_differs", submit, similarity(m.text, submit),
+            return _Match("label_differs", submit, similarity(m.text, submit), form=form,
                           detail=f"the form's button reads {submit!r}")
         return None
 
@@ -431,7 +450,8 @@ class Checker:
             return _Match("missing", found, score,
                           detail=f"no option {m.text!r}; the field offers "
                                  + ", ".join(repr(o) for o in options[:8]))
-        return _Match(label, found, score, detail="" if label == "ok" else
+        holder = next((f for f in fields if found in f.options), None)
+        return _Match(label, found, score, field=holder, detail="" if label == "ok" else
                       f"the option reads {found!r}")
 
     # ---- a procedure --------------------------------------------------------------------------
@@ -453,8 +473,13 @@ class Checker:
         return results
 
     def check(self, proc: Procedure) -> tuple[StepCheck, ...]:
+        return tuple(c for c, _ in self.walk(proc))
+
+    def walk(self, proc: Procedure) -> list[tuple[StepCheck, list[Resolved]]]:
+        """The check of each step with what each of its mentions resolved to, in order (the
+        replay, :mod:`.replay`, carries these out in a browser)."""
         where = _Where(product=proc.product)
-        out = []
+        out: list[tuple[StepCheck, list[Resolved]]] = []
         pending: list[DocStep] = []     # steps flagged unreachable: perhaps only too early
         for step in proc.steps:
             results = self._resolve(step, where)
@@ -469,20 +494,23 @@ class Checker:
                 if _RANK[_worst(again)[1].label] < _RANK[_worst(results)[1].label]:
                     where, results, pending = retry, again, []
             here = where.pages[0].pattern if where.pages else ""
+            resolved = [Resolved(m, r.label, r.found, r.control, r.page, r.field, here, r.form)
+                        for m, r in results]
             if not results:
                 why = ("a note" if step.note else "names no control, field or page"
                        if step.structured else "could not be read into actions")
-                out.append(StepCheck(step.number, "ok", page=here,
-                                     detail=f"nothing to check: the step {why}"))
+                out.append((StepCheck(step.number, "ok", page=here,
+                                      detail=f"nothing to check: the step {why}"), []))
                 continue
             mention, worst = _worst(results)
             if _OPTIONAL.search(step.text) and worst.label in ("missing", "unreachable"):
                 # An optional or conditional step whose control this console does not have:
                 # the reader skips it and goes on from where they are.
-                out.append(StepCheck(step.number, "not_applicable", mention.text or mention.value,
-                                     worst.found, round(worst.score, 3), here,
-                                     "an optional step this console has nothing for: "
-                                     + worst.detail))
+                out.append((StepCheck(step.number, "not_applicable",
+                                      mention.text or mention.value, worst.found,
+                                      round(worst.score, 3), here,
+                                      "an optional step this console has nothing for: "
+                                      + worst.detail), []))
                 continue
             if any(r.label == "unreachable" for _, r in results):
                 pending.append(step)
@@ -494,11 +522,28 @@ class Checker:
                 where.pages = [p for p in self.inv.pages
                                if not where.product or p.product == where.product]
                 where.form, where.dialog, where.lost = None, "", True
-            out.append(StepCheck(step.number, worst.label, mention.text or mention.value,
-                                 worst.found if worst.label != "ok" else "",
-                                 round(worst.score, 3), here,
-                                 "" if worst.label == "ok" else worst.detail))
-        return tuple(out)
+            out.append((StepCheck(step.number, worst.label, mention.text or mention.value,
+                                  worst.found if worst.label != "ok" else "",
+                                  round(worst.score, 3), here,
+                                  "" if worst.label == "ok" else worst.detail,
+                                  _suspect(mention, worst, where.product)), resolved))
+        return out
+
+
+def _suspect(mention: Mention, worst: _Match, product: str) -> bool:
+    """Whether a defect label is only a suspicion (:attr:`StepCheck.suspect`): the control is
+    elsewhere in the product the steps are in (``unreachable``: a step left out, steps out of
+    order) or several match (``ambiguous``), or a control, navigation entry, page or field near
+    it in name is where the step is (a near miss that is not the same words). A value the field
+    refuses, an option it does not offer, a product or region the console lacks, a control only
+    another product has, and a name with nothing near it are sure."""
+    if worst.label == "ambiguous":
+        return True
+    if worst.label == "unreachable":
+        return worst.page is not None and (not product or worst.page.product in ("", product))
+    return (worst.label == "missing" and mention.kind in ("control", "menu", "page", "field")
+            and bool(worst.found) and NEAR_MISS <= worst.score < 0.97
+            and worst.field is None and mention.value != "region")
 
 
 def _words(text: str) -> set[str]:

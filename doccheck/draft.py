@@ -34,13 +34,15 @@ accepts, or says why it cannot (:class:`Draft`).
   go to the ResourceCoder when one is given (an LLM endpoint is configured); otherwise the
   draft says they were left out.
 
-**A procedure the static check found defective is not drafted** (a step labelled missing,
-unreachable, ambiguous or not_applicable): ``Draft(None, "not drafted: the static check
-found defects at step(s) ...")``. Its rule would be built from a control, field or value the
-console does not have (an option it refuses, a step that is not there), so it would be
-unsatisfiable by construction, and an agent run could add nothing: the verdict is ``broken``
-on the static evidence. A step whose label merely differs (stale text) is no defect, and such
-a procedure is drafted with the console's label. A drafted task always expects success (it is
+**A procedure the static check is sure is defective is not drafted** (a step labelled
+missing, unreachable or ambiguous that is not only a suspicion, ``StepCheck.suspect``):
+``Draft(None, "not drafted: the static check found defects at step(s) ...")``. Its rule would
+be built from a control, field or value the console does not have (an option it refuses, a
+step that is not there), so it would be unsatisfiable by construction, and an agent run could
+add nothing: the verdict is ``broken`` on the static evidence. A step whose label merely
+differs (stale text) is no defect, and such a procedure is drafted with the console's label;
+so is one whose defects are suspicions (the closest control standing for the named one), so
+that a run can show whether the step can be done. A drafted task always expects success (it is
 what the doc claims), is ``heldout`` and has no oracle.
 """
 from __future__ import annotations
@@ -55,7 +57,7 @@ from typing import Any
 from consolerl.text import norm
 
 from .model import (DEFECT_LABELS, Control, DocStep, Form, FormField, Inventory, PageEntry,
-                    Procedure, StepCheck, TargetKind)
+                    Procedure, StepCheck, TargetKind, WhereKind)
 from .operations import (CONTRARY, CREATED_ID, DECLARATIONS, ID_PARAMS, NEEDS, READBACK,
                          RESOURCE_FIELDS, RESOURCE_NOUN, RESOURCE_PAGES, RESOURCE_WORDS)
 
@@ -109,7 +111,8 @@ def _labels(step: DocStep, check: StepCheck | None, kind: str) -> list[str]:
     """The labels a step names of ``kind``, with the console's own label where the static
     check found the doc's differs (the drifted console's name is what the agent will see)."""
     out = [m.text for m in step.mentions if m.kind == kind]
-    if check is not None and check.label == "label_differs" and check.closest:
+    if check is not None and (check.label == "label_differs" or check.suspect) \
+            and check.closest:
         if any(_same(check.mention, t) for t in out) or not check.mention:
             out.append(check.closest)
     return out
@@ -188,13 +191,19 @@ def _forms(entry: PageEntry | None) -> tuple[Form, ...]:
 def _find_operations(proc: Procedure, checks: Mapping[str, StepCheck], inventory: Inventory,
                      walk: list[tuple[str, str]]) -> list[_Operation]:
     ops: list[_Operation] = []
+    dialog = ""             # the dialog the previous step's click opened
     for i, step in enumerate(proc.steps):
         check = checks.get(step.number)
         pages = dict.fromkeys(p for p in (walk[i][0], walk[i][1]) if p)
+        opened = ""
         for label in _labels(step, check, "control"):
             found = None
             for pattern in pages:
                 entry = inventory.page(pattern)
+                # In an open dialog its own buttons come first: the OK of the Restart
+                # confirmation, not of another dialog on the page.
+                controls = sorted(entry.controls if entry else (), key=lambda c: not (
+                    dialog and c.where.kind is WhereKind.DIALOG and c.where.name == dialog))
                 # A search form's button sends nothing (no post, no action): not an operation.
                 form = next((f for f in _forms(entry) if _same(f.submit, label)
                              and (f.post or f.action)), None)
@@ -202,9 +211,11 @@ def _find_operations(proc: Procedure, checks: Mapping[str, StepCheck], inventory
                     found = _Operation(form.action, i, pattern, form.post or pattern, form, label,
                                        form.sends)
                     break
-                control = next((c for c in (entry.controls if entry else ())
-                                if _same(c.label, label) and c.action), None)
+                control = next((c for c in controls if _same(c.label, label) and c.action),
+                               None)
                 if control is not None:
+                    if control.target.kind is TargetKind.DIALOG:
+                        opened = control.target.name
                     # A click that opens a confirmation: the request is the dialog's (it
                     # posts to the resource's path, which says what the operation acts on).
                     confirm = next((c for c in entry.controls if control.opens(c.where)
@@ -216,11 +227,10 @@ def _find_operations(proc: Procedure, checks: Mapping[str, StepCheck], inventory
                                        confirm.sends or control.sends)
                     break
                 # A control that opens a dialog whose confirming control causes the action.
-                opener = next((c for c in (entry.controls if entry else ())
-                               if _same(c.label, label)
-                               and c.target.kind is TargetKind.DIALOG),
-                              None)
+                opener = next((c for c in controls if _same(c.label, label)
+                               and c.target.kind is TargetKind.DIALOG), None)
                 if opener is not None:
+                    opened = opener.target.name
                     confirm = next((c for c in entry.controls
                                     if opener.opens(c.where) and c.action), None)
                     if confirm is not None:
@@ -232,6 +242,7 @@ def _find_operations(proc: Procedure, checks: Mapping[str, StepCheck], inventory
             # A dialog's OK after the click that opened it is the same operation.
             if found is not None and (not ops or ops[-1].action != found.action):
                 ops.append(found)
+        dialog = opened
     if ops:
         return ops
     # No step says "click <submit>" (a missing step): the form whose fields the doc fills.
@@ -309,7 +320,8 @@ def _filled(proc: Procedure, form: Form, checks: Mapping[str, StepCheck] | None 
         for m in step.mentions:
             if m.kind == "field":
                 f = _field_for(form, m.text, m.value)
-                if f is None and check is not None and check.label == "label_differs" \
+                if f is None and check is not None and (
+                        check.label == "label_differs" or check.suspect) \
                         and check.closest and _same(check.mention, m.text):
                     f = _field_for(form, check.closest, m.value)
                 if f is not None and (m.value or f.name not in out):
@@ -434,7 +446,7 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
     :class:`Draft` says why."""
     if not proc.steps:
         return Draft(None, "the procedure has no steps")
-    defects = [c.number for c in checks if c.label in DEFECT_LABELS]
+    defects = [c.number for c in checks if c.label in DEFECT_LABELS and not c.suspect]
     if defects:
         return Draft(None, f"not drafted: the static check found defects at step(s) "
                            f"{', '.join(defects)}; the verdict rests on that evidence")
@@ -560,6 +572,12 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
         else:
             notes.append("prerequisites no declaration covers were left out (no LLM endpoint "
                          f"is configured for the ResourceCoder): {'; '.join(uncovered)}")
+    if action == "DetachPolicyFromUser" and "PolicyName" not in known:
+        # The policy a revoke acts on is a row of the user's page, named in the text only
+        # ("find AdministratorAccess and click Remove"): one of the grant form's policies.
+        hit = _policy_named(proc, inventory)
+        if hit:
+            where["requestParameters.PolicyName"] = known["PolicyName"] = hit
     if action == "DetachPolicyFromUser" and "PolicyName" in known and "ram_user" in b.prereqs:
         b.prereqs["ram_user"]["properties"]["policies"] = [known["PolicyName"]]
     if action.startswith("Revoke") and "security_group" in b.prereqs:
@@ -593,6 +611,15 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
     if b.prereqs:
         task["prerequisites"] = b.ordered_prereqs()
     return Draft(task, "; ".join(notes))
+
+
+def _policy_named(proc: Procedure, inventory: Inventory) -> str:
+    """The longest policy of the console's grant form the procedure names ("" if none)."""
+    names = {o for p in inventory.pages for f in p.forms for x in f.fields
+             if x.name == "PolicyName" for o in x.options if "{" not in o}
+    text = " ".join([proc.title, *(s.text for s in proc.steps)])
+    return next((n for n in sorted(names, key=len, reverse=True)
+                 if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", text)), "")
 
 
 def _bind_sends(b: _Builder, op: _Operation, walk: list[tuple[str, str]],

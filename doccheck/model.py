@@ -306,7 +306,11 @@ class StepCheck:
     """The static check of one step. ``label`` is one of :data:`STEP_LABELS`; ``mention`` the
     text that decided it; ``closest`` the console's control when the label differs (or the best
     near miss when missing) and ``score`` how close (0..1); ``page`` the pattern the step is on
-    after it; ``detail`` one sentence a doc writer can act on."""
+    after it; ``detail`` one sentence a doc writer can act on. ``suspect``: a defect label the
+    check is not sure of (the control is elsewhere, several match, or something close to it is
+    here: a reworded label may be the same control), which a run that gets past the step
+    clears; a defect label without it is sure (nothing near the named thing anywhere the steps
+    reach, a value the console refuses, a product it lacks)."""
 
     number: str
     label: StepLabel
@@ -315,6 +319,16 @@ class StepCheck:
     score: float = 0.0
     page: str = ""
     detail: str = ""
+    suspect: bool = False
+
+    @property
+    def defect(self) -> bool:
+        """A defect label (:data:`DEFECT_LABELS`), sure or suspected."""
+        return self.label in DEFECT_LABELS
+
+    @property
+    def sure_defect(self) -> bool:
+        return self.label in DEFECT_LABELS and not self.suspect
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "label", StepLabel(self.label))

@@ -183,3 +183,26 @@ def test_a_section_the_page_lacks_but_another_page_has_is_unreachable():
     checks = check_procedure(proc, inv)
     assert labels(checks) == ["ok", "ok", "unreachable", "ok"]
     assert "Permissions" in checks[2].detail
+
+
+def test_a_defect_is_sure_or_only_a_suspicion_a_run_can_clear():
+    # A submit word near the form's own button ("Create now" / Create): a suspicion.
+    near = check_procedure(create_user("Create now"), inventory())[4]
+    assert near.label == "missing" and near.suspect and near.closest == "Create"
+    # Nothing near it: sure.
+    far = check_procedure(create_user("Add New Member"), inventory())[4]
+    assert far.label == "missing" and not far.suspect and far.sure_defect
+    # The control exists in the product, on a page the steps skipped: a suspicion.
+    skipped = check_procedure(create_user("Create", skip_open=True), inventory())[2]
+    assert skipped.label == "unreachable" and skipped.suspect
+    # Values the field refuses, options it lacks, other products: sure.
+    proc = Procedure("Create a VPC", "vpc.md", (
+        step(1, Mention("product", "VPC console")), step(2, Mention("menu", "VPCs")),
+        step(3, Mention("control", "Create VPC")),
+        step(4, Mention("option", "100.64.0.0/10", field="IPv4 CIDR Block")),
+        step(5, Mention("field", "Bandwidth", "500"))))
+    assert [(c.label, c.suspect) for c in check_procedure(proc, inventory())][3:] == [
+        ("missing", False), ("missing", False)]
+    other = Procedure("x", "x.md", (step(1, Mention("product", "RAM console")),
+                                    step(2, Mention("menu", "VPCs"))))
+    assert [c.suspect for c in check_procedure(other, inventory())] == [False, False]

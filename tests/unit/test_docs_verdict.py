@@ -177,3 +177,47 @@ def test_a_claim_that_a_renamed_control_is_missing_is_not_broken():
     other = claim.model_copy(update={"claim": claim.claim.model_copy(
         update={"missing": ["create accesskey"]})})
     assert procedure_verdict(STALE, [other], samples=1).verdict == "broken"
+
+
+# ---- sure defects and suspicions (issue 56: a verdict policy that weighs evidence) ----------
+SUSPECT = [StepCheck("1", "ok"), StepCheck("2", "missing", mention="Add a user",
+                                           closest="Create User", score=0.6, suspect=True,
+                                           detail="no control named 'Add a user' where the "
+                                                  "step is; closest: 'Create User'")]
+
+
+def test_a_suspicion_alone_is_inconclusive_never_broken():
+    v = procedure_verdict(SUSPECT, [], samples=0)
+    assert v.verdict == "inconclusive" and "suspected defect" in v.evidence[0].detail
+    assert [e.ref for e in v.evidence[1:]] == ["2"] and "suspected" in v.evidence[1].detail
+
+
+@pytest.mark.parametrize("executor", ["agent", "replay"])
+def test_a_run_that_gets_past_a_suspicion_makes_the_text_stale_there(executor):
+    v = procedure_verdict(SUSPECT, [run("success")], samples=1, executor=executor)
+    assert v.verdict == "works_text_stale" and v.passes == 1
+    assert v.evidence[0].kind == "audit" and f"the {executor} passed" in v.evidence[0].detail
+    past = v.evidence[1]
+    assert past.ref == "2" and "got past it" in past.detail and "'Create User'" in past.detail
+
+
+def test_a_replay_that_stops_at_a_suspected_step_is_inconclusive_and_says_where():
+    stopped = run("failure", end_detail="step 2: no button or link 'Create User' on "
+                                        "/console/ram/users")
+    v = procedure_verdict(SUSPECT, [stopped], samples=1, executor="replay")
+    assert v.verdict == "inconclusive"
+    details = [e.detail for e in v.evidence]
+    assert "the replay did not complete it" in details[0]
+    assert any("the replay stopped: step 2: no button" in d for d in details)
+    assert any(e.ref == "2" and "suspected" in e.detail for e in v.evidence)
+
+
+def test_a_sure_defect_stays_broken_beside_a_suspicion_and_a_pass():
+    checks = SUSPECT + [StepCheck("3", "missing", mention="Frobnicate", detail="nothing")]
+    v = procedure_verdict(checks, [run("success")], samples=1, executor="replay")
+    assert v.verdict == "broken" and [e.ref for e in v.evidence if e.kind == "static"] == ["3"]
+
+
+def test_an_unknown_executor_is_refused():
+    with pytest.raises(ValueError, match="executor"):
+        procedure_verdict(OK, [], samples=0, executor="robot")
