@@ -228,17 +228,62 @@ def corpus_figures(items: list[Item], times: list[float], unlabelled: int) -> di
     }
 
 
-def draft_all(items: list[Item]) -> None:
+def draft_all(items: list[Item], prefix: str = "doc") -> None:
+    """Each procedure drafted into a task, with its replay plan (as the service does)."""
     from doccheck.draft import draft_task
-    invs, _ = inventories()
+    from doccheck.replay import attach_replay
+    invs, history = inventories()
     for i, item in enumerate(items):
         if item.proc is None:
             continue
         drift = item.label.get("drift", "") or ""
         item.draft = draft_task(item.proc, item.checks, invs[drift],
-                                task_id=f"doc-{i:03d}", drift=drift)
+                                task_id=f"{prefix}-{i:03d}", drift=drift)
         if item.draft.task is None:
             item.notes.append(f"no draft: {item.draft.reason}")
+        else:
+            why = attach_replay(item.draft.task, item.proc, invs[drift], history[drift])
+            if why:
+                item.notes.append(why)
+
+
+def replay_figures(items: list[Item], runs: dict[str, Any]) -> dict[str, Any]:
+    """Each procedure's verdict with its replay run (none: the static-only verdict), against
+    its label: ``works_share``: correct and stale procedures whose verdict is ``works`` or
+    ``works_text_stale``; ``broken_precision``: procedures called ``broken`` that are
+    defective; ``verdicts``: per label status, the count of each verdict."""
+    from collections import Counter
+    verdicts: dict[str, Counter] = {}
+    broken = hit = sound = works = ran = passed = 0
+    for item in items:
+        if item.proc is None:
+            continue
+        task = item.draft.task if item.draft is not None else None
+        run = runs.get(task["id"]) if task is not None else None
+        checks = [c for c in item.checks if not _optional_na(item, c)]
+        v = procedure_verdict(checks, [run] if run else [], samples=1 if run else 0,
+                              executor="replay")
+        status = item.label["status"]
+        verdicts.setdefault(status, Counter())[v.verdict] += 1
+        ran += run is not None
+        passed += run is not None and run.verdict == "success"
+        if v.verdict == "broken":
+            broken += 1
+            hit += status == "defective"
+            if status != "defective":
+                item.notes.append(f"replay verdict broken, labelled {status}")
+        if status in ("correct", "stale"):
+            sound += 1
+            works += v.verdict in ("works", "works_text_stale")
+            if v.verdict not in ("works", "works_text_stale"):
+                why = (run.end_detail or "; ".join(run.reasons) or run.verdict) if run else \
+                    "not replayed"
+                item.notes.append(f"replay verdict {v.verdict}: {str(why)[:200]}")
+    return {"replayed": ran, "replay_passed": passed, "sound": sound, "works": works,
+            "works_share": round(works / sound, 4) if sound else None,
+            "broken": broken,
+            "broken_precision": round(hit / broken, 4) if broken else None,
+            "verdicts": {k: dict(sorted(c.items())) for k, c in sorted(verdicts.items())}}
 
 
 def validate_all(items: list[Item], cloud: Any) -> None:
@@ -318,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: the static check over the task suite's procedures")
     parser.add_argument("--blind", default="all",
                         help="blind batches to measure: all (default), none, or numbers (1,2)")
+    parser.add_argument("--run", action="store_true",
+                        help="also replay every drafted procedure in a browser (doccheck.replay"
+                             ") and report the verdicts with those runs (key 'replay')")
+    parser.add_argument("--workers", type=int, default=2, help="--run: env workers")
     args = parser.parse_args(argv)
     if args.tasks:
         print(json.dumps(task_suite(), indent=None if args.json else 1))
@@ -332,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         _progress(f"{name}: {len(b_items)} procedures checked")
         blind[name] = (b_items, {**corpus_figures(b_items, b_times, b_unlabelled),
                                  **verdict_figures(b_items)})
-        draft_all(b_items)
+        draft_all(b_items, name.replace("_", ""))
     draft_all(items)
     if not args.no_cloud:
         from benchmarks.services import cloud_and_redis
@@ -343,6 +392,24 @@ def main(argv: list[str] | None = None) -> int:
             for b_items, figures in blind.values():
                 validate_all(b_items, cloud)
                 figures.update(draft_figures(b_items))
+            if args.run:
+                from benchmarks.docs_replay import replay_tasks
+                groups = [(out, items)] + [(f, b) for b, f in blind.values()]
+                drafts = [i.draft.task for _, its in groups for i in its
+                          if i.draft is not None and i.draft.task is not None]
+                runs = replay_tasks(drafts, cloud, _redis.url, args.workers, _progress)
+                for figures, its in groups:
+                    figures["replay"] = replay_figures(its, runs)
+                sound = sum(f["replay"]["sound"] for f, _ in groups)
+                works = sum(f["replay"]["works"] for f, _ in groups)
+                broken = sum(f["replay"]["broken"] for f, _ in groups)
+                hit = sum(round((f["replay"]["broken_precision"] or 0) * f["replay"]["broken"])
+                          for f, _ in groups)
+                out["replay_all"] = {
+                    "corpora": 1 + len(blind), "sound": sound, "works": works,
+                    "works_share": round(works / sound, 4) if sound else None,
+                    "broken": broken,
+                    "broken_precision": round(hit / broken, 4) if broken else None}
             out["crawl_s"] = crawl_seconds(cloud)
     else:
         out["drafted"] = sum(i.draft is not None and i.draft.task is not None for i in items)

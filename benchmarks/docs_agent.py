@@ -8,8 +8,9 @@ with ``run: true`` (one request per console profile the labels name), follows th
 end and reads their reports. A procedure that was run gets the report's verdict (static check
 and K runs merged); one with no drafted task keeps the answer's static-only verdict.
 
-Prints one JSON object: ``broken_precision`` (procedures reported ``broken`` that the labels
-call defective), ``broken_without_evidence`` (must be 0), per label status the share of each
+Prints one JSON object: ``works_share`` (correct and stale procedures whose verdict is
+``works`` or ``works_text_stale``), ``broken_precision`` (procedures reported ``broken`` that the
+labels call defective), ``broken_without_evidence`` (must be 0), per label status the share of each
 verdict (``correct``: works / works_text_stale / inconclusive / broken), ``episodes``,
 ``wall_s`` and, per procedure, its label, verdict and evidence. Progress goes to stderr.
 """
@@ -97,9 +98,10 @@ def wait(api: JobsClient, job_id: str, limit_s: float) -> dict[str, Any]:
     raise TimeoutError(f"job {job_id} did not end in {limit_s:.0f} s")
 
 
-def run_corpus(url: str, token: str, corpus: Path, samples: int, limit_s: float
-               ) -> dict[tuple[str, str], dict[str, Any]]:
-    """(page, title) -> {verdict, evidence, source: report|static}."""
+def run_corpus(url: str, token: str, corpus: Path, samples: int, limit_s: float,
+               executor: str = "agent") -> dict[tuple[str, str], dict[str, Any]]:
+    """(page, title) -> {verdict, evidence, source: report|static}. ``executor``: ``agent``
+    (the served policy, model ``live``) or ``replay`` (model ``replay``)."""
     labels = yaml.safe_load((corpus / "labels.yaml").read_text())
     by_drift: dict[str, set[str]] = {}
     for e in labels:
@@ -112,7 +114,8 @@ def run_corpus(url: str, token: str, corpus: Path, samples: int, limit_s: float
         for drift, pages in chunks:
             body = [{"name": p, "content": (corpus / p).read_text(),
                      "content_type": content_type(corpus / p)} for p in pages]
-            answer = api.docs(body, drift=drift, run=True, samples=samples)
+            answer = api.docs(body, drift=drift, run=True, samples=samples,
+                              **({"model": "replay"} if executor == "replay" else {}))
             task_of: dict[str, tuple[str, str]] = {}
             for page in answer["pages"]:
                 for proc in page["procedures"]:
@@ -156,7 +159,10 @@ def figures(corpus: Path, verdicts: dict[tuple[str, str], dict[str, Any]]) -> di
                      "evidence": [ev.get("detail", "")[:160] for ev in got["evidence"]][:3]})
     share = {status: {v: round(n / sum(c.values()), 4) for v, n in sorted(c.items())}
              for status, c in shares.items()}
-    return {"broken_precision": round(broken_ok / broken_all, 4) if broken_all else None,
+    sound = [r for r in rows if r["status"] in ("correct", "stale")]
+    works = sum(r["verdict"] in ("works", "works_text_stale") for r in sound)
+    return {"works_share": round(works / len(sound), 4) if sound else None,
+            "broken_precision": round(broken_ok / broken_all, 4) if broken_all else None,
             "broken": broken_all, "broken_without_evidence": no_evidence,
             "correct_broken": shares.get("correct", Counter())["broken"],
             "shares": share, "procedures": rows}
@@ -168,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--model", default="runs/demo/final")
     parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--executor", choices=("agent", "replay"), default="agent",
+                        help="who runs the drafted procedures: the served policy (agent) or "
+                             "the replay of the static check's resolution (replay)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--max-steps", type=int, default=12)
     parser.add_argument("--corpus", type=Path, default=CORPUS)
@@ -179,14 +188,16 @@ def main(argv: list[str] | None = None) -> int:
         proc, url, token = start_api(Path(tmp), args.model, args.workers, args.max_steps)
         _progress(f"API at {url}")
         try:
-            verdicts = run_corpus(url, token, args.corpus, args.samples, args.limit_s)
+            verdicts = run_corpus(url, token, args.corpus, args.samples, args.limit_s,
+                                  args.executor)
         finally:
             proc.terminate()
             try:
                 proc.wait(timeout=180)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    out = {"model": args.model, "samples": args.samples, "workers": args.workers,
+    out = {"model": args.model, "executor": args.executor, "samples": args.samples,
+           "workers": args.workers,
            "max_steps": args.max_steps, **figures(args.corpus, verdicts),
            "wall_s": round(time.monotonic() - started, 1)}
     print(json.dumps(out, indent=None if args.json else 1))

@@ -24,7 +24,7 @@ from consolerl.tasks import TASKS_DIR
 from env_workers.pool import EnvPoolConfig
 from infra.observability.discovery import PublishConfig
 from doccheck import labels_by_drift
-from jobsapi.schema import ORACLE_MODEL
+from jobsapi.schema import SCRIPTED_MODELS
 from consolerl.errors import ConfigError
 from rollout_service.agent import AgentConfig
 from rollout_service.models import (describe_agent, is_base_model, model_agent_settings,
@@ -102,7 +102,7 @@ def jobs_api_specs(config: JobConfig, policy: PolicyConfig, metrics: PublishConf
                               blobs=blobs, retention=api.retention,
                               agent_named=tuple(sorted(named)))
     http = HttpSpec(redis_url=config.stream.url, prefix=api.prefix, tokens_file=tokens,
-                    models=("live", ORACLE_MODEL, *api.models), sse_max_s=api.sse_max_s,
+                    models=("live", *SCRIPTED_MODELS, *api.models), sse_max_s=api.sse_max_s,
                     suite_dir=rollout.suite_dir, blobs=blobs, retention=api.retention)
     return scheduler, http
 

@@ -20,7 +20,7 @@ from reward_service.actiontrail import TrailConfig
 from reward_service.fusion import RewardConfig
 from rollout_service.agent import MODEL_SETTINGS, AgentConfig
 from rollout_service.experience import StreamConfig
-from jobsapi.schema import ORACLE_MODEL
+from jobsapi.schema import SCRIPTED_MODELS
 from jobsapi.blobs import BlobConfig
 from jobsapi.retention import RetentionConfig
 from jobsapi.scheduler import SchedulerConfig
@@ -234,9 +234,10 @@ class ApiSection(Checked):
         if "live" in self.models:
             raise ConfigError("api.models: 'live' is the served policy's name; register "
                               "checkpoints under other names")
-        if ORACLE_MODEL in self.models:
-            raise ConfigError(f"api.models: {ORACLE_MODEL!r} is the scripted teacher's name; "
-                              "register checkpoints under other names")
+        for name in SCRIPTED_MODELS:
+            if name in self.models:
+                raise ConfigError(f"api.models: {name!r} is a scripted executor's name; "
+                                  "register checkpoints under other names")
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from jobsapi.blobs import BlobConfig
 from jobsapi.routers.context import ApiMetrics
 from jobsapi.retention import RetentionConfig, StorageSweeper
 from jobsapi.scheduler import JobScheduler, SchedulerConfig
-from jobsapi.schema import ORACLE_MODEL
+from jobsapi.schema import SCRIPTED_MODELS
 from jobsapi.store import JobStore
 from rollout_service.models import (HFChatTokenizer, check_model_settings,
                                     model_agent_settings, resolve_model)
@@ -79,7 +79,7 @@ class HttpSpec:
     redis_url: str
     prefix: str
     tokens_file: str
-    models: tuple[str, ...] = ("live", ORACLE_MODEL)
+    models: tuple[str, ...] = ("live", *SCRIPTED_MODELS)
     sse_max_s: float = 300.0
     suite_dir: str = str(TASKS_DIR)
     scheduler_name: str = SCHEDULER_NAME
@@ -89,8 +89,9 @@ class HttpSpec:
 
 class JobsScheduler:
     """The API's jobs run on a :class:`RolloutSide`; ``model`` names in jobs are ``live``
-    (the served policy), a registered checkpoint, started on first use (one replica), or
-    ``oracle`` (the scripted teacher: the scheduler needs no model for it)."""
+    (the served policy), a registered checkpoint, started on first use (one replica),
+    ``oracle`` (the scripted teacher: the scheduler needs no model for it) or ``replay`` (a
+    drafted task's replay plan, carried out by the oracle's driver)."""
 
     def __init__(self, spec: SchedulerSpec, servers: list[Any] | None = None):
         self.spec = spec

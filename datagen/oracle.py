@@ -11,6 +11,7 @@ with :func:`datagen.plan.resolve`.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Mapping
 
 from consolerl.drift import Drift
@@ -291,11 +292,58 @@ def _wrongdoc_refused(a: Mapping[str, str]) -> Plan:
     return [*_walk(a.get("steps", "")), op("refused", a["code"])]
 
 
+# ---- the documentation replay ----------------------------------------------------------------
+# A drafted task's replay (doccheck.replay): the procedure's steps as the static check resolved
+# them, in the console's own labels, as JSON [[step, verb, *args], ...] (args: {placeholders}
+# filled per episode). Its driver reads no drift renames (the labels are the console's already)
+# and names the step an op it cannot do belongs to.
+REPLAY_VERBS = frozenset({"press", "row", "link", "last_link", "field", "select", "pick",
+                          "choose", "reveal", "tab", "submit", "confirm"})
+
+
+def replay_ops(plan: str, values: Mapping[str, str] | None = None) -> list[tuple[str, Op]]:
+    """(step number, op) of a replay plan, its args' placeholders filled from ``values`` (when
+    given); :class:`DriverError` naming what is malformed."""
+    try:
+        rows = json.loads(plan)
+    except ValueError as exc:
+        raise DriverError(f"replay plan is not JSON: {exc}") from None
+    if not isinstance(rows, list):
+        raise DriverError("replay plan must be a list of [step, verb, *args]")
+    out = []
+    for i, row in enumerate(rows):
+        if not (isinstance(row, list) and len(row) >= 2 and all(isinstance(x, str) for x in row)):
+            raise DriverError(f"replay plan op {i}: expected [step, verb, *args] of strings")
+        if row[1] not in REPLAY_VERBS:
+            raise DriverError(f"replay plan op {i}: unknown verb {row[1]!r}; one of "
+                              f"{', '.join(sorted(REPLAY_VERBS))}")
+        args = tuple(row[2:]) if values is None else tuple(fill(x, values) for x in row[2:])
+        out.append((row[0], Op(row[1], args)))
+    return out
+
+
+@family("replay")
+def _replay(a: Mapping[str, str]) -> Plan:
+    return [o for _, o in replay_ops(a.get("plan", "[]"))]
+
+
+async def run_replay(d: OracleDriver, task: Task, values: Mapping[str, str]) -> None:
+    """Carry out ``task``'s replay plan on ``d`` (see above)."""
+    d.drift = Drift(d.drift.kinds - {"rename"})
+    for step, o in replay_ops(dict(task.oracle_args).get("plan", "[]"), values):
+        try:
+            await d.execute(o)
+        except DriverError as exc:
+            raise DriverError(f"step {step}: {exc}") from None
+
+
 def plan_of(task: Task, values: Mapping[str, str]) -> Plan:
     """The filled plan of ``task`` (empty for a wrong-doc task without a family: it reports
     from the start page)."""
     if task.expected == "infeasible" and not task.oracle_family:
         return []
+    if task.oracle_family == "replay":      # placeholders filled in the parsed plan
+        return [o for _, o in replay_ops(dict(task.oracle_args).get("plan", "[]"), values)]
     build = PLANS.get(task.oracle_family)
     if build is None:
         raise DriverError(f"task {task.id}: no oracle family {task.oracle_family!r}; known: "
@@ -325,8 +373,11 @@ async def run_oracle(task: Task, values: Mapping[str, str], step_fn: StepFn,
     """Solve ``task`` from ``observation``; ends the episode with stop() or
     report_infeasible(). Raises :class:`DriverError` when the scripted flow cannot go on."""
     driver = OracleDriver(step_fn, observation, Drift(parse_drift(task.drift)))
-    for o in plan_of(task, values):
-        await driver.execute(o)
+    if task.oracle_family == "replay":
+        await run_replay(driver, task, values)
+    else:
+        for o in plan_of(task, values):
+            await driver.execute(o)
     if task.expected == "infeasible":
         return await _report(driver, task)
     return await driver.act('stop("done")')

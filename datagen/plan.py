@@ -20,7 +20,8 @@ Verbs (labels are the documentation's; :func:`resolve` follows the session's dri
   tab WORD             open the tab whose name contains WORD (when there is one)
   last_link LABEL      click the last link of that label (a page with one per tab)
   submit LABEL         click the form's submit button (ditto for wizards)
-  confirm ID           finish a confirmation dialog (typing ID when the drift asks for it)
+  confirm ID|BUTTON    finish a confirmation dialog (typing ID when the drift asks for it) with
+                       BUTTON (default: OK, as the drift renames it)
   absent NAMES         (wrong documentation) none of the '|'-separated names is on the page
   offered FIELD|OPTION (wrong documentation) FIELD is a select or radio group without OPTION
   refused CODE         (wrong documentation) the page shows the console's error CODE
@@ -206,12 +207,13 @@ def resolve(o: Op, observation: Observation, drift: Drift) -> Resolution:
     if v == "confirm":
         box = _confirm_box(text)
         typed = box.value.strip() if box else ""
-        ok = find_bid(text, "button", t("OK"))
+        button = a[1] if len(a) > 1 and a[1] else t("OK")
+        ok = find_bid(text, "button", button)
         return Resolution(present=bool(parse(text).find("dialog")),
                           action=_click(ok),
                           prepare=Fill(box.bid, a[0]).to_text() if box and a[0] and
                           typed != a[0] else None, why="the dialog asks for the id",
-                          missing=f"no button {t('OK')!r} on {where}")
+                          missing=f"no button {button!r} on {where}")
     if v in CHECK_VERBS:
         return Resolution()             # nothing to do on a page: see check_failure
     raise DriverError(f"unknown plan op {o}")

@@ -30,6 +30,7 @@ from .draft import draft_task
 from .extract import extract as extract_procedures
 from .model import Inventory, Procedure, StepCheck, Verdict
 from .prose import procedure_from_text
+from .replay import attach_replay
 from .verdict import procedure_verdict
 
 MAX_PAGE_BYTES = 2 * 2 ** 20
@@ -251,6 +252,11 @@ class DocsService:
         got = draft(proc, checks, inventory, task_id=task_id, drift=drift)
         if got.task is None:
             return None, got.reason or "the drafter gave no reason", got.source
+        notes = [got.reason] if got.reason else []
+        if "oracle" not in got.task:
+            # The replay (model 'replay'): the steps as the static check resolved them.
+            why = attach_replay(got.task, proc, inventory, tuple(self.previous.get(drift, ())))
+            notes += [why] if why else []
         from consolerl.tasks import parse_task
         try:
             if got.task.get("id") != task_id:
@@ -259,7 +265,7 @@ class DocsService:
         except ConfigError as exc:     # a drafting error, never a doc defect
             return None, f"the drafted task is not valid (a drafting error): {exc}", \
                 got.source
-        return got.task, got.reason, got.source
+        return got.task, "; ".join(notes), got.source
 
 
 __all__ = ["CONTENT_TYPES", "MAX_PAGES", "MAX_PAGE_BYTES", "DocsInputError", "DocsService",

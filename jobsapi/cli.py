@@ -327,7 +327,10 @@ def cmd_docs_check(api: JobsClient | LocalDocs, args: argparse.Namespace) -> int
     pages = [_read_page(p) for p in args.pages]
     if args.samples is not None and not args.run_job:
         raise UsageError("--samples: only with --run")
-    result = api.docs(pages, drift=args.drift, run=args.run_job, samples=args.samples)
+    if args.executor != "agent" and not args.run_job:
+        raise UsageError("--executor: only with --run")
+    result = api.docs(pages, drift=args.drift, run=args.run_job, samples=args.samples,
+                      **({"model": "replay"} if args.executor == "replay" else {}))
     messages = [f"{p['name']}: {p['message']}" for p in result["pages"] if p["message"]]
     messages += [result["message"]] if result.get("message") else []
     job = result.get("job")
@@ -366,6 +369,9 @@ def add_docs_commands(groups: Any, common: argparse.ArgumentParser) -> None:
     sub.add_argument("--run", action="store_true", dest="run_job",
                      help="run the drafted tasks with the agent")
     sub.add_argument("--samples", type=int, help="samples per procedure (K) with --run")
+    sub.add_argument("--executor", choices=("agent", "replay"), default="agent",
+                     help="with --run, who carries the procedures out: the served agent "
+                          "(default) or the replay of the static check's resolution")
     sub.add_argument("--html", metavar="FILE", help="save the HTML report to FILE")
     sub.set_defaults(run=cmd_docs_check)
 

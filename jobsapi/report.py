@@ -27,7 +27,7 @@ from consolerl.tasks import Task
 from consolerl.text import numbered_step
 
 from doccheck import VERDICTS, Procedure, StepCheck, procedure_verdict, to_json
-from .schema import ORACLE_MODEL, Job, Rollout
+from .schema import ORACLE_MODEL, REPLAY_MODEL, SCRIPTED_MODELS, Job, Rollout
 
 _PHRASE = re.compile(r"\b([A-Z][\w/-]*(?:\s+[A-Z][\w/-]*)*)")
 _SKIP = {"Open", "Click", "Choose", "On", "In", "Enter", "Select", "Go", "Set", "The", "A",
@@ -99,7 +99,9 @@ def build_report(job: Job, tasks: Mapping[str, Task], rollouts: list[Rollout],
         known = task.infeasible_reason or "the catalogue marks it infeasible" \
             if task is not None and task.expected == "infeasible" else ""
         verdict = procedure_verdict(checks, mine, samples=job.samples_per_task,
-                                operations=operations, known_defect=known)
+                                    operations=operations, known_defect=known,
+                                    executor="replay" if job.model == REPLAY_MODEL
+                                    else "agent")
         passes = sum(r.verdict == "success" for r in done)
         entry: dict[str, Any] = {
             "task_id": tid, "title": proc.title if proc else task.title if task else tid,
@@ -125,6 +127,7 @@ def build_report(job: Job, tasks: Mapping[str, Task], rollouts: list[Rollout],
                 "claim": worst.claim.model_dump() if worst.claim else None,
                 "decided_by": worst.decided_by,
                 "end_reason": worst.end_reason,
+                "end_detail": worst.end_detail,
                 "audit_events": [e.model_dump() for e in worst.deciding_events],
                 "reasons": worst.reasons[:3],
                 "screenshot": entry["screenshot"],
@@ -133,7 +136,9 @@ def build_report(job: Job, tasks: Mapping[str, Task], rollouts: list[Rollout],
         entries.append(entry)
     totals = {v: sum(p["verdict"] == v for p in entries) for v in VERDICTS}
     return {"object": "report", "job_id": job.id, "state": job.state, "model": job.model,
-            "scripted": job.model == ORACLE_MODEL,
+            "scripted": job.model in SCRIPTED_MODELS,
+            "executor": ("replay" if job.model == REPLAY_MODEL else
+                         "oracle" if job.model == ORACLE_MODEL else "agent"),
             "policy_version": job.policy_version, "samples_per_task": job.samples_per_task,
             "created_at": job.created_at, "finished_at": job.finished_at, "totals": totals,
             "procedures": entries}
@@ -240,6 +245,10 @@ def render_html(report: dict[str, Any],
     totals = ", ".join(f"{n} {v}" for v, n in report["totals"].items())
     who = (f"model {_e(report['model'])} (policy version {report['policy_version']})"
            if not report.get("scripted") else
+           f"model {_e(report['model'])}: the replay, not a trained agent (each procedure's "
+           "steps as the static check resolved them, carried out literally in the browser "
+           "and judged by the audit log: a pass shows the steps work as written)"
+           if report.get("executor") == "replay" else
            f"model {_e(report['model'])}: the scripted teacher, not a trained agent (it "
            "follows a fixed script per task: a pass says the console and the pipeline work, "
            "not that an agent can follow the documentation)")

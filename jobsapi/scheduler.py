@@ -57,7 +57,7 @@ from rollout_service.agent import AgentConfig, AgentLoop
 from rollout_service.episode import (EpisodeLease, EpisodeOutcome, EpisodePolicy, EpisodeRunner,
                                      episode_id_seed, model_policy, scripted_policy)
 from datagen.oracle import ORACLE_MAX_STEPS, run_oracle
-from .schema import (ORACLE_MODEL, TERMINAL, Attempt, AuditEvent, ClaimCheck, EpisodeCounts,
+from .schema import (SCRIPTED_MODELS, TERMINAL, Attempt, AuditEvent, ClaimCheck, EpisodeCounts,
                      Job, JobCompletedEvent, JobStatusEvent, Rollout, RolloutCompletedEvent,
                      RolloutStartedEvent, RolloutStepEvent, Step, TaskSummaryEvent, Usage,
                      VerdictCounts, spec_tasks)
@@ -489,7 +489,7 @@ class JobScheduler:
         needs, ids in document order), or the job's model through the agent loop with the
         job's sampling (one step more than the agent's limit, for its final action; ids as
         its agent config's ``random_ids`` says)."""
-        if job.model == ORACLE_MODEL:
+        if job.model in SCRIPTED_MODELS:     # the oracle, or a drafted task's replay
             return scripted_policy(run_oracle), ORACLE_MAX_STEPS, False
         s = job.sampling
         agent = await self.agent_for(job.model, replace(
@@ -616,6 +616,7 @@ class JobScheduler:
                         missing=list(ev.missing[:10]), present=[p[:300] for p in ev.present[:10]])
             if traj is not None:
                 rollout.end_reason = traj.end_reason
+                rollout.end_detail = traj.end_detail or None
                 rollout.answer = traj.answer
                 rollout.infeasible_reason = traj.infeasible
                 rollout.tokens = sum(len(t.prompt_ids) + len(t.response_ids)

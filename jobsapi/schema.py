@@ -31,6 +31,10 @@ SCOPES = ("jobs:write", "jobs:read", "jobs:cancel", "artifacts:read", "admin")
 # The model name of the scripted teacher (datagen.oracle): it acts instead of a policy
 # in a job over catalogue tasks, through the same scheduler, runner and report.
 ORACLE_MODEL = "oracle"
+# The documentation replay (doccheck.replay): a drafted task's steps as the static check
+# resolved them, carried out by the oracle's driver; only tasks that carry a replay plan.
+REPLAY_MODEL = "replay"
+SCRIPTED_MODELS = (ORACLE_MODEL, REPLAY_MODEL)
 
 
 def may_move(state: str, to: str) -> bool:
@@ -254,6 +258,9 @@ class Rollout(BaseModel):
     decided_by: str | None = None
     claim: ClaimCheck | None = None
     end_reason: str | None = None
+    end_detail: str | None = Field(default=None, description="why a scripted run stopped "
+                                                             "early (the replay: the step it "
+                                                             "could not do and why)")
     answer: str | None = None
     infeasible_reason: str | None = None
     policy_version: int | None = None

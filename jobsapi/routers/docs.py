@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field, field_validator
 from doccheck import (CONTENT_TYPES, MAX_PAGES, DocsInputError, DocsUnavailable, PageIn,
                       PageResult, to_json)
 from ..auth import Principal
-from ..schema import ORACLE_MODEL, Job, JobCreate, Sampling, TaskSelection, _Strict
+from ..schema import ORACLE_MODEL, REPLAY_MODEL, Job, JobCreate, Sampling, TaskSelection, _Strict
 from .context import ERRORS, Context, Detail, auth, unprocessable
 from .jobs import ORACLE_INLINE, enqueue
 
@@ -75,8 +75,10 @@ class DocsCheck(_Strict):
     samples: int = Field(default=1, ge=1, le=MAX_SAMPLES, description="samples per procedure "
                                                                       "(K) when run")
     model: str = Field(default="live", min_length=1, max_length=100,
-                       description="who runs the drafted tasks: 'live' or a registered model "
-                                   "(not 'oracle', which runs only catalogue tasks)")
+                       description="who runs the drafted tasks: 'live' or a registered model, "
+                                   "or 'replay' (the steps as the static check resolved them, "
+                                   "carried out literally; only procedures with a replay "
+                                   "plan run); not 'oracle', which runs only catalogue tasks")
     sampling: Sampling = Field(default_factory=Sampling)
 
 
@@ -196,7 +198,8 @@ async def check_docs(body: DocsCheck, ctx: Context,
     if not found:
         result.message = "no procedure found in any page"
     if body.run:
-        runnable = [r for r in found if r.task is not None]
+        runnable = [r for r in found if r.task is not None and (
+            body.model != REPLAY_MODEL or (r.task.get("oracle") or {}).get("family") == "replay")]
         if not runnable:
             result.message = (result.message + "; " if result.message else "") + \
                 "nothing to run: no procedure has a valid drafted task"

@@ -15,7 +15,7 @@ from consolerl.tasks import parse_task
 
 from datagen.oracle import why_no_oracle
 from ..auth import Principal
-from ..schema import (ORACLE_MODEL, TERMINAL, Job, JobCompletedEvent, JobCreate, JobList,
+from ..schema import (ORACLE_MODEL, REPLAY_MODEL, TERMINAL, Job, JobCompletedEvent, JobCreate, JobList,
                       JobStatusEvent)
 from ..store import QueueFull, StoreConflict, body_hash
 from .context import (ERRORS, NOT_FOUND, ApiContext, Context, Cursor, Detail, KeyPart, auth,
@@ -95,6 +95,15 @@ async def submit(request: JobCreate, response: Response, ctx: Context,
         if named:
             where = f"{where}.{named.group(1)}"
         raise unprocessable(where, what) from None
+    if request.model == REPLAY_MODEL:
+        families = ([str((e["inline"].get("oracle") or {}).get("family", "")) for e in entries]
+                    if request.tasks.inline is not None
+                    else [ctx.catalog[t].oracle_family for t in ids])
+        lacking = [t for t, f in zip(ids, families) if f != "replay"]
+        if lacking:
+            raise unprocessable("model", "'replay' runs only tasks that carry a replay plan "
+                                "(oracle.family 'replay', as POST /v1/docs drafts them); "
+                                f"none in {', '.join(lacking[:5])}")
     if request.model == ORACLE_MODEL:
         refused = [why for why in (why_no_oracle(ctx.catalog[t]) for t in ids) if why]
         if refused:

@@ -28,7 +28,7 @@ from infra.local_cloud import free_port
 from jobsapi.app import build_app
 from jobsapi.auth import TeamQuota, TokenBook
 from jobsapi.cli import main
-from jobsapi.schema import (EpisodeCounts, JobCompletedEvent, JobStatusEvent,
+from jobsapi.schema import (SCRIPTED_MODELS, EpisodeCounts, JobCompletedEvent, JobStatusEvent,
                             Rollout, RolloutCompletedEvent, Step, VerdictCounts,
                             AuditEvent)
 from jobsapi.store import JobStore
@@ -57,7 +57,7 @@ def tokens(tmp_path_factory) -> dict:
 def url(redis_server, tokens) -> Iterator[str]:
     app = build_app(JobStore(redis_server.url, PREFIX), tokens["_book"], SUITE,
                     scheduler_required=False, sse_max_s=1.0, sse_ping_s=0.3,
-                    docs=DocsService.default)
+                    docs=DocsService.default, models=("live", *SCRIPTED_MODELS))
     with serving(app) as base:
         yield base
 
@@ -246,6 +246,26 @@ def test_run_makes_a_job_whose_report_merges_the_static_check(url, tokens, redis
     finally:
         ctx.close()
     assert (ARTIFACTS / "report.png").stat().st_size > 0
+
+
+def test_run_with_the_replay_runs_the_procedures_that_have_a_replay_plan(url, tokens):
+    body = {"pages": [page("ram.md", PAGE_MD), page("stale.md", STALE_MD)], "run": True,
+            "model": "replay"}
+    r = post(url, tokens["docs"], body)
+    assert r.status_code == 200, r.text
+    job = r.json()["job"]
+    assert job["model"] == "replay" and len(job["task_ids"]) == 1
+    (drafted,) = [p for pg in r.json()["pages"] for p in pg["procedures"] if p["task"]]
+    assert drafted["task"]["oracle"]["family"] == "replay" and drafted["task_id"] in \
+        job["task_ids"]
+    # POST /v1/jobs: 'replay' only for tasks that carry a replay plan.
+    auth = {"Authorization": f"Bearer {tokens['docs']}"}
+    bad = httpx.post(f"{url}/v1/jobs", headers=auth, timeout=30, json={
+        "tasks": {"ids": ["ram-create-user-0"]}, "model": "replay"})
+    assert bad.status_code == 422 and "replay plan" in bad.text
+    ok = httpx.post(f"{url}/v1/jobs", headers=auth, timeout=30, json={
+        "tasks": {"inline": [drafted["task"]]}, "model": "replay"})
+    assert ok.status_code == 202, ok.text
 
 
 # ---- the command line -----------------------------------------------------------------------------

@@ -348,7 +348,25 @@ def test_an_oracle_report_says_a_scripted_teacher_acted():
     assert live["scripted"] is False and "policy version" in render_html(live)
 
 
-def test_oracle_is_no_name_for_a_registered_model():
+@pytest.mark.parametrize("name", ["oracle", "replay"])
+def test_a_scripted_executor_is_no_name_for_a_registered_model(name):
     from cluster.config import ApiSection
-    with pytest.raises(ConfigError, match="scripted teacher"):
-        ApiSection(models={"oracle": "/some/checkpoint"})
+    with pytest.raises(ConfigError, match=f"'{name}' is a scripted executor"):
+        ApiSection(models={name: "/some/checkpoint"})
+
+
+def test_a_replay_report_says_the_replay_acted_and_where_it_stopped():
+    job = Job(id="j", team="a", state="completed", created_at=1.0, model="replay",
+              samples_per_task=1, sampling=Sampling(), priority=5,
+              task_ids=["ram-create-user-0"])
+    row = rollout("failure", reward=0.0).model_copy(update={
+        "task_id": "ram-create-user-0", "model": "replay",
+        "end_detail": "step 2: no button or link 'Create User' on /console/ram/users"})
+    report = build_report(job, SUITE, [row])
+    assert report["scripted"] is True and report["executor"] == "replay"
+    entry = report["procedures"][0]
+    assert entry["failure"]["end_detail"].startswith("step 2: no button")
+    assert any("the replay stopped: step 2" in e["detail"] for e in entry["evidence"])
+    assert "the replay, not a trained agent" in render_html(report)
+    assert build_report(job.model_copy(update={"model": "live"}), SUITE, [row])[
+        "executor"] == "agent"

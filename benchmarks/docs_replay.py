@@ -1,0 +1,101 @@
+"""The replay of drafted procedures in a browser, for ``python -m benchmarks.docs --run``.
+
+Each drafted task that carries a replay plan (:mod:`doccheck.replay`) runs once through the
+one episode runner (:class:`rollout_service.episode.EpisodeRunner`): a leased account of the
+local cloud, its prerequisites provisioned, the replay's actions sent to a real Chromium env
+worker, the episode judged by the reward service from the audit log, everything destroyed
+after. The outcome, as the jobs API would keep it, goes to the same verdict the API reports
+(:func:`doccheck.verdict.procedure_verdict`, ``executor="replay"``).
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from consolerl.tasks import Task, parse_task
+from datagen.oracle import ORACLE_MAX_STEPS, run_oracle
+from env_workers.accounts import PoolConfig, local_cloud_accounts
+from env_workers.pool import LeasedEnvWorker
+from env_workers.worker import WorkerConfig
+from reward_service.actiontrail import TrailConfig
+from reward_service.service import RewardService
+from rollout_service.episode import EpisodeRunner, scripted_policy
+
+
+@dataclass
+class ReplayRun:
+    """One replay episode as :class:`doccheck.verdict.Rollout` reads it."""
+
+    id: str
+    sample: int
+    state: str                          # completed | failed (the environment failed)
+    verdict: str | None
+    infeasible_reason: str | None = None
+    end_detail: str | None = None
+    claim: Any = None
+    deciding_events: list[Any] = field(default_factory=list)   # the report's; none here
+    seconds: float = 0.0
+    reasons: list[str] = field(default_factory=list)
+
+
+def _run_of(task_id: str, outcome: Any, seconds: float) -> ReplayRun:
+    if outcome.env_error is not None:
+        return ReplayRun(task_id, 0, "failed", None, seconds=seconds,
+                         reasons=[str(outcome.env_error.message)[:300], *outcome.reasons[:3]])
+    reward = outcome.reward
+    verdict = reward.verdict if reward is not None else "undetermined"
+    rule = reward.rule_verdict if reward is not None else None
+    traj = outcome.trajectory
+    return ReplayRun(task_id, 0, "completed", verdict,
+                     end_detail=(traj.end_detail or None) if traj is not None else None,
+                     seconds=seconds,
+                     reasons=[*(rule.reasons[:2] if rule is not None else ()),
+                              *outcome.reasons[:2]])
+
+
+async def _replay_all(tasks: Sequence[Task], cloud: Any, redis_url: str, workers: int,
+                      progress: Any) -> dict[str, ReplayRun]:
+    accounts = local_cloud_accounts()
+    scorer = RewardService(list(tasks), accounts, cloud.endpoint,
+                           trail_config=TrailConfig(qps=20.0, settle_s=5.0, poll_s=0.25)).score
+    runner = EpisodeRunner(accounts, cloud.endpoint, scorer)
+    pool = PoolConfig(redis_url=redis_url, key_prefix="consolerl:docs-replay:pool")
+    queue: asyncio.Queue[Task] = asyncio.Queue()
+    for t in tasks:
+        queue.put_nowait(t)
+    out: dict[str, ReplayRun] = {}
+
+    async def worker(n: int) -> None:
+        env = LeasedEnvWorker(WorkerConfig(console_url=cloud.url), pool, f"replay-{n}")
+        try:
+            while not queue.empty():
+                task = queue.get_nowait()
+                started = time.monotonic()
+                outcome = await runner.run(env, task, scripted_policy(run_oracle),
+                                           max_steps=ORACLE_MAX_STEPS,
+                                           trajectory_id=f"replay-{task.id}", seed=0)
+                run = _run_of(task.id, outcome, time.monotonic() - started)
+                out[task.id] = run
+                progress(f"replayed {len(out)}/{len(tasks)} {task.id}: {run.state} "
+                         f"{run.verdict} {run.seconds:.0f} s"
+                         + (f" ({run.end_detail[:120]})" if run.end_detail else ""))
+        finally:
+            await env.drain()
+    await asyncio.gather(*(worker(n) for n in range(max(1, workers))))
+    return out
+
+
+def replay_tasks(drafts: Sequence[dict[str, Any]], cloud: Any, redis_url: str,
+                 workers: int = 2, progress: Any = None) -> dict[str, ReplayRun]:
+    """task id -> its replay run, for every drafted task (data) that carries a replay plan."""
+    say = progress or (lambda m: print(f"[replay] {m}", file=sys.stderr, flush=True))
+    tasks = [parse_task(d, f"drafted task {d['id']}") for d in drafts
+             if (d.get("oracle") or {}).get("family") == "replay"]
+    return asyncio.run(_replay_all(tasks, cloud, redis_url, workers, say))
+
+
+__all__ = ["ReplayRun", "replay_tasks"]

@@ -1,0 +1,119 @@
+"""The replay (doccheck.replay): a procedure's steps, as the static check resolved them, turned
+into the oracle driver's plan in the console's labels with the drafted task's values; and the
+driver's side (datagen.oracle): the plan parsed, filled and carried out, a failure naming its
+step. The replay in a real browser against the local cloud: tests/integration/
+test_docs_replay.py."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+
+import pytest
+
+from consolerl.tasks import parse_task
+from consolerl.types import Observation, StepResult
+from datagen.oracle import REPLAY_VERBS, plan_of, replay_ops, run_oracle
+from datagen.plan import Op
+from doccheck.check import Checker
+from doccheck.draft import draft_task
+from doccheck.replay import attach_replay, replay_plan
+from env_workers.driver import DriverError
+from tests import docs_fixture as fx
+
+
+def plan(proc, inventory=None) -> tuple[list[tuple[str, ...]], dict]:
+    inv = inventory or fx.inventory()
+    walked = Checker(inv).walk(proc)
+    d = draft_task(proc, [c for c, _ in walked], inv, task_id="replay-test")
+    assert d.task is not None, d.reason
+    return replay_plan(proc, walked, d.task, inv), d.task
+
+
+def test_a_form_procedure_in_the_consoles_labels_with_the_tasks_values():
+    ops, task = plan(fx.ram_create_user("deploy-bot"))
+    # Already on the Users page (the task's start): no navigation; the doc's name is the
+    # task's per-episode placeholder, the display name the doc's value.
+    assert ops == [("3", "press", "Create User"), ("4", "field", "Logon Name", "{user_name}"),
+                   ("4", "field", "Display Name", "Deploy Bot"), ("5", "submit", "Create")]
+    assert task["parameters"] == {"user_name": "deploy-bot-{episode}"}
+
+
+def test_a_name_the_doc_leaves_to_the_reader_is_the_generated_one():
+    ops, task = plan(fx.vpc_create("10.0.0.0/8"))
+    assert ("4", "field", "VPC Name", "{vpc_name}") in ops and "vpc_name" in task["parameters"]
+    assert ops[-1] == ("6", "submit", "Create")
+
+
+def test_row_actions_are_keyed_by_the_prerequisite_the_row_shows():
+    ops, task = plan(fx.ecs_stop_instance())
+    assert ops == [("2", "row", "{vm}", "Stop"), ("3", "confirm", "{vm}", "OK")]
+    assert "vm" in {p["id"] for p in task["prerequisites"]}
+    ops, _ = plan(fx.oss_set_acl())
+    assert ops == [("3", "row", "{b}", "Change ACL"), ("4", "choose", "Public Read"),
+                   ("5", "submit", "Save")]
+
+
+def test_a_confirmation_the_doc_leaves_out_is_still_confirmed():
+    proc = fx.ecs_stop_instance()
+    ops, _ = plan(dataclasses.replace(proc, steps=proc.steps[:2]))
+    assert ops == [("2", "row", "{vm}", "Stop"), ("2", "confirm", "{vm}", "")]
+
+
+def test_navigation_tabs_and_select_options():
+    ops, _ = plan(fx.ecs_add_rule())
+    assert ops == [("2", "press", "Security Groups"), ("3", "row", "{sg}", "Manage Rules"),
+                   ("4", "tab", "Inbound"), ("4", "press", "Add Rule"), ("5", "choose", "Allow"),
+                   ("5", "select", "Protocol", "Custom TCP"), ("5", "field", "Port Range", "22/22"),
+                   ("5", "field", "Authorization Object", "10.0.0.0/8"), ("6", "submit", "Save")]
+    assert all(op[1] in REPLAY_VERBS for op in ops)
+
+
+def test_attach_puts_a_json_plan_the_task_parser_and_the_oracle_accept():
+    proc = fx.ram_create_user()
+    inv = fx.inventory()
+    task = draft_task(proc, Checker(inv).check(proc), inv, task_id="replay-test").task
+    assert attach_replay(task, proc, inv) == ""
+    assert task["oracle"]["family"] == "replay"
+    parsed = parse_task(task, "drafted")
+    ops = plan_of(parsed, {"user_name": 'a"b|c;d'})     # filled after parsing: any value
+    assert ops[1] == Op("field", ("Logon Name", 'a"b|c;d'))
+
+
+def test_attach_refuses_a_plan_naming_what_the_task_does_not_define():
+    proc = fx.ram_create_user()
+    inv = fx.inventory()
+    task = draft_task(proc, Checker(inv).check(proc), inv, task_id="replay-test").task
+    task.pop("parameters")
+    why = attach_replay(task, proc, inv)
+    assert "user_name" in why and "oracle" not in task
+
+
+@pytest.mark.parametrize("text,match", [
+    ("not json", "not JSON"), ('{"a": 1}', "must be a list"), ('[["1"]]', "op 0"),
+    ('[["1", "press", 3]]', "op 0"), ('[["1", "absent", "X"]]', "unknown verb 'absent'")])
+def test_a_malformed_plan_is_refused_naming_what_is_wrong(text, match):
+    with pytest.raises(DriverError, match=match):
+        replay_ops(text)
+
+
+PAGE = "[1] button \"Create User\"\n"
+
+
+def test_the_replay_names_the_step_it_could_not_do():
+    proc = fx.ram_create_user()
+    inv = fx.inventory()
+    task = draft_task(proc, Checker(inv).check(proc), inv, task_id="replay-test").task
+    attach_replay(task, proc, inv)
+    parsed = parse_task(task, "drafted")
+    sent: list[str] = []
+    start = Observation("http://c/console/ram/users", "Users", PAGE)
+
+    async def step(text: str) -> StepResult:
+        sent.append(text)          # the form never opens: the page stays the same
+        return StepResult(observation=start)
+
+    with pytest.raises(DriverError, match=r"^step 4: no field 'Logon Name'"):
+        asyncio.run(run_oracle(parsed, {"user_name": "u-1"}, step, start))
+    assert sent == ["click(1)"]
+    assert json.loads(task["oracle"]["args"]["plan"])[0] == ["3", "press", "Create User"]
