@@ -251,10 +251,12 @@ def replay_figures(items: list[Item], runs: dict[str, Any]) -> dict[str, Any]:
     """Each procedure's verdict with its replay run (none: the static-only verdict), against
     its label: ``works_share``: correct and stale procedures whose verdict is ``works`` or
     ``works_text_stale``; ``broken_precision``: procedures called ``broken`` that are
-    defective; ``verdicts``: per label status, the count of each verdict."""
+    defective; ``works_on_defective``: defective procedures called works (the replay did
+    something the labels say cannot be done as written); ``verdicts``: per label status, the
+    count of each verdict."""
     from collections import Counter
     verdicts: dict[str, Counter] = {}
-    broken = hit = sound = works = ran = passed = 0
+    broken = hit = sound = works = ran = passed = wrong_works = 0
     for item in items:
         if item.proc is None:
             continue
@@ -272,6 +274,10 @@ def replay_figures(items: list[Item], runs: dict[str, Any]) -> dict[str, Any]:
             hit += status == "defective"
             if status != "defective":
                 item.notes.append(f"replay verdict broken, labelled {status}")
+        if status == "defective" and v.verdict in ("works", "works_text_stale"):
+            wrong_works += 1
+            item.notes.append(f"replay verdict {v.verdict}, labelled defective: "
+                              + "; ".join(e.detail for e in v.evidence)[:300])
         if status in ("correct", "stale"):
             sound += 1
             works += v.verdict in ("works", "works_text_stale")
@@ -283,6 +289,7 @@ def replay_figures(items: list[Item], runs: dict[str, Any]) -> dict[str, Any]:
             "works_share": round(works / sound, 4) if sound else None,
             "broken": broken,
             "broken_precision": round(hit / broken, 4) if broken else None,
+            "works_on_defective": wrong_works,
             "verdicts": {k: dict(sorted(c.items())) for k, c in sorted(verdicts.items())}}
 
 

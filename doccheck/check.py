@@ -107,6 +107,7 @@ class _Where:
     dialog: str = ""
     lost: bool = False           # a control of an earlier step was not found
     step_text: str = ""          # the step being resolved, lower case
+    tab: str = ""                # the tab of the page the reader opened ("" = the first)
 
 
 class Checker:
@@ -260,10 +261,10 @@ class Checker:
                 if c.where.kind is not WhereKind.DIALOG or c.where.name == dialog or not dialog]
 
     def _control(self, m: Mention, where: _Where) -> _Match:
-        if m.value == "row-link" or not m.text:
-            return self._row_link(where)
         if m.value == "region":
             return self._region(m)
+        if m.value == "row-link" or not m.text:
+            return self._row_link(where)
         here = [(p, c) for p in where.pages for c in self._visible(p, where.dialog)]
         if where.form is not None:       # a form's own buttons
             extra = [where.form.submit, where.form.next_label, where.form.cancel]
@@ -284,6 +285,7 @@ class Checker:
                               detail=f"the form's button reads {submit!r}")
         if label != "missing":
             hits = [(p, c) for p, c in here if c.label == found]
+            hits = _in_tab(hits, where.tab)
             targets = {c.target for _, c in hits if c.target}
             match = _Match(label, found, score, control=hits[0][1], page=hits[0][0],
                            detail="" if label == "ok" else f"the console's control reads "
@@ -294,6 +296,8 @@ class Checker:
                 match.detail = (f"{len(targets)} controls named {found!r} lead to different "
                                 "places; the step does not say which")
             self._follow(hits[0][1], where)
+            if hits[0][1].role == "tab":
+                where.tab = hits[0][1].label
             return match
         generic = self._generic_submit(m, where, here)
         if generic is not None:
@@ -345,6 +349,8 @@ class Checker:
     def _region(self, m: Mention) -> _Match:
         """The top bar's region selector is the same on every page; the regions it offers are
         those of the console's Region fields."""
+        if not m.text.strip():          # "select the region": whichever the reader needs
+            return _Match("ok")
         regions = sorted({o for p in self.inv.pages for form in p.forms for f in form.fields
                           if norm(f.label) == "region" for o in f.options})
         if not regions:
@@ -368,7 +374,7 @@ class Checker:
     def _follow(self, control: Control, where: _Where) -> None:
         kind, target = control.target.kind, control.target.name
         if kind is TargetKind.PAGE and target in self.by_pattern:
-            where.pages, where.lost = [self.by_pattern[target]], False
+            where.pages, where.lost, where.tab = [self.by_pattern[target]], False, ""
             forms = [f for f in where.pages[0].forms if f.post]    # not a search form
             where.form = forms[0] if len(forms) == 1 else None
             where.dialog = ""
@@ -460,9 +466,11 @@ class Checker:
         where.step_text = step.text.lower()
         previous: Mention | None = None
         for m in step.mentions:
-            row_link = m.kind == "control" and (m.value == "row-link" or not m.text)
-            if row_link and previous is not None and previous.kind == "control" and (
-                    previous.value == "row-link" or not previous.text):
+            row_link = m.kind == "control" and m.value != "region" and (
+                m.value == "row-link" or not m.text)
+            if row_link and previous is not None and previous.kind == "control" and \
+                    previous.value != "region" and (previous.value == "row-link"
+                                                    or not previous.text):
                 continue        # "Click the name of the bucket, b1": one click, said twice
             previous = m
             resolve = {"product": self._product, "menu": self._menu, "page": self._page,
@@ -544,6 +552,19 @@ def _suspect(mention: Mention, worst: _Match, product: str) -> bool:
     return (worst.label == "missing" and mention.kind in ("control", "menu", "page", "field")
             and bool(worst.found) and NEAR_MISS <= worst.score < 0.97
             and worst.field is None and mention.value != "region")
+
+
+def _in_tab(hits: list[tuple[PageEntry, Control]], tab: str
+            ) -> list[tuple[PageEntry, Control]]:
+    """Of several controls of one name on a page with tabs, one per tab in the tabs' order
+    (each tab's Add Rule), the one in the tab the reader opened."""
+    if len(hits) < 2 or len({p.pattern for p, _ in hits}) != 1:
+        return hits
+    tabs = hits[0][0].tabs
+    if len(hits) != len(tabs) or len({c.target for _, c in hits}) != len(hits):
+        return hits
+    at = tabs.index(tab) if tab in tabs else 0
+    return [hits[at]] + hits[:at] + hits[at + 1:]
 
 
 def _words(text: str) -> set[str]:

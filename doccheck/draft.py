@@ -576,6 +576,10 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
         # The policy a revoke acts on is a row of the user's page, named in the text only
         # ("find AdministratorAccess and click Remove"): one of the grant form's policies.
         hit = _policy_named(proc, inventory)
+        if not hit:     # "find the policy": the user gets one, and the step says which
+            hit = _policy_named(proc, inventory, first=True)
+            if hit:
+                b.hint(op.step, f"(The policy is `{hit}`.)")
         if hit:
             where["requestParameters.PolicyName"] = known["PolicyName"] = hit
     if action == "DetachPolicyFromUser" and "PolicyName" in known and "ram_user" in b.prereqs:
@@ -613,10 +617,13 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
     return Draft(task, "; ".join(notes))
 
 
-def _policy_named(proc: Procedure, inventory: Inventory) -> str:
-    """The longest policy of the console's grant form the procedure names ("" if none)."""
-    names = {o for p in inventory.pages for f in p.forms for x in f.fields
-             if x.name == "PolicyName" for o in x.options if "{" not in o}
+def _policy_named(proc: Procedure, inventory: Inventory, first: bool = False) -> str:
+    """The longest policy of the console's grant form the procedure names ("" if none);
+    ``first``: the form's first policy whatever the procedure says."""
+    names = [o for p in inventory.pages for f in p.forms for x in f.fields
+             if x.name == "PolicyName" for o in x.options if "{" not in o]
+    if first:
+        return names[0] if names else ""
     text = " ".join([proc.title, *(s.text for s in proc.steps)])
     return next((n for n in sorted(names, key=len, reverse=True)
                  if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", text)), "")

@@ -34,6 +34,11 @@ from consolerl.errors import ConsoleRLError
 MARKDOWN_NESTING = 20
 MAX_HTML_DEPTH = 200
 MAX_WALK_DEPTH = 48
+# The most characters of one paragraph, cell or step read as inline markup. A help-center step
+# is a few hundred; a hostile page's 2 MiB of code spans or links in one paragraph would keep
+# markdown-it's pure-Python inline rules busy for a minute. The rest is not read.
+MAX_INLINE_CHARS = 8000
+MAX_INLINE_SEGS = 2000          # pieces (text, bold, code, link) of one HTML block read
 MAX_BLOCKS = 5000
 
 
@@ -98,7 +103,8 @@ def _push(out: list[Seg], kind: str, text: str, href: str = "") -> None:
     if not text:
         return
     if out and out[-1].kind == kind and kind in "tb" and not href:
-        out[-1].text += text
+        if len(out[-1].text) < MAX_INLINE_CHARS:        # (the rest is not read)
+            out[-1].text += text
     else:
         out.append(Seg(kind, text, href))
 
@@ -128,7 +134,7 @@ SKIP_TAGS = frozenset({"script", "style", "iframe", "noscript", "template", "obj
 
 def _md_inline(content: str) -> list[Seg]:
     tokens: list = []
-    _MD.inline.parse(content, _MD, {}, tokens)
+    _MD.inline.parse(content[:MAX_INLINE_CHARS], _MD, {}, tokens)
     out: list[Seg] = []
     bold = 0
     skip = ""
@@ -243,15 +249,17 @@ def read_markdown(text: str) -> list:
 # ---- HTML -----------------------------------------------------------------------------------
 # Block containers whose nesting lexbor pays for quadratically (measured: 20,000 nested <ol>
 # take seconds); tags that close themselves implicitly (li, p, td) do not nest this way.
-_DEPTH_TAG = re.compile(r"<(/?)(div|ol|ul|section|article|blockquote|table|dl|aside|main|"
-                        r"details|figure|fieldset|form|nav|header|footer|span)\b", re.I)
+# (matched in the lower-cased page, case-sensitively: an IGNORECASE alternation tried at each
+# of 2 MiB of "<" takes seconds)
+_DEPTH_TAG = re.compile(r"<(/?)(?:div|ol|ul|section|article|blockquote|table|dl|aside|main|"
+                        r"details|figure|fieldset|form|nav|header|footer|span)\b")
 _NOTE_CLASSES = frozenset({"note", "notice", "caution", "warning", "tip", "important",
                            "attention", "danger", "alert"})
 
 
 def _html_depth_guard(text: str) -> None:
     depth = 0
-    for m in _DEPTH_TAG.finditer(text):
+    for m in _DEPTH_TAG.finditer(text.lower()):
         depth = max(0, depth - 1) if m.group(1) else depth + 1
         if depth > MAX_HTML_DEPTH:
             raise DocError(f"the page nests elements more than {MAX_HTML_DEPTH} levels deep;"
@@ -268,6 +276,9 @@ def _is_note(node: LexborNode) -> bool:
 
 def _html_segs(node: LexborNode, out: list[Seg], depth: int = 0, bold: bool = False) -> None:
     for child in node.iter(include_text=True):
+        # a step is a few dozen pieces of a few hundred characters; the rest is not read
+        if len(out) >= MAX_INLINE_SEGS or out and len(out[-1].text) >= MAX_INLINE_CHARS:
+            return
         tag = child.tag
         if tag == "-text":
             _push(out, "b" if bold else "t", child.text(deep=False))

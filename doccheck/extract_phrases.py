@@ -11,7 +11,7 @@ names are runs of capitalised words).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from doccheck.extract_markup import Seg
 from doccheck.model import Mention
@@ -322,6 +322,23 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
     return [], False
 
 
+# The most characters of a step's text read for mentions (a step is a few hundred; more is
+# prose no procedure is made of, and reading all of a hostile page's 2 MiB step would take long).
+MAX_STEP_CHARS = 8000
+
+
+def _capped(segs: list[Seg]) -> list[Seg]:
+    out, left = [], MAX_STEP_CHARS
+    for seg in segs:
+        if left <= 0:
+            break
+        if len(seg.text) > left:
+            seg = replace(seg, text=seg.text[:left])
+        out.append(seg)
+        left -= len(seg.text)
+    return out
+
+
 def step_mentions(segs: list[Seg]) -> tuple[list[Mention], str]:
     """The mentions of a step's own text and what the text is: ``action`` (something was
     recognised), ``note`` (a note or a result: nothing to do) or ``prose`` (not understood)."""
@@ -329,7 +346,7 @@ def step_mentions(segs: list[Seg]) -> tuple[list[Mention], str]:
             NOTE_WORDS) and (segs[0].kind == "b" or segs[0].text.strip().lower().split()[0]
                              .rstrip(":") in NOTE_WORDS):
         return [], "note"
-    tpl = Template(segs)
+    tpl = Template(_capped(segs))
     mentions: list[Mention] = []
     ctx = _Ctx()
     results = 0

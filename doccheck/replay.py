@@ -79,13 +79,15 @@ class _Plan:
         """What identifies the row a step acts on: on a resource's own page (its policies,
         its rules) the value the task's rule names for the part (the policy name, the port
         range); on a list, the placeholder of the resource its rows show."""
+        rtype = None
         if page_pattern in RESOURCE_PAGES:
             literal = {k.removeprefix("requestParameters."): v for k, v in self.where.items()
                        if isinstance(v, str) and v and "{" not in v}
             for name in (*_PART_KEYS, *literal):
                 if name in literal:
                     return literal[name]
-        rtype = RESOURCE_PAGES.get(page_pattern.rstrip("/") + "/{}", (None,))[0]
+            rtype = RESOURCE_PAGES[page_pattern][0]      # the page's own resource
+        rtype = rtype or RESOURCE_PAGES.get(page_pattern.rstrip("/") + "/{}", (None,))[0]
         rid = self.prereqs.get(rtype) if rtype else None
         if rid is None and self.prereqs:
             rid = next(iter(self.prereqs.values()))
@@ -184,6 +186,8 @@ class _Plan:
             self.dialog_key = None
         elif c.role == "tab":
             self.add(step, "tab", c.label)
+        elif r.page is not None and c.role == "link" and _last_of_several(r.page, c):
+            self.add(step, "last_link", c.label)     # the open tab's (its Add Rule)
         else:
             self.add(step, "press", c.label)
         if c.target.kind is TargetKind.DIALOG:
@@ -214,6 +218,12 @@ class _Plan:
         elif self.form is not None and self.set_fields:
             self.fill_rest(step, self.form)
             self.add(step, "submit", self.form.submit)
+
+
+def _last_of_several(page: Any, c: Control) -> bool:
+    """``c`` is the last of several links of its label on ``page`` (one per tab)."""
+    same = [x for x in page.controls if x.role == c.role and x.label == c.label]
+    return len(same) > 1 and same[-1] == c
 
 
 class _NoPage:

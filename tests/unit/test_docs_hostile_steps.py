@@ -54,3 +54,29 @@ def test_long_punctuation_runs_in_one_step_stay_fast(service, step):
     started = time.perf_counter()
     service.analyse([PageIn("p.md", _page(step))])
     assert time.perf_counter() - started < 1.0
+
+
+# Runs of markup at the size a page may have (2 MiB), in one step: only the first
+# MAX_INLINE_CHARS of a paragraph are read as markup, an HTML block's pieces are capped, and the
+# HTML depth guard reads the page in one pass: every one answers (or is refused with the
+# reader's error) in about a second, where code spans, links and bold runs took a minute.
+UNITS = ["((", ", and then", "[**x**](", "**", "`a` ", '"', " > ", "[a](b) ", "<b>x</b>",
+         "_a_ ", "<", "&amp;", "\\*"]
+
+
+@pytest.mark.parametrize("kind", ["text/markdown", "text/html"])
+@pytest.mark.parametrize("unit", UNITS)
+def test_two_mib_of_markup_in_one_step_answers_within_seconds(service, kind, unit):
+    from doccheck import DocsInputError
+    junk = (unit * (1_990_000 // len(unit) + 1))[:1_990_000]
+    page = (_page(f"Click **Create User** {junk}") if kind == "text/markdown" else
+            f"<h2>Create a user</h2><ol><li>Log on to the RAM console.</li><li>Click "
+            f"<b>Create User</b> {junk}</li><li>Click <b>OK</b>.</li></ol>")
+    started = time.perf_counter()
+    try:
+        results = service.analyse([PageIn("p", page, kind)])
+        assert [r.title for r in results] == ["Create a user"]
+    except DocsInputError as exc:           # a clear refusal is an answer
+        assert "elements" in str(exc)
+    # (a loaded 2-core machine: the figure idle is under a second)
+    assert time.perf_counter() - started < 5.0

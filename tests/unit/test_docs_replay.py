@@ -117,3 +117,22 @@ def test_the_replay_names_the_step_it_could_not_do():
         asyncio.run(run_oracle(parsed, {"user_name": "u-1"}, step, start))
     assert sent == ["click(1)"]
     assert json.loads(task["oracle"]["args"]["plan"])[0] == ["3", "press", "Create User"]
+
+
+def test_the_open_tabs_control_of_several_of_one_name_is_the_one_done():
+    """The security group's page has an Add Rule per tab: after "On the Outbound tab" the
+    check follows the outbound one (the draft requires the egress event) and the replay
+    clicks the last Add Rule, the open tab's."""
+    from pathlib import Path
+
+    from doccheck import DocsService, PageIn
+    path = Path(__file__).resolve().parents[2] / "docs/corpus/ecs/add-security-group-rules.md"
+    (page,) = DocsService.default().read([PageIn(path.name, path.read_text())])
+    out = next(p for p in page.procedures if p.procedure.title == "Add an outbound rule")
+    assert out.task["success"]["required_events"][0]["event"] == \
+        "AuthorizeSecurityGroupEgress"
+    ops = json.loads(out.task["oracle"]["args"]["plan"])
+    assert ["4", "tab", "Outbound"] in ops and ["5", "last_link", "Add Rule"] in ops
+    inbound = next(p for p in page.procedures if p.procedure.title == "Add an inbound rule")
+    assert inbound.task["success"]["required_events"][0]["event"] == "AuthorizeSecurityGroup"
+    assert ["4", "press", "Add Rule"] in json.loads(inbound.task["oracle"]["args"]["plan"])
