@@ -20,8 +20,10 @@ What the plan does per mention:
 - a control: a row's action (``row``, keyed by the prerequisite the row shows), a row's name
   link (``link``), a tab, a dialog's confirming button (``confirm``: it types the id when the
   dialog asks for it), a form's submit (``submit``: first the fields the task's rule needs that
-  no step set, as the draft's hints tell the agent), else the button or link by its label; a
-  control the check found on another page (``unreachable``) is reached by that page's
+  no step set, as the draft's hints tell the agent), a wizard's Next: nothing (each value op
+  and the submit go through Next to the step that shows them; an early Next would leave a
+  field behind), else the button or link by its label (the last of several of that label
+  when the open tab's is, ``last_link``); a control the check found on another page (``unreachable``) is reached by that page's
   navigation entry first;
 - a field: the value the task's rule requires of it (a generated name, a prerequisite's id),
   else the doc's value; a select's value by its option label, a radio by its option, a
@@ -67,6 +69,7 @@ class _Plan:
         self.prereqs = {p["type"]: p["id"] for p in task.get("prerequisites", ())}
         self.set_fields: set[str] = set()
         self.form: Form | None = None           # filled, not yet sent
+        self.opened_at = 0                      # where the open form's ops start
         self.dialog_key: str | None = None      # a confirmation opened, not yet confirmed
 
     # ---- helpers -----------------------------------------------------------------------------
@@ -146,6 +149,29 @@ class _Plan:
                 return o
         return ""
 
+    def in_wizard_order(self, form: Form) -> None:
+        """The ops since the wizard opened, in the order of its steps (a doc may name a field
+        of an earlier step late, or the rule need one no step set: the wizard cannot go
+        back); ops that set no field keep their place after the one before them."""
+        if not form.steps:
+            return
+        order = {norm(s): i for i, s in enumerate(form.steps)}
+        by_label = {norm(f.label): f for f in form.fields}
+        by_option = {norm(o): f for f in form.fields for o in f.options}
+
+        def at(op: Op) -> int | None:
+            verb, args = op[1], op[2:]
+            f = by_option.get(norm(args[0])) if verb == "choose" and args else \
+                by_label.get(norm(args[0])) if verb in ("field", "select", "pick") and args \
+                else None
+            return order.get(norm(f.step)) if f is not None else None
+        tail, keyed, last = self.ops[self.opened_at:], [], 0
+        for n, op in enumerate(tail):
+            i = at(op)
+            last = last if i is None else i
+            keyed.append((last, n, op))
+        self.ops[self.opened_at:] = [op for _, _, op in sorted(keyed)]
+
     def fill_rest(self, step: str, form: Form) -> None:
         """The fields of ``form`` the rule needs that no step set (in the form's order)."""
         for f in form.fields:
@@ -155,9 +181,14 @@ class _Plan:
     def control(self, step: str, r: Resolved) -> None:
         form = r.form or (self.form if self.form is not None and r.found
                           and norm(r.found) == norm(self.form.submit) else None)
+        wizard = r.form or self.form
+        if wizard is not None and wizard.next_label and r.found \
+                and norm(r.found) == norm(wizard.next_label):
+            return      # the wizard's Next: each value op goes to the step that shows it
         if form is not None:
             if norm(r.found) == norm(form.submit):
                 self.fill_rest(step, form)
+                self.in_wizard_order(form)
                 self.add(step, "submit", r.found)
                 self.form, self.set_fields = None, set()
             else:
@@ -197,7 +228,7 @@ class _Plan:
             self.here = c.target.name
             forms = [f for f in (self.inventory.page(self.here) or _NO_PAGE).forms if f.post]
             self.form = forms[0] if len(forms) == 1 else None
-            self.set_fields = set()
+            self.set_fields, self.opened_at = set(), len(self.ops)
 
     def mention(self, step: str, r: Resolved) -> None:
         kind = r.mention.kind
@@ -217,6 +248,7 @@ class _Plan:
             self.add(step, "confirm", self.dialog_key, "")
         elif self.form is not None and self.set_fields:
             self.fill_rest(step, self.form)
+            self.in_wizard_order(self.form)
             self.add(step, "submit", self.form.submit)
 
 

@@ -136,3 +136,19 @@ def test_the_open_tabs_control_of_several_of_one_name_is_the_one_done():
     inbound = next(p for p in page.procedures if p.procedure.title == "Add an inbound rule")
     assert inbound.task["success"]["required_events"][0]["event"] == "AuthorizeSecurityGroup"
     assert ["4", "press", "Add Rule"] in json.loads(inbound.task["oracle"]["args"]["plan"])
+
+
+def test_a_wizard_is_filled_in_the_order_of_its_steps_and_never_sent_on_early():
+    """The instance wizard: the doc's "click Next" adds nothing (each value op goes through
+    Next to the step that shows it), and values named late (the instance type and image in
+    the doc's last step) move to their wizard step, before the network's."""
+    from pathlib import Path
+
+    from doccheck import DocsService, PageIn
+    path = Path(__file__).resolve().parents[2] / "docs/corpus/ecs/create-instance.md"
+    (page,) = DocsService.default().read([PageIn(path.name, path.read_text())])
+    (proc,) = [p for p in page.procedures if p.task is not None]
+    ops = [tuple(op[1:]) for op in json.loads(proc.task["oracle"]["args"]["plan"])]
+    assert ("press", "Next") not in ops
+    verbs = [op[0] for op in ops]
+    assert verbs.index("choose") < verbs.index("pick") and ops[-1][0] == "submit"
