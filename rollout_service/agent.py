@@ -113,10 +113,17 @@ class AgentConfig(Checked):
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How to sample a completion. ``json_schema`` (a JSON schema as JSON text, "" for none):
+    the completion must be one JSON value that follows it (the chat API's ``response_format``
+    of type ``json_schema``); the vLLM engine honours it (vLLM's structured outputs), the
+    transformers engine refuses it (``ValueError``), so no caller mistakes a free-text
+    completion for a constrained one."""
+
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    json_schema: str = ""
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from infra.http_errors import install_validation_handler
 
 from .agent import ChatTokenizer, SamplingParams
-from .policy import PolicyRouter, StructuredSampling
+from .policy import PolicyRouter
 
 
 CHARS_PER_TOKEN_MAX = 32
@@ -76,7 +76,7 @@ def build_api(router: PolicyRouter, tokenizer: ChatTokenizer, model_name: str,
               registry: CollectorRegistry | None = None,
               structured_outputs: bool = False) -> FastAPI:
     """The app. ``structured_outputs``: whether the replicas' engine honours a JSON schema
-    (:class:`~rollout_service.policy.StructuredSampling`: vLLM does, transformers does not),
+    (``SamplingParams.json_schema``: vLLM does, transformers does not),
     i.e. whether ``response_format`` of type ``json_schema`` is served or refused (400)."""
     registry = registry if registry is not None else CollectorRegistry()
     requests = Counter("consolerl_policy_api_requests_total", "Chat completion requests, by "
@@ -103,11 +103,8 @@ def build_api(router: PolicyRouter, tokenizer: ChatTokenizer, model_name: str,
             raise HTTPException(400, detail=f"the prompt has {len(prompt)} tokens; the limit "
                                             f"is {max_prompt_tokens}")
         limit = request.max_completion_tokens or request.max_tokens or default_max_tokens
-        if schema:
-            sampling: SamplingParams = StructuredSampling(
-                limit, request.temperature, request.top_p, request.seed, json_schema=schema)
-        else:
-            sampling = SamplingParams(limit, request.temperature, request.top_p, request.seed)
+        sampling = SamplingParams(limit, request.temperature, request.top_p, request.seed,
+                                  json_schema=schema or "")
         gen = await router.generate(prompt, sampling)
         text = tokenizer.decode(list(gen.token_ids), skip_special_tokens=True)
         requests.labels("ok").inc()

@@ -105,16 +105,6 @@ class PolicyConfig(Checked):
                               f"{self.num_gpus_per_replica:g}")
 
 
-@dataclass(frozen=True)
-class StructuredSampling(SamplingParams):
-    """Sampling whose completion must be one JSON value that follows ``json_schema`` (the
-    schema as JSON text): the chat API's ``response_format`` of type ``json_schema``. The vLLM
-    engine honours it (vLLM's structured outputs); :class:`TransformersEngine` refuses it
-    (``ValueError``), so no caller mistakes a free-text completion for a constrained one."""
-
-    json_schema: str = ""
-
-
 class Engine(Protocol):
     version: int
     busy_s: float                       # seconds spent generating
@@ -154,9 +144,9 @@ class TransformersEngine:
         torch = self._torch
         if not prompt_ids:
             raise ValueError("generate: empty prompt")
-        if isinstance(sampling, StructuredSampling) and sampling.json_schema:
+        if sampling.json_schema:
             raise ValueError("generate: the transformers engine cannot constrain a completion "
-                             "to a JSON schema (StructuredSampling.json_schema); use the vllm "
+                             "to a JSON schema (SamplingParams.json_schema); use the vllm "
                              "backend")
         with self._lock, torch.no_grad():
             t0 = time.perf_counter()

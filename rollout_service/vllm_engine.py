@@ -234,11 +234,8 @@ class VllmEngine:
             raise ValueError("generate: empty prompt")
         s = {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
              "top_p": sampling.top_p, "seed": sampling.seed}
-        # A StructuredSampling (rollout_service.policy, which imports this module) carries
-        # the JSON schema the completion must follow: vLLM's structured outputs.
-        schema = getattr(sampling, "json_schema", "")
-        if schema:
-            s["json_schema"] = schema
+        if sampling.json_schema:        # vLLM's structured outputs
+            s["json_schema"] = sampling.json_schema
         with self._busy_lock:
             if self._in_flight == 0:
                 self._busy_since = time.perf_counter()

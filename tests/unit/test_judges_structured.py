@@ -27,7 +27,7 @@ from reward_service.judges import (RESPONSE_FORMAT, VOTE_SCHEMA, JudgeChannel, J
                                    parse_vote)
 from rollout_service.agent import Generation, SamplingParams
 from rollout_service.chat_api import build_api
-from rollout_service.policy import PolicyConfig, StructuredSampling, TransformersEngine
+from rollout_service.policy import PolicyConfig, TransformersEngine
 from rollout_service.vllm_engine import VllmEngine
 from rollout_service.vllm_server import sampling_params
 
@@ -155,7 +155,6 @@ def test_chat_api_passes_the_schema_to_the_engine():
     r = post(client, response_format=RESPONSE_FORMAT, temperature=0.5)
     assert r.status_code == 200, r.text
     (sampling,) = router.sampling
-    assert isinstance(sampling, StructuredSampling)
     assert json.loads(sampling.json_schema) == VOTE_SCHEMA
     assert (sampling.max_tokens, sampling.temperature) == (32, 0.5)
     # text, or no response_format: plain sampling.
@@ -220,7 +219,7 @@ def test_vllm_engine_sends_the_schema():
 
     engine._request = request
     schema = json.dumps(VOTE_SCHEMA)
-    engine.generate([1, 2], StructuredSampling(16, 0.0, json_schema=schema))
+    engine.generate([1, 2], SamplingParams(16, 0.0, json_schema=schema))
     engine.generate([1, 2], SamplingParams(16, 0.0))
     assert sent[0]["json_schema"] == schema
     assert "json_schema" not in sent[1]
@@ -267,7 +266,7 @@ def test_transformers_engine_refuses_a_schema():
     engine = TransformersEngine.__new__(TransformersEngine)    # no model needed to refuse
     engine._torch = None
     with pytest.raises(ValueError, match="json_schema"):
-        engine.generate([1], StructuredSampling(8, json_schema=json.dumps(VOTE_SCHEMA)))
+        engine.generate([1], SamplingParams(8, json_schema=json.dumps(VOTE_SCHEMA)))
 
 
 # ---- the composition root and the benchmark ---------------------------------------------------
