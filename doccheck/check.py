@@ -60,12 +60,32 @@ GENERIC_SUBMIT = frozenset({"ok", "confirm", "submit", "save", "create", "done",
                             "yes", "finish", "complete", "continue"})
 
 
+# Console verbs that help centers and consoles use for one another ("New User" for Create
+# User, "Release" for Delete, "Reboot" for Restart): a label that differs only by them is the
+# same control reworded (0.9, label_differs), never preferred over the exact label. Spelling
+# similarity (rapidfuzz) cannot see these; no package ships UI verb synonyms, and the nine
+# groups below are the console's own vocabulary.
+_SYNONYMS = {w: group[0] for group in (
+    ("create", "add", "new"), ("delete", "release", "remove"), ("ok", "confirm"),
+    ("modify", "edit", "change"), ("restart", "reboot"), ("stop", "shut down"),
+    ("permissions", "policies", "policy"), ("username", "user name", "logon name"),
+    ("search", "filter")) for w in group}
+_SYNONYM_RE = re.compile(r"\b(" + "|".join(sorted(map(re.escape, _SYNONYMS), key=len,
+                                                  reverse=True)) + r")\b")
+
+
+def _canonical(text: str) -> str:
+    return _SYNONYM_RE.sub(lambda m: _SYNONYMS[m[1]], text).rstrip("s")
+
+
 def similarity(a: str, b: str) -> float:
     a, b = norm(a), norm(b)
     if a == b:
         return 1.0
     if a.rstrip("s") == b.rstrip("s"):          # User / Users
         return 0.97
+    if _canonical(a) == _canonical(b):          # New User / Create User
+        return 0.9
     return fuzz.ratio(a, b) / 100.0
 
 
@@ -438,6 +458,8 @@ class Checker:
         return match
 
     def _option(self, m: Mention, where: _Where) -> _Match:
+        if not m.text.strip():          # "select a zone": whichever the reader needs
+            return _Match("ok")
         forms = self._forms(where)
         fields = [f for form in forms for f in form.fields if f.options]
         if m.field:
