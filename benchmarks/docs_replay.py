@@ -4,8 +4,9 @@ Each drafted task that carries a replay plan (:mod:`doccheck.replay`) runs once 
 one episode runner (:class:`rollout_service.episode.EpisodeRunner`): a leased account of the
 local cloud, its prerequisites provisioned, the replay's actions sent to a real Chromium env
 worker, the episode judged by the reward service from the audit log, everything destroyed
-after. The outcome, as the jobs API would keep it, goes to the same verdict the API reports
-(:func:`doccheck.verdict.procedure_verdict`, ``executor="replay"``).
+after. The outcome becomes a rollout as the jobs API keeps it (:func:`jobsapi.scheduler.
+completed_fields`: verdict, claim, deciding events) and goes to the same verdict the API
+reports (:func:`doccheck.verdict.procedure_verdict`, ``executor="replay"``).
 """
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import asyncio
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from consolerl.tasks import Task, parse_task
+from jobsapi.scheduler import completed_fields
+from jobsapi.schema import Rollout
 from datagen.oracle import ORACLE_MAX_STEPS, run_oracle
 from env_workers.accounts import PoolConfig, local_cloud_accounts
 from env_workers.pool import LeasedEnvWorker
@@ -26,39 +28,22 @@ from reward_service.service import RewardService
 from rollout_service.episode import EpisodeRunner, scripted_policy
 
 
-@dataclass
-class ReplayRun:
-    """One replay episode as :class:`doccheck.verdict.Rollout` reads it."""
-
-    id: str
-    sample: int
-    state: str                          # completed | failed (the environment failed)
-    verdict: str | None
-    infeasible_reason: str | None = None
-    end_detail: str | None = None
-    claim: Any = None
-    deciding_events: list[Any] = field(default_factory=list)   # the report's; none here
-    seconds: float = 0.0
-    reasons: list[str] = field(default_factory=list)
-
-
-def _run_of(task_id: str, outcome: Any, seconds: float) -> ReplayRun:
+def _run_of(task_id: str, outcome: Any, seconds: float) -> Rollout:
+    """The replay episode as the jobs API keeps a rollout (the verdict reads it)."""
+    run = Rollout(id=f"replay-{task_id}", job_id="replay", task_id=task_id, sample=0,
+                  model="replay", env_seconds=round(seconds, 1))
     if outcome.env_error is not None:
-        return ReplayRun(task_id, 0, "failed", None, seconds=seconds,
-                         reasons=[str(outcome.env_error.message)[:300], *outcome.reasons[:3]])
-    reward = outcome.reward
-    verdict = reward.verdict if reward is not None else "undetermined"
-    rule = reward.rule_verdict if reward is not None else None
-    traj = outcome.trajectory
-    return ReplayRun(task_id, 0, "completed", verdict,
-                     end_detail=(traj.end_detail or None) if traj is not None else None,
-                     seconds=seconds,
-                     reasons=[*(rule.reasons[:2] if rule is not None else ()),
-                              *outcome.reasons[:2]])
+        run.state = "failed"
+        run.reasons = [str(outcome.env_error.message)[:300], *outcome.reasons[:3]]
+        return run
+    run.state = "completed"
+    for name, value in completed_fields(outcome).items():
+        setattr(run, name, value)
+    return run
 
 
 async def _replay_all(tasks: Sequence[Task], cloud: Any, redis_url: str, workers: int,
-                      progress: Any) -> dict[str, ReplayRun]:
+                      progress: Any) -> dict[str, Rollout]:
     accounts = local_cloud_accounts()
     scorer = RewardService(list(tasks), accounts, cloud.endpoint,
                            trail_config=TrailConfig(qps=20.0, settle_s=5.0, poll_s=0.25)).score
@@ -67,7 +52,7 @@ async def _replay_all(tasks: Sequence[Task], cloud: Any, redis_url: str, workers
     queue: asyncio.Queue[Task] = asyncio.Queue()
     for t in tasks:
         queue.put_nowait(t)
-    out: dict[str, ReplayRun] = {}
+    out: dict[str, Rollout] = {}
 
     async def worker(n: int) -> None:
         env = LeasedEnvWorker(WorkerConfig(console_url=cloud.url), pool, f"replay-{n}")
@@ -81,8 +66,10 @@ async def _replay_all(tasks: Sequence[Task], cloud: Any, redis_url: str, workers
                 run = _run_of(task.id, outcome, time.monotonic() - started)
                 out[task.id] = run
                 progress(f"replayed {len(out)}/{len(tasks)} {task.id}: {run.state} "
-                         f"{run.verdict} {run.seconds:.0f} s"
-                         + (f" ({run.end_detail[:120]})" if run.end_detail else ""))
+                         f"{run.verdict} {run.env_seconds:.0f} s"
+                         + (f" ({run.end_detail[:120]})" if run.end_detail else "")
+                         + (f" (claim {run.claim.kind} {run.claim.verdict})" if run.claim
+                            else ""))
         finally:
             await env.drain()
     await asyncio.gather(*(worker(n) for n in range(max(1, workers))))
@@ -90,7 +77,7 @@ async def _replay_all(tasks: Sequence[Task], cloud: Any, redis_url: str, workers
 
 
 def replay_tasks(drafts: Sequence[dict[str, Any]], cloud: Any, redis_url: str,
-                 workers: int = 2, progress: Any = None) -> dict[str, ReplayRun]:
+                 workers: int = 2, progress: Any = None) -> dict[str, Rollout]:
     """task id -> its replay run, for every drafted task (data) that carries a replay plan."""
     say = progress or (lambda m: print(f"[replay] {m}", file=sys.stderr, flush=True))
     tasks = [parse_task(d, f"drafted task {d['id']}") for d in drafts
@@ -98,4 +85,4 @@ def replay_tasks(drafts: Sequence[dict[str, Any]], cloud: Any, redis_url: str,
     return asyncio.run(_replay_all(tasks, cloud, redis_url, workers, say))
 
 
-__all__ = ["ReplayRun", "replay_tasks"]
+__all__ = ["replay_tasks"]

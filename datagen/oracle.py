@@ -337,6 +337,23 @@ async def run_replay(d: OracleDriver, task: Task, values: Mapping[str, str]) -> 
             raise DriverError(f"step {step}: {exc}") from None
 
 
+def refused_on(observation: Observation) -> str:
+    """The console's error on the page (its alerts, "" when none): what a refused write
+    shows (``InvalidBucketName The specified bucket is not valid.``)."""
+    said: list[str] = []
+    inside = None                   # the depth of the alert whose lines are being read
+    for n in observation.page.lines():
+        if inside is not None and n.depth <= inside:
+            inside = None
+        if n.role == "alert":
+            said.append(n.label)
+            inside = n.depth
+        elif inside is not None:
+            said.append(n.label)
+    said = [" ".join(x.split()) for x in said if x.strip()]
+    return " ".join(dict.fromkeys(said))[:300]
+
+
 def plan_of(task: Task, values: Mapping[str, str]) -> Plan:
     """The filled plan of ``task`` (empty for a wrong-doc task without a family: it reports
     from the start page)."""
@@ -375,6 +392,13 @@ async def run_oracle(task: Task, values: Mapping[str, str], step_fn: StepFn,
     driver = OracleDriver(step_fn, observation, Drift(parse_drift(task.drift)))
     if task.oracle_family == "replay":
         await run_replay(driver, task, values)
+        refusal = refused_on(driver.observation)
+        if refusal:
+            # The documented values, sent as written, refused: the replay says so, quoting
+            # the console, and the evidence channel checks it against the audit log.
+            reason = ("the console refused the documented values: " + refusal).replace(
+                '"', "'").replace("\\", "/")[:500]
+            return await driver.act(f'report_infeasible("{reason}")')
     else:
         for o in plan_of(task, values):
             await driver.execute(o)

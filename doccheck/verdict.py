@@ -22,7 +22,8 @@ In order:
    works some of the time works). ``works_text_stale`` when a step's label differs from the
    console's, or a suspected defect the run got past (the evidence names each such step and
    the console's label).
-3. **broken, confirmed infeasible**: no sample passed, and a sample the agent reported
+3. **broken, confirmed infeasible**: no sample passed, and a sample the agent (or the replay,
+   which reports the console's refusal of the documented values, quoting it) reported
    infeasible has its claim confirmed by the reward service's evidence channel
    (:mod:`reward_service.evidence`): what its reason names as missing is on no page it saw nor
    in the console's inventory, or the console refused the documented values as it reported.
@@ -189,11 +190,11 @@ def procedure_verdict(checks: Sequence[StepCheck], rollouts: Sequence[Rollout], 
             reason = r.infeasible_reason or "no reason given"
             known = f" (the catalogue's known defect: {known_defect})" if known_defect else ""
             return Verdict(VerdictKind.BROKEN, (*_refusals(r, operations), Evidence(
-                EvidenceKind.INFEASIBILITY, f"sample {r.sample}: the agent reported it cannot be done as "
+                EvidenceKind.INFEASIBILITY, f"sample {r.sample}: {who} reported it cannot be done as "
                                  f"written: {reason}; confirmed: "
                                  f"{'; '.join(r.claim.reasons) or r.claim.kind}{known}",
                 r.id)), **counts)
-    unconfirmed = [Evidence(EvidenceKind.AGENT, f"sample {r.sample}: the agent reported it cannot be done "
+    unconfirmed = [Evidence(EvidenceKind.AGENT, f"sample {r.sample}: {who} reported it cannot be done "
                                      f"({r.infeasible_reason or 'no reason given'}), not "
                                      f"confirmed: {_why_not(r, renamed)}", r.id)
                    for r in claimed]

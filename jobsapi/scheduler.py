@@ -120,6 +120,34 @@ def deciding_events(outcome: EpisodeOutcome) -> list[AuditEvent]:
                        error_code=e.error_code) for e in deciding[:10]]
 
 
+def completed_fields(outcome: EpisodeOutcome) -> dict[str, Any]:
+    """What a completed episode sets on its rollout: the verdict, the reward and the channel
+    that decided it, the evidence channel's check of a claim, how the trajectory ended, its
+    tokens and policy version, the deciding audit events and the reasons (also what
+    ``benchmarks.docs --run`` keeps of a replay)."""
+    traj = outcome.trajectory
+    out: dict[str, Any] = {"verdict": verdict_of(outcome),
+                           "reward": outcome.reward.reward if outcome.reward else None}
+    if outcome.reward is not None:
+        out["reward_verdict"] = outcome.reward.verdict
+        out["decided_by"] = outcome.reward.decided_by
+        ev = outcome.reward.evidence_verdict
+        if ev is not None and ev.kind != "no_claim":
+            out["claim"] = ClaimCheck(
+                kind=ev.kind, verdict=ev.verdict,   # type: ignore[arg-type]
+                reasons=[r[:500] for r in ev.reasons[:5]],
+                missing=list(ev.missing[:10]), present=[p[:300] for p in ev.present[:10]])
+    if traj is not None:
+        versions = [t.version for t in traj.turns if t.version >= 0]
+        out.update(end_reason=traj.end_reason, end_detail=traj.end_detail or None,
+                   answer=traj.answer, infeasible_reason=traj.infeasible,
+                   tokens=sum(len(t.prompt_ids) + len(t.response_ids) for t in traj.turns),
+                   policy_version=max(versions) if versions else None)
+    out["deciding_events"] = deciding_events(outcome)
+    out["reasons"] = [r[:300] for r in outcome.reasons[:10]]
+    return out
+
+
 def target_of(action: str, page: str) -> str:
     """The label of the element an action named (``click("12")`` -> ``button "Save"``)."""
     m = _BID.match(action or "")
@@ -601,30 +629,9 @@ class JobScheduler:
                 return
         else:
             assert outcome is not None
-            traj = outcome.trajectory
             rollout.state = "completed"
-            rollout.verdict = verdict_of(outcome)   # type: ignore[assignment]
-            rollout.reward = outcome.reward.reward if outcome.reward else None
-            if outcome.reward is not None:
-                rollout.reward_verdict = outcome.reward.verdict   # type: ignore[assignment]
-                rollout.decided_by = outcome.reward.decided_by
-                ev = outcome.reward.evidence_verdict
-                if ev is not None and ev.kind != "no_claim":
-                    rollout.claim = ClaimCheck(
-                        kind=ev.kind, verdict=ev.verdict,   # type: ignore[arg-type]
-                        reasons=[r[:500] for r in ev.reasons[:5]],
-                        missing=list(ev.missing[:10]), present=[p[:300] for p in ev.present[:10]])
-            if traj is not None:
-                rollout.end_reason = traj.end_reason
-                rollout.end_detail = traj.end_detail or None
-                rollout.answer = traj.answer
-                rollout.infeasible_reason = traj.infeasible
-                rollout.tokens = sum(len(t.prompt_ids) + len(t.response_ids)
-                                     for t in traj.turns)
-                versions = [t.version for t in traj.turns if t.version >= 0]
-                rollout.policy_version = max(versions) if versions else None
-            rollout.deciding_events = deciding_events(outcome)
-            rollout.reasons = [r[:300] for r in outcome.reasons[:10]]
+            for name, value in completed_fields(outcome).items():
+                setattr(rollout, name, value)
         if rollout.state != "queued":
             rollout.steps = steps
             rollout.finished_at = time.time()

@@ -152,3 +152,29 @@ def test_a_wizard_is_filled_in_the_order_of_its_steps_and_never_sent_on_early():
     assert ("press", "Next") not in ops
     verbs = [op[0] for op in ops]
     assert verbs.index("choose") < verbs.index("pick") and ops[-1][0] == "submit"
+
+
+def test_a_refusal_of_the_documented_values_is_reported_quoting_the_console():
+    proc = fx.ram_create_user()
+    inv = fx.inventory()
+    task = draft_task(proc, Checker(inv).check(proc), inv, task_id="replay-test").task
+    attach_replay(task, proc, inv)
+    parsed = parse_task(task, "drafted")
+    form = ('[1] textbox "Logon Name"\n[2] textbox "Display Name"\n[3] button "Create"\n')
+    refused = ('alert:\n Operation failed.\n The name is not valid. (InvalidUserName)\n'
+               '# Create User\n' + form)
+    pages = {"click(1)": form, "click(3)": refused}
+    sent: list[str] = []
+    start = Observation("http://c/console/ram/users", "Users", PAGE)
+    now = [start]
+
+    async def step(text: str) -> StepResult:
+        sent.append(text)
+        if text in pages:
+            now[0] = Observation("http://c/console/ram/users/create", "Create", pages[text])
+        return StepResult(observation=now[0])
+
+    asyncio.run(run_oracle(parsed, {"user_name": "Bad Name"}, step, start))
+    assert sent[:2] == ["click(1)", 'fill(1, "Bad Name")']
+    assert sent[-1].startswith('report_infeasible("the console refused the documented values: '
+                               'Operation failed. The name is not valid. (InvalidUserName)')
