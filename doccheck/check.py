@@ -209,7 +209,7 @@ class Checker:
             label, found, score = self._compare(parts[-1], [p.menu_path[-1] for p in everywhere])
             if label != "missing" and where.product:
                 other = next(p for p in everywhere if p.menu_path[-1] == found)
-                return _Match("unreachable", " > ".join(other.menu_path), score,
+                return _Match("unreachable", " > ".join(other.menu_path), score, page=other,
                               detail=f"{m.text!r} is in the {other.product} console, not "
                                      f"{where.product}")
             return _Match("missing", found, score,
@@ -569,8 +569,8 @@ def _suspect(mention: Mention, worst: _Match, product: str) -> bool:
     another product has, and a name with nothing near it are sure."""
     if worst.label == "ambiguous":
         return True
-    if worst.label == "unreachable":
-        return worst.page is not None and (not product or worst.page.product in ("", product))
+    if worst.label == "unreachable":        # unless only another product has it
+        return worst.page is None or not product or worst.page.product in ("", product)
     return (worst.label == "missing" and mention.kind in ("control", "menu", "page", "field")
             and bool(worst.found) and NEAR_MISS <= worst.score < 0.97
             and worst.field is None and mention.value != "region")
