@@ -44,5 +44,7 @@ def test_bad_input_and_run_without_a_token_are_usage_errors(tmp_path, capsys, mo
     assert "drift" in capsys.readouterr().err
     assert main(["docs", "check", str(tmp_path / "ram.md"), "--samples", "2"]) == 2
     assert "--samples" in capsys.readouterr().err
+    assert main(["docs", "check", str(tmp_path / "ram.md"), "--executor", "replay"]) == 2
+    assert "--executor: only with --run" in capsys.readouterr().err
     assert main(["docs", "check", str(tmp_path / "ram.md"), "--run"]) == 2
     assert "no token" in capsys.readouterr().err
