@@ -263,7 +263,13 @@ def _stop(api: Any, servers: list[Any]) -> None:
         except Exception:  # noqa: BLE001 - killed below either way
             pass
         ray.kill(api)
+    # The replicas stop their engine's processes first: a killed actor leaves vLLM's engine
+    # core and worker orphaned (measured: both still running after reward_validate ended).
     for server in servers:
+        try:
+            ray.get(server.shutdown.remote(), timeout=60)
+        except Exception:  # noqa: BLE001 - killed below either way
+            pass
         ray.kill(server)
 
 
