@@ -243,7 +243,7 @@ def test_api_restart_mid_job_loses_nothing(stack, redis_server):
 
 def test_a_registered_run_folder_serves_a_job(stack):
     with client(stack) as http:
-        assert http.get("/v1/models").json()["data"] == ["live", "oracle", "ckpt"]
+        assert http.get("/v1/models").json()["data"] == ["live", "oracle", "replay", "ckpt"]
         r = http.post("/v1/jobs", json={"tasks": {"ids": ["ram-create-user-0"]},
                                         "model": "ckpt", "sampling": {"max_steps": 1}})
         assert r.status_code == 202, r.text
