@@ -287,7 +287,7 @@ def replay_figures(items: list[Item], runs: dict[str, Any]) -> dict[str, Any]:
                 item.notes.append(f"replay verdict {v.verdict}: {str(why)[:200]}")
     return {"replayed": ran, "replay_passed": passed, "sound": sound, "works": works,
             "works_share": round(works / sound, 4) if sound else None,
-            "broken": broken,
+            "broken": broken, "broken_defective": hit,
             "broken_precision": round(hit / broken, 4) if broken else None,
             "works_on_defective": wrong_works,
             "verdicts": {k: dict(sorted(c.items())) for k, c in sorted(verdicts.items())}}
@@ -410,8 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                 sound = sum(f["replay"]["sound"] for f, _ in groups)
                 works = sum(f["replay"]["works"] for f, _ in groups)
                 broken = sum(f["replay"]["broken"] for f, _ in groups)
-                hit = sum(round((f["replay"]["broken_precision"] or 0) * f["replay"]["broken"])
-                          for f, _ in groups)
+                hit = sum(f["replay"]["broken_defective"] for f, _ in groups)
                 out["replay_all"] = {
                     "corpora": 1 + len(blind), "sound": sound, "works": works,
                     "works_share": round(works / sound, 4) if sound else None,

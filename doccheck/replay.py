@@ -42,15 +42,15 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from consolerl.resources import placeholders
 from consolerl.text import norm
 
 from .check import GENERIC_SUBMIT, Checker, Resolved
-from .model import (Control, Form, FormField, Inventory, Procedure, StepCheck, TargetKind,
-                    WhereKind)
+from .model import (Control, Form, FormField, Inventory, PageEntry, Procedure, StepCheck,
+                    TargetKind, WhereKind)
 from .operations import RESOURCE_FIELDS, RESOURCE_PAGES
 
 REPLAY_FAMILY = "replay"
-_PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]{0,31})\}")
 
 Op = tuple[str, ...]            # (step number, verb, *args)
 # The request parameters that name a row on a resource's own page, most telling first.
@@ -226,7 +226,8 @@ class _Plan:
                 self.key(page) or "")
         elif c.target.kind is TargetKind.PAGE:
             self.here = c.target.name
-            forms = [f for f in (self.inventory.page(self.here) or _NO_PAGE).forms if f.post]
+            page = self.inventory.page(self.here)
+            forms = [f for f in page.forms if f.post] if page is not None else []
             self.form = forms[0] if len(forms) == 1 else None
             self.set_fields, self.opened_at = set(), len(self.ops)
 
@@ -252,17 +253,10 @@ class _Plan:
             self.add(step, "submit", self.form.submit)
 
 
-def _last_of_several(page: Any, c: Control) -> bool:
+def _last_of_several(page: PageEntry, c: Control) -> bool:
     """``c`` is the last of several links of its label on ``page`` (one per tab)."""
     same = [x for x in page.controls if x.role == c.role and x.label == c.label]
     return len(same) > 1 and same[-1] == c
-
-
-class _NoPage:
-    forms: tuple[Form, ...] = ()
-
-
-_NO_PAGE = _NoPage()
 
 
 def replay_plan(proc: Procedure, walked: Sequence[tuple[StepCheck, Sequence[Resolved]]],
@@ -293,7 +287,7 @@ def attach_replay(task: dict[str, Any], proc: Procedure, inventory: Inventory,
     if not ops:
         return "no replay: the steps name nothing the replay can do"
     known = set(task.get("parameters", {})) | {p["id"] for p in task.get("prerequisites", ())}
-    named = {n for op in ops for a in op[2:] for n in _PLACEHOLDER.findall(a)}
+    named = {n for op in ops for a in op[2:] for n in placeholders(a)}
     if named - known - {"episode"}:
         return f"no replay: the plan names {sorted(named - known)} the task does not define"
     task["oracle"] = {"family": REPLAY_FAMILY,

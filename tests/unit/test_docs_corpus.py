@@ -94,13 +94,13 @@ def _steps(corpus: Path, entry: dict) -> list[list[str]] | None:
     return _html_steps(text, entry["title"])
 
 
-def check_entries(labels: list[dict]) -> None:
-    """Every label entry has the schema's keys, in order, and values that fit together (the
-    held-out corpus's test runs the same checks)."""
+def check_entries(labels: list[dict], keys: tuple[str, ...] = KEYS) -> None:
+    """Every label entry has the schema's ``keys``, in order, and values that fit together
+    (the held-out and blind corpora's tests run the same checks)."""
     seen = set()
     for e in labels:
         where = f"{e.get('page')}: {e.get('title')}"
-        assert tuple(e) == KEYS, where
+        assert tuple(e) == keys, where
         assert e["status"] in STATUSES, where
         assert (e["page"], e["title"]) not in seen, f"labelled twice: {where}"
         seen.add((e["page"], e["title"]))
@@ -155,11 +155,37 @@ def test_corpus_mix():
     assert all(1 <= sum(e["page"] == p for e in LABELS) <= 3 for p in pages)
 
 
-def test_every_page_is_labelled():
-    pages = {e["page"] for e in LABELS}
-    on_disk = {p.relative_to(CORPUS).as_posix() for p in CORPUS.rglob("*")
-               if p.suffix in (".md", ".html") and p.parent != CORPUS}
+def check_pages_labelled(corpus: Path, labels: list[dict]) -> None:
+    """Every page of ``corpus`` is labelled and every labelled page exists."""
+    pages = {e["page"] for e in labels}
+    on_disk = {p.relative_to(corpus).as_posix() for p in corpus.rglob("*")
+               if p.suffix in (".md", ".html") and p.parent != corpus}
     assert on_disk == pages
+
+
+def check_readme_counts(corpus: Path, labels: list[dict]) -> str:
+    """The corpus README's counts (procedures, pages by format, per status, per defect, per
+    product and status) are the labels'; returns the README for further checks."""
+    readme = (corpus / "README.md").read_text(encoding="utf-8")
+    status = Counter(e["status"] for e in labels)
+    pages = {e["page"] for e in labels}
+    html = sum(p.endswith(".html") for p in pages)
+    assert f"{len(labels)} procedures" in readme
+    assert f"on {len(pages)} pages ({len(pages) - html} Markdown, {html} HTML)" in readme
+    for name in STATUSES:
+        assert f"| {name} | {status[name]} |" in readme, name
+    defects = Counter(e["defect"] for e in labels if e["defect"])
+    for name in DEFECTS:
+        assert f"| {name} | {defects[name]} |" in readme, name
+    for product in PRODUCTS:
+        mine = [e for e in labels if e["page"].startswith(product + "/")]
+        row = " | ".join(str(sum(e["status"] == s for e in mine)) for s in STATUSES)
+        assert f"| {product} | {row} | {len(mine)} |" in readme, product
+    return readme
+
+
+def test_every_page_is_labelled():
+    check_pages_labelled(CORPUS, LABELS)
 
 
 def test_readme_counts_are_current():

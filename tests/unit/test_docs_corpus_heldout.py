@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from selectolax.lexbor import LexborHTMLParser as HTMLParser
 
-from tests.unit.test_docs_corpus import (DEFECTS, PRODUCTS, STATUSES, check_entries,
-                                         check_procedure_entry, load_labels)
+from tests.unit.test_docs_corpus import (DEFECTS, PRODUCTS, check_entries,
+                                         check_pages_labelled, check_procedure_entry,
+                                         check_readme_counts, load_labels)
 
 CORPUS = Path(__file__).resolve().parents[2] / "docs" / "corpus-heldout"
 
@@ -53,25 +54,8 @@ def test_corpus_mix():
 
 
 def test_every_page_is_labelled():
-    pages = {e["page"] for e in LABELS}
-    on_disk = {p.relative_to(CORPUS).as_posix() for p in CORPUS.rglob("*")
-               if p.suffix in (".md", ".html") and p.parent != CORPUS}
-    assert on_disk == pages
+    check_pages_labelled(CORPUS, LABELS)
 
 
 def test_readme_counts_are_current():
-    readme = (CORPUS / "README.md").read_text(encoding="utf-8")
-    status = Counter(e["status"] for e in LABELS)
-    pages = {e["page"] for e in LABELS}
-    html = sum(p.endswith(".html") for p in pages)
-    assert f"{len(LABELS)} procedures" in readme
-    assert f"on {len(pages)} pages ({len(pages) - html} Markdown, {html} HTML)" in readme
-    for name in STATUSES:
-        assert f"| {name} | {status[name]} |" in readme, name
-    defects = Counter(e["defect"] for e in LABELS if e["defect"])
-    for name in DEFECTS:
-        assert f"| {name} | {defects[name]} |" in readme, name
-    for product in PRODUCTS:
-        mine = [e for e in LABELS if e["page"].startswith(product + "/")]
-        row = " | ".join(str(sum(e["status"] == s for e in mine)) for s in STATUSES)
-        assert f"| {product} | {row} | {len(mine)} |" in readme, product
+    check_readme_counts(CORPUS, LABELS)

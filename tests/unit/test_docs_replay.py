@@ -30,6 +30,15 @@ def plan(proc, inventory=None) -> tuple[list[tuple[str, ...]], dict]:
     return replay_plan(proc, walked, d.task, inv), d.task
 
 
+def user_task(replay: bool = True) -> dict:
+    """The drafted task of creating a RAM user, with its replay plan attached."""
+    proc, inv = fx.ram_create_user(), fx.inventory()
+    task = draft_task(proc, Checker(inv).check(proc), inv, task_id="replay-test").task
+    if replay:
+        assert attach_replay(task, proc, inv) == ""
+    return task
+
+
 def test_a_form_procedure_in_the_consoles_labels_with_the_tasks_values():
     ops, task = plan(fx.ram_create_user("deploy-bot"))
     # Already on the Users page (the task's start): no navigation; the doc's name is the
@@ -70,10 +79,7 @@ def test_navigation_tabs_and_select_options():
 
 
 def test_attach_puts_a_json_plan_the_task_parser_and_the_oracle_accept():
-    proc = fx.ram_create_user()
-    inv = fx.inventory()
-    task = draft_task(proc, Checker(inv).check(proc), inv, task_id="replay-test").task
-    assert attach_replay(task, proc, inv) == ""
+    task = user_task()
     assert task["oracle"]["family"] == "replay"
     parsed = parse_task(task, "drafted")
     ops = plan_of(parsed, {"user_name": 'a"b|c;d'})     # filled after parsing: any value
@@ -81,11 +87,9 @@ def test_attach_puts_a_json_plan_the_task_parser_and_the_oracle_accept():
 
 
 def test_attach_refuses_a_plan_naming_what_the_task_does_not_define():
-    proc = fx.ram_create_user()
-    inv = fx.inventory()
-    task = draft_task(proc, Checker(inv).check(proc), inv, task_id="replay-test").task
+    task = user_task(replay=False)
     task.pop("parameters")
-    why = attach_replay(task, proc, inv)
+    why = attach_replay(task, fx.ram_create_user(), fx.inventory())
     assert "user_name" in why and "oracle" not in task
 
 
@@ -101,10 +105,7 @@ PAGE = "[1] button \"Create User\"\n"
 
 
 def test_the_replay_names_the_step_it_could_not_do():
-    proc = fx.ram_create_user()
-    inv = fx.inventory()
-    task = draft_task(proc, Checker(inv).check(proc), inv, task_id="replay-test").task
-    attach_replay(task, proc, inv)
+    task = user_task()
     parsed = parse_task(task, "drafted")
     sent: list[str] = []
     start = Observation("http://c/console/ram/users", "Users", PAGE)
@@ -155,10 +156,7 @@ def test_a_wizard_is_filled_in_the_order_of_its_steps_and_never_sent_on_early():
 
 
 def test_a_refusal_of_the_documented_values_is_reported_quoting_the_console():
-    proc = fx.ram_create_user()
-    inv = fx.inventory()
-    task = draft_task(proc, Checker(inv).check(proc), inv, task_id="replay-test").task
-    attach_replay(task, proc, inv)
+    task = user_task()
     parsed = parse_task(task, "drafted")
     form = ('[1] textbox "Logon Name"\n[2] textbox "Display Name"\n[3] button "Create"\n')
     refused = ('alert:\n Operation failed.\n The name is not valid. (InvalidUserName)\n'
