@@ -189,11 +189,4 @@ def test_every_page_is_labelled():
 
 
 def test_readme_counts_are_current():
-    readme = (CORPUS / "README.md").read_text(encoding="utf-8")
-    status = Counter(e["status"] for e in LABELS)
-    assert f"{len(LABELS)} procedures" in readme
-    for name in STATUSES:
-        assert f"| {name} | {status[name]} |" in readme, name
-    defects = Counter(e["defect"] for e in LABELS if e["defect"])
-    for name in DEFECTS:
-        assert f"| {name} | {defects[name]} |" in readme, name
+    check_readme_counts(CORPUS, LABELS)
