@@ -14,6 +14,7 @@ from benchmarks.docs import content_type
 from benchmarks.docs_replay import replay_tasks
 from doccheck import PageIn, procedure_verdict
 from doccheck.service import DocsService
+from tests.conftest import in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "docs" / "corpus"
@@ -36,8 +37,8 @@ def test_replays_are_judged_by_the_audit_log_and_a_failure_names_its_step(cloud,
     ops = json.loads(broken["oracle"]["args"]["plan"])
     ops[0][-1] = "Create Userz"          # a control no page has
     broken["oracle"]["args"]["plan"] = json.dumps(ops)
-    runs = replay_tasks([correct.task, stale.task, broken], cloud, redis_server.url,
-                        workers=2)
+    runs = in_thread(replay_tasks, [correct.task, stale.task, broken], cloud, redis_server.url,
+                     workers=2)
     ok, old, bad = (runs[t["id"]] for t in (correct.task, stale.task, broken))
     assert (ok.state, ok.verdict) == ("completed", "success"), ok.reasons
     assert (old.state, old.verdict) == ("completed", "success"), old.reasons

@@ -5,7 +5,6 @@ step. The replay in a real browser against the local cloud: tests/integration/
 test_docs_replay.py."""
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 
@@ -20,6 +19,7 @@ from doccheck.draft import draft_task
 from doccheck.replay import attach_replay, replay_plan
 from env_workers.driver import DriverError
 from tests import docs_fixture as fx
+from tests.conftest import run_async
 
 
 def plan(proc, inventory=None) -> tuple[list[tuple[str, ...]], dict]:
@@ -115,7 +115,7 @@ def test_the_replay_names_the_step_it_could_not_do():
         return StepResult(observation=start)
 
     with pytest.raises(DriverError, match=r"^step 4: no field 'Logon Name'"):
-        asyncio.run(run_oracle(parsed, {"user_name": "u-1"}, step, start))
+        run_async(run_oracle(parsed, {"user_name": "u-1"}, step, start))
     assert sent == ["click(1)"]
     assert json.loads(task["oracle"]["args"]["plan"])[0] == ["3", "press", "Create User"]
 
@@ -172,7 +172,7 @@ def test_a_refusal_of_the_documented_values_is_reported_quoting_the_console():
             now[0] = Observation("http://c/console/ram/users/create", "Create", pages[text])
         return StepResult(observation=now[0])
 
-    asyncio.run(run_oracle(parsed, {"user_name": "Bad Name"}, step, start))
+    run_async(run_oracle(parsed, {"user_name": "Bad Name"}, step, start))
     assert sent[:2] == ["click(1)", 'fill(1, "Bad Name")']
     assert sent[-1].startswith('report_infeasible("the console refused the documented values: '
                                'Operation failed. The name is not valid. (InvalidUserName)')
