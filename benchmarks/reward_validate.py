@@ -81,7 +81,7 @@ from env_workers.pool import LeasedEnvWorker
 from env_workers.worker import WorkerConfig
 from reward_service.evidence import steps_of
 from reward_service.fusion import evidence_decides, fuse
-from reward_service.judges import JudgeChannel, JudgeConfig, judge_clients
+from reward_service.judges import VOTE_MAX_CHARS, JudgeChannel, JudgeConfig, judge_clients
 from reward_service.service import RewardService
 from rollout_service.episode import EpisodeOutcome, EpisodeRunner, scripted_policy
 from rollout_service.episode import Script as EpisodeScript
@@ -492,7 +492,7 @@ def scripted_channel() -> JudgeChannel:
 
 
 @contextmanager
-def live_judge(model: str, backend: str = "vllm", max_tokens: int = 64
+def live_judge(model: str, backend: str = "vllm", max_tokens: int = VOTE_MAX_CHARS
                ) -> Iterator[tuple[str, str]]:
     """Serve ``model`` (a folder, or ``default``) as a judge on an embedded Ray cluster: one
     PolicyServer replica behind the project's OpenAI-compatible chat API
@@ -753,8 +753,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds the judge channel may take per case")
     parser.add_argument("--judge-backend", choices=("vllm", "transformers"), default="vllm",
                         help="how --judge live serves the model")
-    parser.add_argument("--judge-max-tokens", type=int, default=64,
-                        help="the longest reply of one judge")
+    parser.add_argument("--judge-max-tokens", type=int, default=VOTE_MAX_CHARS,
+                        help="the longest reply of one judge (by default the longest vote "
+                             "structured output allows)")
     parser.add_argument("--judge-chars", type=int, default=6000,
                         help="the rendering's budget of characters (the episode as the "
                              "judges read it)")

@@ -39,7 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from consolerl.config import Between
 from consolerl.errors import ConfigError
 from infra.observability.discovery import PublishConfig
-from reward_service.judges import JudgeChannel, JudgeConfig, judge_clients
+from reward_service.judges import VOTE_MAX_CHARS, JudgeChannel, JudgeConfig, judge_clients
 from cluster.replicas import start_policy
 from rollout_service.policy import PolicyConfig
 
@@ -122,6 +122,10 @@ class JudgeSection(JudgeConfig):
             raise ConfigError(f"reward.judges.temperatures: must be a list of 1 or k "
                               f"({self.k}) numbers, got {self.temperatures!r}")
         object.__setattr__(self, "temperatures", tuple(float(t) for t in self.temperatures))
+        if self.structured and self.max_tokens < VOTE_MAX_CHARS:
+            raise ConfigError(f"reward.judges.max_tokens: must be at least {VOTE_MAX_CHARS} "
+                              f"under structured output (the longest vote the schema allows; "
+                              f"a reply cut shorter is no vote), got {self.max_tokens}")
 
     @property
     def remote(self) -> bool:

@@ -88,26 +88,33 @@ _INSTRUCTIONS = {
                   "claimed to have completed the task, gave an unrelated reason, or gave none.",
 }
 # The vote, as a JSON schema: what structured output is constrained to and what
-# :func:`parse_vote` accepts (the verdict's values come from here; a reason longer than
-# ``maxLength`` is cut by the parser, not refused, and other keys of a free-text reply are
-# ignored). ``maxLength`` keeps a constrained reply, braces included, within about 50 tokens,
-# under the 64 a small CPU judge is usually given.
+# :func:`parse_vote` accepts (the verdict's values come from here; a free-text reason longer
+# than ``maxLength`` is cut by the parser, not refused, and other keys of a free-text reply are
+# ignored). Under structured output the reason is also held to ``pattern``: printable ASCII
+# without a quote or a backslash (no escapes, which take several tokens a character), at most
+# ``maxLength`` characters; with no free whitespace either (the project's vLLM server asks for
+# none) the longest constrained reply is :data:`VOTE_MAX_CHARS` characters, so a reply budget
+# of that many tokens always closes its JSON object.
+REASON_MAX_CHARS = 80
 VOTE_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {
+    "properties": {      # the reason first: a constrained judge writes it before it votes
+        "reason": {"type": "string", "minLength": 1, "maxLength": REASON_MAX_CHARS,
+                   "pattern": f"^[ -!#-\\[\\]-~]{{1,{REASON_MAX_CHARS}}}$"},
         "verdict": {"type": "string", "enum": ["success", "failure"]},
-        "reason": {"type": "string", "minLength": 1, "maxLength": 120},
     },
     "required": ["verdict", "reason"],
     "additionalProperties": False,
 }
+# ``{"reason": "...", "verdict": "failure"}`` with the longest reason and verdict.
+VOTE_MAX_CHARS = len(json.dumps({"reason": "", "verdict": "failure"})) + REASON_MAX_CHARS
 RESPONSE_FORMAT: dict[str, Any] = {
     "type": "json_schema",
     "json_schema": {"name": "judge_vote", "strict": True, "schema": VOTE_SCHEMA},
 }
 _VERDICT_VALUES = tuple(VOTE_SCHEMA["properties"]["verdict"]["enum"])
 _FORMAT = ('End your reply with one JSON object and nothing after it: '
-           '{"verdict": "success" or "failure", "reason": "<one sentence>"}')
+           '{"reason": "<one sentence>", "verdict": "success" or "failure"}')
 _TRAILING_FENCE = re.compile(r"```\s*$")
 
 

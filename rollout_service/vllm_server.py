@@ -189,8 +189,10 @@ def sampling_params(s: dict[str, Any], classes: tuple[Any, Any] | None = None) -
         from vllm.sampling_params import StructuredOutputsParams
     else:
         SamplingParams, StructuredOutputsParams = classes
-    structured = (StructuredOutputsParams(json=s["json_schema"]) if s.get("json_schema")
-                  else None)
+    # No free whitespace in a constrained reply: its length is then bounded by the schema
+    # (a judge's vote fits its token budget, reward_service.judges.VOTE_MAX_CHARS).
+    structured = (StructuredOutputsParams(json=s["json_schema"], disable_any_whitespace=True)
+                  if s.get("json_schema") else None)
     return SamplingParams(n=1, temperature=float(s["temperature"]),
                           top_p=float(s.get("top_p", 1.0)), max_tokens=int(s["max_tokens"]),
                           seed=s.get("seed"), logprobs=0, detokenize=False,

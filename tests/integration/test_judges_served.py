@@ -30,7 +30,7 @@ def cluster():
 def test_a_policy_judge_votes_within_the_deadline(cluster):
     section = JudgeSection(enabled=True, endpoint="policy:default", k=2, timeout_s=90,
                            deadline_s=120, concurrency=2, retries=1, max_tokens=48,
-                           temperatures=(0.0,))
+                           temperatures=(0.0,), structured=False)   # transformers: free text
     registry = CollectorRegistry()
     channel, stop = start_judges(section, PolicyConfig(backend="transformers", device="cpu",
                                                        max_model_len=4096), None, registry)

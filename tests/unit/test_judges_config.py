@@ -72,6 +72,7 @@ def test_the_section_is_the_channels_config():
     (["reward.judges.concurrency=0"], "reward.judges.concurrency"),
     (["reward.judges.retries=-1"], "reward.judges.retries"),
     (["reward.judges.max_tokens=0"], "reward.judges.max_tokens"),
+    (["reward.judges.max_tokens=64"], "reward.judges.max_tokens"),
     (["reward.judges.temperatures=[0.1, 0.2]"], "reward.judges.temperatures"),
     (["reward.judges.temperatures=[9]"], "reward.judges.temperatures"),
     (["reward.judges.audit_fraction=1.5"], "reward.judges.audit_fraction"),
@@ -81,6 +82,13 @@ def test_the_section_is_the_channels_config():
 def test_errors_name_the_field(overrides, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         load_config(JobConfig, CONFIGS / "cpu.yaml", overrides)
+
+
+def test_a_short_reply_budget_is_fine_for_free_text_only():
+    """Under structured output a budget below the longest vote would cut votes short."""
+    config = load_config(JobConfig, CONFIGS / "cpu.yaml",
+                         ["reward.judges.max_tokens=64", "reward.judges.structured=false"])
+    assert config.reward.judges.max_tokens == 64
 
 
 def test_api_key_env_empty_is_none():

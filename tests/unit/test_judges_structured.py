@@ -6,6 +6,7 @@ here (one test builds vLLM's own SamplingParams in ``.venv-vllm`` where it exist
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +24,8 @@ from cluster.judges import JudgeSection, judge_config, serves_structured, start_
 from consolerl.config import load_config
 from consolerl.tasks import TASKS_DIR, load_suite
 from infra.llm import OpenAIChatClient
-from reward_service.judges import (RESPONSE_FORMAT, VOTE_SCHEMA, JudgeChannel, JudgeConfig,
-                                   parse_vote)
+from reward_service.judges import (REASON_MAX_CHARS, RESPONSE_FORMAT, VOTE_MAX_CHARS,
+                                   VOTE_SCHEMA, JudgeChannel, JudgeConfig, parse_vote)
 from rollout_service.agent import Generation, SamplingParams
 from rollout_service.chat_api import build_api
 from rollout_service.policy import PolicyConfig, TransformersEngine
@@ -64,7 +65,7 @@ def test_the_request_carries_the_votes_schema():
     assert body["response_format"] == RESPONSE_FORMAT
     assert body["response_format"]["type"] == "json_schema"
     assert body["response_format"]["json_schema"]["schema"] == VOTE_SCHEMA
-    assert body["messages"][-1]["content"].endswith('"reason": "<one sentence>"}')
+    assert body["messages"][-1]["content"].endswith('"verdict": "success" or "failure"}')
 
 
 def test_free_text_when_structured_is_off():
@@ -225,9 +226,23 @@ def test_vllm_engine_sends_the_schema():
     assert "json_schema" not in sent[1]
 
 
+def test_the_longest_constrained_vote_fits_its_budget_and_parses():
+    reason = VOTE_SCHEMA["properties"]["reason"]
+    pattern = re.compile(reason["pattern"])
+    longest = "~" * REASON_MAX_CHARS
+    assert pattern.match(longest) and not pattern.match(longest + "~")
+    # No quote, backslash or control character: nothing a reply would have to escape.
+    for bad in ('say "done"', "a\\b", "line\nbreak", "caf\u00e9", ""):
+        assert not pattern.match(bad), bad
+    reply = json.dumps({"verdict": "failure", "reason": longest}, separators=(", ", ": "))
+    assert len(reply) <= VOTE_MAX_CHARS
+    assert parse_vote("j", reply).verdict == "failure"
+
+
 class FakeStructured:
-    def __init__(self, json=None):
+    def __init__(self, json=None, disable_any_whitespace=False):
         self.json = json
+        self.disable_any_whitespace = disable_any_whitespace
 
 
 class FakeSampling:
@@ -240,6 +255,8 @@ def test_vllm_sampling_params_carry_structured_outputs():
     s = {"max_tokens": 16, "temperature": 0.0, "top_p": 1.0, "seed": 4}
     params = sampling_params({**s, "json_schema": schema}, (FakeSampling, FakeStructured))
     assert params.kwargs["structured_outputs"].json == schema
+    # No free whitespace: a constrained reply's length is bounded by the schema.
+    assert params.kwargs["structured_outputs"].disable_any_whitespace is True
     assert (params.kwargs["max_tokens"], params.kwargs["seed"]) == (16, 4)
     assert sampling_params(s, (FakeSampling, FakeStructured)).kwargs["structured_outputs"] \
         is None
@@ -253,13 +270,19 @@ def test_vllms_own_sampling_params_take_the_schema():
         pytest.skip(".venv-vllm is not installed")
     code = ("import json, sys\nfrom rollout_service.vllm_server import sampling_params\n"
             "p = sampling_params({'max_tokens': 8, 'temperature': 0.0, 'json_schema': "
-            "sys.argv[1]})\nprint(json.dumps([type(p).__module__, p.structured_outputs.json, "
-            "p.max_tokens]))\n")
+            "sys.argv[1]})\nimport xgrammar\ng = str(xgrammar.Grammar.from_json_schema("
+            "sys.argv[1], any_whitespace=False))\n"
+            "print(json.dumps([type(p).__module__, p.structured_outputs.json, "
+            "p.max_tokens, p.structured_outputs.disable_any_whitespace, g]))\n")
     out = subprocess.run([str(python), "-c", code, json.dumps(VOTE_SCHEMA)], cwd=ROOT,
                          capture_output=True, text=True, timeout=180, check=True)
-    module, schema, max_tokens = json.loads(out.stdout.strip().splitlines()[-1])
-    assert module == "vllm.sampling_params" and max_tokens == 8
+    module, schema, max_tokens, no_space, grammar = json.loads(
+        out.stdout.strip().splitlines()[-1])
+    assert module == "vllm.sampling_params" and max_tokens == 8 and no_space is True
     assert json.loads(schema) == VOTE_SCHEMA
+    # vLLM's grammar backend keeps the reason's bound (the pattern carries the length; with
+    # a pattern, maxLength alone would be dropped).
+    assert f"{{1,{REASON_MAX_CHARS}}}" in grammar
 
 
 def test_transformers_engine_refuses_a_schema():
