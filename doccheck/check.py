@@ -43,6 +43,7 @@ from rapidfuzz import fuzz
 
 from consolerl.text import norm
 
+from .operations import title_misfit
 from .model import (Control, DocStep, Form, FormField, Inventory, Mention, PageEntry,
                     Procedure, StepCheck, TargetKind, WhereKind)
 
@@ -128,6 +129,7 @@ class _Where:
     lost: bool = False           # a control of an earlier step was not found
     step_text: str = ""          # the step being resolved, lower case
     tab: str = ""                # the tab of the page the reader opened ("" = the first)
+    title: str = ""              # the procedure's title
 
 
 class Checker:
@@ -306,6 +308,13 @@ class Checker:
         if label != "missing":
             hits = [(p, c) for p, c in here if c.label == found]
             hits = _in_tab(hits, where.tab)
+            # Of several, the ones that do what the procedure's title says (a rule's Delete
+            # in "Delete an inbound rule", not the security group's).
+            fits = [(p, c) for p, c in hits if c.action and not title_misfit(where.title,
+                                                                             c.action)]
+            if fits and len(fits) < len(hits) and all(
+                    c.action for _, c in hits):
+                hits = fits
             targets = {c.target for _, c in hits if c.target}
             match = _Match(label, found, score, control=hits[0][1], page=hits[0][0],
                            detail="" if label == "ok" else f"the console's control reads "
@@ -422,11 +431,26 @@ class Checker:
         fields = [f for form in forms for f in form.fields]
         label, found, score = self._compare(m.text, [f.label for f in fields])
         if label == "missing":
-            # "the name" for the form's only name field ("VPC Name"): a generic reference
+            # "the name" for the form's only name field ("VPC Name"), "a new name": a generic
+            # reference
             words = _words(m.text)
-            holders = [f for f in fields if words and words <= _words(f.label)]
+            generic = words - {"new"}
+            holders = [f for f in fields if generic and generic <= _words(f.label)]
+            # "User Logon Name" on the Create User form: the console's label with the form's
+            # resource named in it too
+            titled = set().union(*(_words(form.title) for form in forms))
+            longer = [f for f in fields
+                      if _words(f.label) < words and words - _words(f.label) <= titled]
             if len(holders) == 1:
-                label, found, score = "ok", holders[0].label, similarity(m.text, found)
+                label, found = "ok", holders[0].label
+                score = similarity(m.text, found)
+            elif len(holders) > 1 and where.lost:
+                # Where the reader is is unknown (an earlier step flagged): several forms of
+                # the product have such a field, so nothing says this one is missing.
+                return _Match("ok")
+            elif len(longer) == 1:
+                return self._field_found(m, longer[0], "label_differs",
+                                         similarity(m.text, longer[0].label), where, forms)
             elif "search" in where.step_text and any(
                     words and words <= _words(o) for form in forms if not form.post
                      for f in form.fields for o in f.options):
@@ -446,16 +470,21 @@ class Checker:
             return _Match("missing", found, score,
                           detail=f"the form has no field {m.text!r}"
                                  + (f"; closest: {found!r}" if found else ""))
-        f = next(x for x in fields if x.label == found)
+        return self._field_found(m, next(x for x in fields if x.label == found), label, score,
+                                 where, forms)
+
+    def _field_found(self, m: Mention, f: FormField, label: str, score: float, where: _Where,
+                     forms: list[Form]) -> _Match:
+        """``m`` names the field ``f`` (``label``: ok or label_differs): the form it is in is
+        open now, and the documented value must be one ``f`` takes."""
         if where.form is None and len(forms) >= 1:
             where.form = next(form for form in forms if f in form.fields)
-        match = _Match(label, found, score, field=f, detail="" if label == "ok" else
-                       f"the field is labelled {found!r}")
         if m.value:
             bad = _value_problem(f, m.value)
             if bad:
-                return _Match("missing", found, score, field=f, detail=bad)
-        return match
+                return _Match("missing", f.label, score, field=f, detail=bad)
+        return _Match(label, f.label, score, field=f, detail="" if label == "ok" else
+                      f"the field is labelled {f.label!r}")
 
     def _option(self, m: Mention, where: _Where) -> _Match:
         if not m.text.strip():          # "select a zone": whichever the reader needs
@@ -488,6 +517,15 @@ class Checker:
         where.step_text = step.text.lower()
         previous: Mention | None = None
         for m in step.mentions:
+            if m.kind == "control" and m.value == "row-select" and m.field \
+                    and where.form is not None:
+                # "select a VPC" where a form with a VPC field is open: that field's choice
+                as_field = Mention("field", m.field)
+                match = self._field(as_field, where)
+                if match.label in ("ok", "label_differs") and match.field is not None:
+                    results.append((as_field, match))
+                    previous = as_field
+                    continue
             row_link = m.kind == "control" and m.value != "region" and (
                 m.value == "row-link" or not m.text)
             if row_link and previous is not None and previous.kind == "control" and \
@@ -508,7 +546,7 @@ class Checker:
     def walk(self, proc: Procedure) -> list[tuple[StepCheck, list[Resolved]]]:
         """The check of each step with what each of its mentions resolved to, in order (the
         replay, :mod:`.replay`, carries these out in a browser)."""
-        where = _Where(product=proc.product)
+        where = _Where(product=proc.product, title=proc.title)
         out: list[tuple[StepCheck, list[Resolved]]] = []
         pending: list[DocStep] = []     # steps flagged unreachable: perhaps only too early
         for step in proc.steps:

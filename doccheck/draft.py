@@ -59,7 +59,8 @@ from consolerl.text import norm
 from .model import (DEFECT_LABELS, Control, DocStep, Form, FormField, Inventory, PageEntry,
                     Procedure, StepCheck, TargetKind, WhereKind)
 from .operations import (CONTRARY, CREATED_ID, DECLARATIONS, ID_PARAMS, NEEDS, READBACK,
-                         RESOURCE_FIELDS, RESOURCE_NOUN, RESOURCE_PAGES, RESOURCE_WORDS)
+                         RESOURCE_FIELDS, RESOURCE_NOUN, RESOURCE_PAGES, RESOURCE_WORDS,
+                         title_misfit)
 
 DEFAULT_REGION = "cn-hangzhou"
 SERVICES = {"Ecs": "ecs", "Vpc": "vpc", "Ram": "ram", "Oss": "oss"}
@@ -211,8 +212,11 @@ def _find_operations(proc: Procedure, checks: Mapping[str, StepCheck], inventory
                     found = _Operation(form.action, i, pattern, form.post or pattern, form, label,
                                        form.sends)
                     break
-                control = next((c for c in controls if _same(c.label, label) and c.action),
-                               None)
+                # Of several controls of this label, the one that does what the title says
+                # (the rule's Delete, not the security group's).
+                control = next((c for c in sorted(
+                    (c for c in controls if _same(c.label, label) and c.action),
+                    key=lambda c: bool(title_misfit(proc.title, c.action)))), None)
                 if control is not None:
                     if control.target.kind is TargetKind.DIALOG:
                         opened = control.target.name
@@ -457,6 +461,11 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
         visited = ", ".join(dict.fromkeys(p for pair in walk for p in pair if p)) or "none"
         return Draft(None, "no operation: no step submits a form or clicks a control whose "
                            f"API action the inventory knows (pages reached: {visited})")
+    fitting = [o for o in ops if not title_misfit(proc.title, o.action or "")]
+    if not fitting:
+        return Draft(None, f"no operation: {title_misfit(proc.title, ops[-1].action or '')} "
+                           f"(the steps cause {', '.join(o.action or '?' for o in ops)})")
+    ops = fitting
     op = ops[-1]
     if not re.fullmatch(r"[A-Z][A-Za-z]+:[A-Z][A-Za-z]+", op.action or ""):
         what = f"form {op.form.title!r}" if op.form else f"control {op.label!r}"
@@ -585,8 +594,10 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
     if action == "DetachPolicyFromUser" and "PolicyName" in known and "ram_user" in b.prereqs:
         b.prereqs["ram_user"]["properties"]["policies"] = [known["PolicyName"]]
     if action.startswith("Revoke") and "security_group" in b.prereqs:
+        # The rule the procedure deletes, with the port range it names (the replay finds
+        # its row by it; the request itself names the rule by id).
         b.require("security_group_rule", direction="egress" if action.endswith("Egress")
-                  else "ingress")
+                  else "ingress", port_range=_port_range(proc))
 
     success: dict[str, Any] = {"required_events": [
         {"id": "op", "event": action, "service": service, "where": where}]}
@@ -615,6 +626,20 @@ def draft_task(proc: Procedure, checks: Sequence[StepCheck], inventory: Inventor
     if b.prereqs:
         task["prerequisites"] = b.ordered_prereqs()
     return Draft(task, "; ".join(notes))
+
+
+_PORTS = re.compile(r"(?<![\d./])(\d{1,5})/(\d{1,5})(?![\d./])")
+
+
+def _port_range(proc: Procedure) -> str:
+    """The first port range (``22/22``) the procedure's steps name; the provisioned rule's
+    default otherwise."""
+    for step in proc.steps:
+        for m in _PORTS.finditer(step.text):
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if 1 <= lo <= hi <= 65535:
+                return f"{lo}/{hi}"
+    return "22/22"
 
 
 def _policy_named(proc: Procedure, inventory: Inventory, first: bool = False) -> str:

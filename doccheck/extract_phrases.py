@@ -85,7 +85,12 @@ PRODUCT = _c(_I(r"\b(ECS|VPC|RAM|OSS|Elastic Compute Service|Virtual Private Clo
                 r"Resource Access Management|Object Storage Service)\b(?: \(\w+\))? console\b"))
 LOGON = _c(_I(r"^(?:log on to|log in to|sign in to|go to|open|navigate to|access)\b"))
 FIND = _c(_I(r"^(?:find|locate|search for|look for|filter)\b"))
-ROW_SELECT = _c(_I(r"^select (?:the|one or more|an?) [\w-]+(?: [\w-]+)?(?: that| you| whose|$)"))
+ROW_SELECT = _c(_I(r"^select (?:the|one or more|an?) ([\w-]+(?: (?!that\b|you\b|whose\b)[\w-]+)?)"
+                   r"(?: that| you| whose|,|$)"))
+# "enter the bucket name in the search box": a list's search box, which names no field
+IN_SEARCH_BOX = _c(_I(r"\s+(?:in|into)\s+(?:the\s+)?(?:search|filter)\s+(?:box|bar|field)$"))
+# "**Storage Class** (Standard)": a field named with its value in parentheses
+_NAMED_VALUE = re.compile(r"^(.+?)\s*\(([^()]+)\)$")
 RESULT = _c(_I(r"\b(?:appears?|is displayed|are displayed|is shown|are shown|opens|is opened|"
                r"is created|are created|is deleted|are deleted|is added|are added|is updated|"
                r"is modified|is changed|is stopped|is started|is released|takes effect|"
@@ -198,6 +203,24 @@ def _field(name: str, raw: str | None, tpl: Template) -> list[Mention]:
     return out
 
 
+def _keep(tpl: Template, what: str, value: str | None, ctx: _Ctx) -> list[Mention]:
+    """"Keep the default ..." (no change, but the fields it names are the form's):
+    "**ACL**: keep the default value Private" (the field from the list item's label), "keep
+    the default Storage Class (Standard) and ACL (Private)" (several, each with its value)."""
+    if ctx.field:
+        name, ctx.field = ctx.field, ""
+        rest = re.sub(_I(r"^(?:value|setting|option)\s+(?:of\s+)?"), "", what.strip())
+        return _field(name, value or rest, tpl)
+    out: list[Mention] = []
+    for part in re.split(_I(r"\s*,\s*(?:and\s+)?|\s+and\s+"), what):
+        named = _NAMED_VALUE.match(part.strip())
+        if named:
+            out += _field(tpl.expand(named.group(1)), named.group(2), tpl)
+        elif part.strip():
+            out += _field(tpl.expand(part), value, tpl)
+    return out
+
+
 def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
             ) -> tuple[list[Mention], bool]:
     """Mentions of one clause, and whether the clause was understood at all."""
@@ -260,7 +283,7 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
     if m := ENTER_AS.search(clause):
         return _field(tpl.name(m.group(2)), m.group(1), tpl), True
     if m := KEEP.search(clause):
-        return _field(tpl.expand(m.group(1)), m.group(2), tpl), True
+        return _keep(tpl, m.group(1), m.group(2), ctx), True
     if m := CHECKBOX.search(clause):
         on = m.group(1).lower() in ("select", "turn on", "enable")
         return [Mention("field", tpl.name(m.group(2)), value="on" if on else "off")], True
@@ -287,6 +310,9 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
     if (m := ENTER.search(clause)) and INTRO.search(clause) and not ctx.field \
             and "⟨c" not in clause:
         return [], True
+    if (m := ENTER.search(clause)) and IN_SEARCH_BOX.search(m.group(1)) and not ctx.field:
+        return [Mention("field", "", value=tpl.value(IN_SEARCH_BOX.sub("", m.group(1)))[0])], \
+            True
     if m := ENTER.search(clause):
         value, _choice, noun = tpl.value(m.group(1))
         name, ctx.field = ctx.field or (noun[:1].upper() + noun[1:] if noun else ""), ""
@@ -295,8 +321,11 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         # "Click `contracts-01`": the resource's link in its row
         return [Mention("control", "", value="row-link",
                         field=tpl.values[m.group(1)].text)], True
-    if ROW_SELECT.search(clause):
-        return [Mention("control", "", value="row-select")], True
+    if m := ROW_SELECT.search(clause):
+        # "select the VPC whose block is ...": a row of a list, or where a form is open (the
+        # check knows), the choice of that field ("From the VPC drop-down list, select ...")
+        noun, ctx.field = ctx.field or m.group(1), ""
+        return [Mention("control", "", value="row-select", field=noun)], True
     if m := SELECT.search(clause):
         value, _choice, noun = tpl.value(m.group(1))
         if ctx.field:
@@ -363,7 +392,7 @@ def step_mentions(segs: list[Seg]) -> tuple[list[Mention], str]:
         ctx.field, ctx.verb = "", ""
         keep = KEEP.search(_LEAD.sub("", sentence))
         if keep:        # "Keep the default **ACL**, **Private**" (its comma is not a clause)
-            mentions.extend(_field(tpl.expand(keep.group(1)), keep.group(2), tpl))
+            mentions.extend(_keep(tpl, keep.group(1), keep.group(2), ctx))
             continue
         for clause in _CLAUSE.split(sentence):
             found, _understood = _clause(tpl, clause, ctx)

@@ -9,6 +9,7 @@ local cloud's action registry, so a table entry that the cloud does not have fai
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 # A console path collection -> (Resource META type, the API parameter that names one).
@@ -136,6 +137,88 @@ READBACK: dict[str, ReadBack] = {
     "Vpc:DeleteVSwitch": _rb("DescribeVSwitches", {"VSwitchId": "VSwitchId"},
                              {"TotalCount": "=0"}, region=True),
 }
+
+
+# What an action acts on, where its name does not say it: the security group "rule" actions.
+ACTS_ON: dict[str, str] = {
+    "AuthorizeSecurityGroup": "security group rule", "AuthorizeSecurityGroupEgress":
+    "security group rule", "RevokeSecurityGroup": "security group rule",
+    "RevokeSecurityGroupEgress": "security group rule", "PutBucketAcl": "bucket acl",
+    "AttachPolicyToUser": "policy user", "DetachPolicyFromUser": "policy user",
+}
+# Actions that take something away, and those that start or stop a resource (by verb).
+REMOVING_VERBS = frozenset({"Delete", "Revoke", "Detach", "Release", "Remove", "Unassociate",
+                            "Disassociate"})
+LIFECYCLE_VERBS = frozenset({"Start", "Stop", "Reboot"})
+# The resources documentation names as what a procedure acts on (the head of its title's
+# object: "Delete a **vSwitch**", "Remove a system **policy** from ..."), as they appear in
+# action names, lower case.
+RESOURCE_HEADS = frozenset({"instance", "group", "rule", "vpc", "vswitch", "eip", "bucket",
+                            "user", "policy", "acl", "route", "disk", "snapshot", "image"})
+
+
+def action_verb(action: str) -> str:
+    """The verb an API action's name starts with (``DeleteVSwitch`` -> ``Delete``)."""
+    name = action.split(":", 1)[-1]
+    m = re.match(r"[A-Z][a-z]+", name)
+    return m.group(0) if m else ""
+
+
+def acts_on(action: str) -> str:
+    """What an API action acts on, lower case without spaces (``DeleteVSwitch`` ->
+    ``vswitch``, ``RevokeSecurityGroup`` -> ``securitygrouprule``)."""
+    name = action.split(":", 1)[-1]
+    return ACTS_ON.get(name, name[len(action_verb(name)):]).replace(" ", "").lower()
+
+
+_REMOVING_WORDS = frozenset({"delete", "remove", "release", "revoke", "detach", "unbind",
+                             "disassociate", "unassign"})
+_LIFECYCLE_WORDS = frozenset({"start", "stop", "restart", "reboot"})
+_OBJECT_END = frozenset({"from", "of", "on", "in", "for", "to", "with", "by", "that", "using",
+                         "via", "at", "under", "and", "or", "as"})
+
+
+def _title_object(title: str) -> tuple[str, str]:
+    """The verb a procedure's title starts with and the head of its object, lower case
+    ("Remove a system policy from a RAM user" -> ("remove", "policy")); the head is "" where
+    the object is not a resource the console has ("Allow ping requests")."""
+    words = [w.strip("`*\"'()[],.:").lower() for w in title.split()]
+    words = [w for w in words if w]
+    if words[:2] == ["how", "to"]:
+        words = words[2:]
+    if not words:
+        return "", ""
+    verb, obj = words[0], []
+    for w in words[1:]:
+        if w in _OBJECT_END:
+            break
+        obj.append(w)
+    head = obj[-1] if obj else ""
+    for singular in (head, head[:-1] if head.endswith("s") else "",
+                     head[:-3] + "y" if head.endswith("ies") else ""):
+        if singular in RESOURCE_HEADS:
+            return verb, singular
+    return verb, ""
+
+
+def title_misfit(title: str, action: str) -> str:
+    """Why the API ``action`` is not the operation a procedure titled ``title`` does ("" when
+    nothing says it is not): a removal caused by a procedure that does not remove (or the
+    reverse), a start or stop by one that does not start or stop, or an action on another
+    resource than the one the title names ("Delete a vSwitch" is not ``DeleteVpc``)."""
+    verb, head = _title_object(title)
+    if not verb or not action:
+        return ""
+    doing = action_verb(action)
+    if (verb in _REMOVING_WORDS) != (doing in REMOVING_VERBS):
+        return (f"the title says {verb!r}, but {action} "
+                + ("removes" if doing in REMOVING_VERBS else "does not remove"))
+    if doing in LIFECYCLE_VERBS and verb not in _LIFECYCLE_WORDS:
+        return f"the title says {verb!r}, but {action} starts or stops a resource"
+    if head and head not in acts_on(action):
+        return f"the title acts on a {head}, but {action} does not"
+    return ""
+
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,10 @@ class _Plan:
             for name in (*_PART_KEYS, *literal):
                 if name in literal:
                     return literal[name]
+            for p in self.task.get("prerequisites", ()):
+                if p.get("type") == "security_group_rule" and \
+                        p.get("properties", {}).get("port_range"):
+                    return str(p["properties"]["port_range"])   # the rule's row shows it
             rtype = RESOURCE_PAGES[page_pattern][0]      # the page's own resource
         rtype = rtype or RESOURCE_PAGES.get(page_pattern.rstrip("/") + "/{}", (None,))[0]
         rid = self.prereqs.get(rtype) if rtype else None

@@ -26,7 +26,7 @@ def inventory(rename: bool = False) -> Inventory:
                                             ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")),
                                   FormField("Bandwidth", "Bandwidth", "number", minimum=1,
                                             maximum=100)),
-                    submit="OK", action="Vpc:CreateVpc")
+                    submit="OK", action="Vpc:CreateVpc", post="/console/vpc/vpcs/create")
     pages = (
         PageEntry(USERS, t("Users", "Identities"), "ram", ("RAM", t("Users", "Identities")),
                   (Control("button", t("Create User", "Add User"), f"page:{USERS}/create",
@@ -131,6 +131,36 @@ def test_invented_names_options_and_values_outside_the_field():
     ))
     assert labels(check_procedure(proc, inventory())) == [
         "ok", "ok", "ok", "ok", "missing", "missing", "missing", "missing"]
+
+
+def test_a_field_named_with_the_forms_resource_or_as_a_new_name_is_that_field():
+    steps = list(create_user("Create").steps)
+    steps[3] = step(4, Mention("field", "User Logon Name", "deploy-bot"))
+    checks = check_procedure(Procedure("Create a RAM user", "ram.md", tuple(steps)),
+                             inventory())
+    assert checks[3].label == "label_differs" and checks[3].closest == "Logon Name"
+    # A word the form's title does not have is another field.
+    steps[3] = step(4, Mention("field", "Admin Logon Name", "deploy-bot"))
+    checks = check_procedure(Procedure("Create a RAM user", "ram.md", tuple(steps)),
+                             inventory())
+    assert checks[3].label == "missing"
+    proc = Procedure("Create a VPC", "vpc.md", (
+        step(1, Mention("product", "VPC console")), step(2, Mention("menu", "VPCs")),
+        step(3, Mention("control", "Create VPC")), step(4, Mention("field", "New name", "v1"))))
+    assert labels(check_procedure(proc, inventory())) == ["ok"] * 4
+
+
+def test_select_a_resource_where_a_form_is_open_is_that_fields_choice():
+    """"From the CIDR list, select the block that ...": the open form's field, not a row."""
+    def proc(*opened):
+        return Procedure("Create a VPC", "vpc.md", (
+            step(1, Mention("product", "VPC console")), step(2, Mention("menu", "VPCs")),
+            *opened,
+            step(4, Mention("control", "", "row-select", "IPv4 CIDR Block"))))
+    checks = check_procedure(proc(step(3, Mention("control", "Create VPC"))), inventory())
+    assert labels(checks) == ["ok"] * 4
+    # No form open (the VPC list): a row of the list, and this list has no row links.
+    assert labels(check_procedure(proc(), inventory()))[-1] == "unreachable"
 
 
 def test_products_the_console_lacks_and_controls_of_another_product():

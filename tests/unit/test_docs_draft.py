@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import pytest
 
 from consolerl.resources import fill
 from consolerl.tasks import parse_task
@@ -113,6 +114,35 @@ def test_no_operation_is_a_reason_not_a_task():
     assert "/console/ram/users" in d.reason
     assert draft_task(dataclasses.replace(fx.no_operation(), steps=()), (), fx.inventory(),
                       task_id="x").reason == "the procedure has no steps"
+
+
+@pytest.mark.parametrize("title, action, fits", [
+    ("Delete a vSwitch on the VPC details page", "Vpc:DeleteVSwitch", True),
+    ("Delete a vSwitch on the VPC details page", "Vpc:DeleteVpc", False),
+    ("Remove a system policy from a RAM user", "Ram:DetachPolicyFromUser", True),
+    ("Remove a system policy from a RAM user", "Ram:DeleteUser", False),
+    ("Delete an inbound security group rule", "Ecs:RevokeSecurityGroup", True),
+    ("Delete an inbound security group rule", "Ecs:DeleteSecurityGroup", False),
+    ("Delete a security group", "Ecs:DeleteInstance", False),
+    ("Create a bucket for website images", "Oss:DeleteBucket", False),
+    ("Change the instance type", "Ecs:StartInstance", False),
+    ("Restart an instance", "Ecs:RebootInstance", True),
+    ("Release EIPs", "Vpc:ReleaseEipAddress", True),
+    ("Allow ping requests", "Ecs:AuthorizeSecurityGroup", True),     # no resource named
+    ("Rename an instance", "Ecs:ModifyInstanceAttribute", True),
+    ("How to grant permissions to the RAM user", "Ram:AttachPolicyToUser", True),
+    ("Create a user", "", True),                    # no recorded action: nothing says no
+])
+def test_the_operation_must_do_what_the_title_says(title, action, fits):
+    assert (operations.title_misfit(title, action) == "") is fits
+
+
+def test_a_title_the_steps_operation_does_not_fit_is_not_drafted():
+    proc = fx.ram_create_user("deploy-bot")
+    d = draft_task(dataclasses.replace(proc, title="Delete a RAM user"), (), fx.inventory(),
+                   task_id="draft-misfit")
+    assert d.task is None and d.reason.startswith("no operation: the title says 'delete'")
+    assert "Ram:CreateUser" in d.reason
 
 
 def test_a_form_without_a_recorded_action_is_a_reason():

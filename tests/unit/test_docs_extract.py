@@ -59,7 +59,7 @@ def test_markdown_page_with_two_procedures():
          True, False),
         ("3.2", "In the Policy Name field, enter AliyunOSSReadOnlyAccess.",
          [M("field", "Policy Name", "AliyunOSSReadOnlyAccess")], True, False),
-        ("3.3", "Select the policy.", [M("control", "", "row-select")], True, False),
+        ("3.3", "Select the policy.", [M("control", "", "row-select", "policy")], True, False),
         ("4", "Click OK.", [M("control", "OK")], True, False),
         ("5", "In the message that appears, click Close.", [M("control", "Close")], True, False),
     ]
@@ -123,6 +123,18 @@ def test_markdown_console_tab_kept_api_tab_skipped():
      [M("field", "A", "a"), M("field", "B", "b")]),
     ("Keep the default **ACL**, **Private**.",
      [M("option", "Private", field="ACL"), M("field", "ACL", "Private")]),
+    ("Keep the default **Storage Class** (**Standard**) and **ACL** (**Private**).",
+     [M("option", "Standard", field="Storage Class"), M("field", "Storage Class", "Standard"),
+      M("option", "Private", field="ACL"), M("field", "ACL", "Private")]),
+    ("**ACL**: keep the default value Private.", [M("field", "ACL", "Private")]),
+    # a choice in a drop-down list, not a row of a list (the check decides where a form is open)
+    ("From the **VPC** drop-down list, select the VPC whose CIDR block is `10.0.0.0/16`.",
+     [M("control", "", "row-select", "VPC")]),
+    ("Select the instances that you want to stop.", [M("control", "", "row-select",
+                                                        "instances")]),
+    # a list's search box names no field
+    ("You can enter the bucket name in the search box and click **Search**.",
+     [M("field", ""), M("control", "Search")]),
     ("Click **Create User**. The **Create User** page appears.",
      [M("control", "Create User"), M("page", "Create User")]),
     ("Cliquez sur **Créer un utilisateur** ou click **Créer**.", [M("control", "Créer")]),

@@ -139,6 +139,23 @@ def test_the_open_tabs_control_of_several_of_one_name_is_the_one_done():
     assert ["4", "press", "Add Rule"] in json.loads(inbound.task["oracle"]["args"]["plan"])
 
 
+def test_a_rules_delete_is_the_rules_not_the_security_groups():
+    """The security group's page has a Delete of its own and one per rule: "Delete an inbound
+    rule" is drafted as the rule's revoke (what the title says), and the replay finds the
+    provisioned rule's row by the port range the doc names."""
+    from pathlib import Path
+
+    from doccheck import DocsService, PageIn
+    path = Path(__file__).resolve().parents[2] / "docs/corpus/ecs/delete-security-group-rule.html"
+    (page,) = DocsService.default().read([PageIn(path.name, path.read_text(), "text/html")])
+    (proc,) = [p for p in page.procedures if p.task is not None]
+    assert proc.task["success"]["required_events"][0]["event"] == "RevokeSecurityGroup"
+    (rule,) = [p for p in proc.task["prerequisites"] if p["type"] == "security_group_rule"]
+    assert rule["properties"]["port_range"] == "22/22"
+    ops = json.loads(proc.task["oracle"]["args"]["plan"])
+    assert ["4", "row", "22/22", "Delete"] in ops
+
+
 def test_a_wizard_is_filled_in_the_order_of_its_steps_and_never_sent_on_early():
     """The instance wizard: the doc's "click Next" adds nothing (each value op goes through
     Next to the step that shows it), and values named late (the instance type and image in
