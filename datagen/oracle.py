@@ -12,6 +12,7 @@ with :func:`datagen.plan.resolve`.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable, Mapping
 
 from consolerl.drift import Drift
@@ -19,6 +20,7 @@ from consolerl.drift import parse as parse_drift
 from consolerl.resources import fill
 from consolerl.tasks import Task
 from consolerl.types import Observation, StepResult
+from doccheck import REPLAY_CONDITIONAL
 from env_workers.driver import DriverError, ScriptedDriver, StepFn, find_bid
 
 from .plan import CHECK_VERBS, Op, Plan, check_failure, op, resolve
@@ -38,14 +40,15 @@ class OracleDriver(ScriptedDriver):
     def has(self, role: str, name: str) -> bool:
         return find_bid(self.observation.text, role, name) is not None
 
-    async def execute(self, o: Op) -> None:
+    async def execute(self, o: Op, strict: bool = False) -> None:
         """Do op ``o`` from the page the driver is on, reading it with
         :func:`~datagen.plan.resolve` on each page reached: what prepares it (once), then the
         op's own action; on a page without its control, up to :data:`MAX_WIZARD_STEPS`
         wizard steps or the drift's More menu (once). A ``reveal`` is done once its control
         shows; a ``tab`` or a ``pick`` without "reveal" whose control is not on the page is
         skipped; a check op raises when the page contradicts it. Raises :class:`DriverError`
-        when the op cannot be done."""
+        when the op cannot be done. ``strict``: a tab not on the page is not skipped either
+        (a replay does what the doc says, where the doc says it)."""
         if o.verb in CHECK_VERBS:
             why = check_failure(o, self.observation, self.drift)
             if why:
@@ -64,7 +67,8 @@ class OracleDriver(ScriptedDriver):
             if r.action is not None:
                 await self.act(r.action)
                 return
-            if not r.present and (o.verb == "tab" or o.verb == "pick" and o.args[2] != "reveal"):
+            if not r.present and (o.verb == "tab" and not strict
+                                  or o.verb == "pick" and o.args[2] != "reveal"):
                 return
             if r.present or r.route is None or routes >= limit:
                 raise DriverError(r.missing)
@@ -296,7 +300,10 @@ def _wrongdoc_refused(a: Mapping[str, str]) -> Plan:
 # A drafted task's replay (doccheck.replay): the procedure's steps as the static check resolved
 # them, in the console's own labels, as JSON [[step, verb, *args], ...] (args: {placeholders}
 # filled per episode). Its driver reads no drift renames (the labels are the console's already)
-# and names the step an op it cannot do belongs to.
+# and names the step an op it cannot do belongs to. A step number ending in
+# doccheck.REPLAY_CONDITIONAL is a step of a conditional or optional part of the procedure ("If
+# the instance is running, stop it first:"): when one of its ops cannot be done, the rest of
+# that step is skipped.
 REPLAY_VERBS = frozenset({"press", "row", "link", "last_link", "field", "select", "pick",
                           "choose", "reveal", "tab", "submit", "confirm"})
 
@@ -330,11 +337,23 @@ def _replay(a: Mapping[str, str]) -> Plan:
 async def run_replay(d: OracleDriver, task: Task, values: Mapping[str, str]) -> None:
     """Carry out ``task``'s replay plan on ``d`` (see above)."""
     d.drift = Drift(d.drift.kinds - {"rename"})
+    skipped = ""
     for step, o in replay_ops(dict(task.oracle_args).get("plan", "[]"), values):
+        if step == skipped:
+            continue
         try:
-            await d.execute(o)
+            await d.execute(o, strict=True)
         except DriverError as exc:
+            if step.endswith(REPLAY_CONDITIONAL):
+                skipped = step          # its condition does not hold here
+                continue
             raise DriverError(f"step {step}: {exc}") from None
+
+
+# A refusal that asks for a value (a required field left empty) is the replay's gap, not the
+# documented values': the doc named a field the reader could not read.
+_ASKS_FOR_A_VALUE = re.compile(r"MissingParameter|\bis (?:required|mandatory)\b|"
+                               r"must not be empty|cannot be empty", re.IGNORECASE)
 
 
 def refused_on(observation: Observation) -> str:
@@ -393,6 +412,9 @@ async def run_oracle(task: Task, values: Mapping[str, str], step_fn: StepFn,
     if task.oracle_family == "replay":
         await run_replay(driver, task, values)
         refusal = refused_on(driver.observation)
+        if refusal and _ASKS_FOR_A_VALUE.search(refusal):
+            raise DriverError(f"the console asks for a value the replay did not give: "
+                              f"{refusal}")
         if refusal:
             # The documented values, sent as written, refused: the replay says so, quoting
             # the console, and the evidence channel checks it against the audit log.

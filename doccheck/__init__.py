@@ -8,11 +8,13 @@ composition root) import from ``doccheck`` only, never from its modules (a test 
 from .inventory import diff_main as inventory_diff_main
 from .inventory import labels_by_drift
 from .model import VERDICTS, Procedure, StepCheck, Verdict, from_json, to_json
+from .replay import CONDITIONAL as REPLAY_CONDITIONAL
 from .service import (CONTENT_TYPES, MAX_PAGE_BYTES, MAX_PAGES, DocsInputError, DocsService,
                       DocsUnavailable, PageIn, PageResult, ProcedureResult)
 from .verdict import Rollout, procedure_verdict
 
-__all__ = ["CONTENT_TYPES", "MAX_PAGES", "MAX_PAGE_BYTES", "VERDICTS", "DocsInputError",
+__all__ = ["CONTENT_TYPES", "MAX_PAGES", "MAX_PAGE_BYTES", "REPLAY_CONDITIONAL", "VERDICTS",
+           "DocsInputError",
            "DocsService", "DocsUnavailable", "PageIn", "PageResult", "Procedure",
            "ProcedureResult", "Rollout", "StepCheck", "Verdict", "from_json",
            "inventory_diff_main", "labels_by_drift", "procedure_verdict", "to_json"]

@@ -43,7 +43,7 @@ from rapidfuzz import fuzz
 
 from consolerl.text import norm
 
-from .operations import title_misfit
+from .operations import RESOURCE_WORDS, title_misfit
 from .model import (Control, DocStep, Form, FormField, Inventory, Mention, PageEntry,
                     Procedure, StepCheck, TargetKind, WhereKind)
 
@@ -298,6 +298,15 @@ class Checker:
                 return _Match(label, found, score, form=form, detail="" if label == "ok" else
                               f"the form's button reads {found!r}")
         label, found, score = self._compare(m.text, [c.label for _, c in here])
+        if label == "missing":
+            # "Delete Bucket" for the bucket page's Delete: the console's label with the
+            # resource it acts on named too
+            words = _words(m.text)
+            longer = {c.label for _, c in here
+                      if _words(c.label) < words and words - _words(c.label) <= _RESOURCE_WORDS}
+            if len(longer) == 1:
+                found = longer.pop()
+                label, score = "label_differs", similarity(m.text, found)
         if where.form is not None:
             submit_label, submit, s2 = self._compare(m.text, [where.form.submit])
             if _RANK[submit_label] < _RANK[label]:
@@ -500,8 +509,14 @@ class Checker:
         if not options:
             return _Match("unreachable" if not forms else "missing",
                           detail=f"no choice list with option {m.text!r} where the step is")
-        if any("{}" in o for o in options):     # a resource picker: any resource's name
-            return _Match("ok")
+        named = [f for f in fields if norm(f.label) == norm(m.text)]
+        if len(named) == 1:         # "select a Security Group": whichever the field offers
+            return _Match("ok", named[0].label, 1.0, field=named[0])
+        literal = [o for o in options if "{}" not in o]
+        if len(literal) < len(options) and re.fullmatch(r"[\w.:/-]+", m.text.strip()) and \
+                self._compare(m.text, literal, fuzzy=False)[0] == "missing":
+            return _Match("ok")     # a resource picker: any resource's name or id
+        options = literal or options
         label, found, score = self._compare(m.text, options, fuzzy=False)
         if label == "missing":
             return _Match("missing", found, score,
@@ -625,6 +640,11 @@ def _in_tab(hits: list[tuple[PageEntry, Control]], tab: str
         return hits
     at = tabs.index(tab) if tab in tabs else 0
     return [hits[at]] + hits[:at] + hits[at + 1:]
+
+
+# The words documentation names the console's resources by ("bucket", "security group").
+_RESOURCE_WORDS = frozenset(w for names in RESOURCE_WORDS.values() for n in names
+                            for w in n.split())
 
 
 def _words(text: str) -> set[str]:

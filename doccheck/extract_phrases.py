@@ -45,6 +45,10 @@ DIALOG = _c(_I(r"^in the (?:message|dialog box|dialog|confirmation message|pop-u
                r"panel|window|message box)\b") + rf"|^{_I('in the')} {NAME} "
             + _I(r"(?:dialog box|dialog|panel|message|window)\b"))
 SECTION = _c(rf"^{_I('in the')} ({NAME}) {_I('(?:section|area|column|list|table|step)')}\b")
+# "In **Logon Name**, enter ...": a field named bare before the clause that fills it
+FIELD_IN = _c(rf"^{_I('in')} ({NAME})$")
+# "..., for example `web-01`": the value of the field just named
+FOR_EXAMPLE = _c(_I(r"^(?:for example|for instance|such as|e\.g\.)") + r"\s*,?\s*(.+)$")
 FIELD_CTX = _c(rf"^{_I('(?:in|from|for) the')} ({NAME}) "
                + _I(r"(?:field|text box|box|drop-down list|drop-down menu|list|parameter)\b")
                + rf"|^{_I('under')} (?:{_I('the')} )?({NAME})$")
@@ -112,6 +116,8 @@ class _Ctx:
     nav: bool = False
     top: bool = False
     field: str = ""
+    soft: bool = False      # ``field`` comes from a bare "In **Logon Name**," (no "field")
+    intro: bool = False     # the sentence ends with a colon: it introduces what follows
     verb: str = ""          # the last clause's verb, for a clause that goes on without one
 
 
@@ -300,6 +306,9 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         if rest:
             return _clause(tpl, rest, ctx)
         return [], True
+    if (m := FIELD_IN.match(clause)) and not ctx.field:
+        ctx.field, ctx.soft = tpl.name(m.group(1)), True
+        return [], True
     if m := SECTION.search(clause):
         rest = clause[m.end():].strip(" ,")
         kind = re.search(_I(r"(section|area|column|list|table|step)\b"),
@@ -307,9 +316,9 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         here = [Mention("section", tpl.name(m.group(1)))] if kind in ("section", "area") else []
         found, ok = _clause(tpl, rest, ctx) if rest else ([], True)
         return here + found, ok
-    if (m := ENTER.search(clause)) and INTRO.search(clause) and not ctx.field \
+    if (m := ENTER.search(clause)) and (INTRO.search(clause) or ctx.intro) and not ctx.field \
             and "⟨c" not in clause:
-        return [], True
+        return [], True     # "enter the details of the developer:" introduces sub-steps
     if (m := ENTER.search(clause)) and IN_SEARCH_BOX.search(m.group(1)) and not ctx.field:
         return [Mention("field", "", value=tpl.value(IN_SEARCH_BOX.sub("", m.group(1)))[0])], \
             True
@@ -389,17 +398,24 @@ def step_mentions(segs: list[Seg]) -> tuple[list[Mention], str]:
             if m and m.group(2):
                 mentions.append(Mention("page", tpl.name(m.group(2))))
             continue
-        ctx.field, ctx.verb = "", ""
+        ctx.field, ctx.verb, ctx.soft = "", "", False
+        ctx.intro = sentence.rstrip().endswith(":")
         keep = KEEP.search(_LEAD.sub("", sentence))
         if keep:        # "Keep the default **ACL**, **Private**" (its comma is not a clause)
             mentions.extend(_keep(tpl, keep.group(1), keep.group(2), ctx))
             continue
         for clause in _CLAUSE.split(sentence):
+            example = FOR_EXAMPLE.match(clause.strip().rstrip("."))
+            if example and mentions and mentions[-1].kind == "field" \
+                    and not mentions[-1].value:
+                # "enter the employee's address, for example `w@example.com`"
+                mentions[-1] = replace(mentions[-1], value=tpl.value(example.group(1))[0])
+                continue
             found, _understood = _clause(tpl, clause, ctx)
             mentions.extend(found)
-        if ctx.field:      # "In the **Name** field" with nothing entered after it
+        if ctx.field and not ctx.soft:      # "In the **Name** field" with nothing after it
             mentions.append(Mention("field", ctx.field))
-            ctx.field = ""
+        ctx.field = ""
     if mentions:
         return mentions, "action"
     if sentences and results == len(sentences):

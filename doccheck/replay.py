@@ -51,8 +51,12 @@ from .model import (Control, Form, FormField, Inventory, PageEntry, Procedure, S
 from .operations import RESOURCE_FIELDS, RESOURCE_PAGES
 
 REPLAY_FAMILY = "replay"
+# A step number ending in this is a step of a conditional or optional part of the procedure:
+# the replay's driver (datagen.oracle.run_replay) skips what of it cannot be done.
+CONDITIONAL = "?"
 
 Op = tuple[str, ...]            # (step number, verb, *args)
+_CONDITIONAL_STEP = re.compile(r"^\W*(?:if\b|optional\b|\(optional\))", re.IGNORECASE)
 # The request parameters that name a row on a resource's own page, most telling first.
 _PART_KEYS = ("PolicyName", "PortRange", "SourceCidrIp", "DestCidrIp")
 
@@ -270,13 +274,20 @@ def replay_plan(proc: Procedure, walked: Sequence[tuple[StepCheck, Sequence[Reso
     :meth:`.check.Checker.walk` of ``proc``. A step the check found nothing for (missing with
     no close control) or marked not applicable adds nothing."""
     plan = _Plan(task, inventory)
+    texts = {s.number: s.text for s in proc.steps}
     last = ""
     for check, resolved in walked:
         last = check.number
+        parts = check.number.split(".")
+        # A step of a conditional or optional part ("If the instance is running, stop it
+        # first:" and its sub-steps): the replay skips what of it cannot be done.
+        conditional = any(_CONDITIONAL_STEP.search(texts.get(".".join(parts[:i]), ""))
+                          for i in range(1, len(parts) + 1))
+        step = check.number + (CONDITIONAL if conditional else "")
         for r in resolved:
             if r.label == "missing" and not r.found:
                 continue
-            plan.mention(check.number, r)
+            plan.mention(step, r)
     plan.finish(last)
     return plan.ops
 
@@ -299,4 +310,4 @@ def attach_replay(task: dict[str, Any], proc: Procedure, inventory: Inventory,
     return ""
 
 
-__all__ = ["REPLAY_FAMILY", "attach_replay", "replay_plan"]
+__all__ = ["CONDITIONAL", "REPLAY_FAMILY", "attach_replay", "replay_plan"]

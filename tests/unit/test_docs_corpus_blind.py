@@ -39,8 +39,9 @@ def batch(request) -> tuple[Path, list[dict]]:
     return request.param, load_labels(request.param)
 
 
-def test_there_are_two_blind_batches():
-    assert [p.name for p in BATCHES][:2] == ["corpus-blind-1", "corpus-blind-2"]
+def test_there_are_three_blind_batches():
+    assert [p.name for p in BATCHES][:3] == ["corpus-blind-1", "corpus-blind-2",
+                                              "corpus-blind-3"]
 
 
 def test_every_entry_is_well_formed(batch):
