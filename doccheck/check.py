@@ -674,6 +674,56 @@ def _value_problem(f: FormField, value: str) -> str:
                 return f"{f.label!r} takes {lo}..{hi}, not {value!r}"
     if f.max_length is not None and len(value) > f.max_length and "{" not in value:
         return f"{f.label!r} takes at most {f.max_length} characters"
+    if f.help and "{" not in value and f.kind in ("text", "textarea"):
+        return help_problem(f.label, f.help, value)
+    return ""
+
+
+# The rules a console states under a text field ("3 to 63 characters: lowercase letters,
+# digits and hyphens (-); starts and ends with a letter or digit."), read clause by clause.
+_LENGTH = re.compile(r"\b(\d+) to (\d+) characters\b", re.IGNORECASE)
+_AT_MOST = re.compile(r"\bat most (\d+) characters\b", re.IGNORECASE)
+_CLASSES = {"lowercase letters": "a-z", "uppercase letters": "A-Z", "letters": "A-Za-z",
+            "digits": "0-9", "spaces": " "}
+_LISTED_CHAR = re.compile(r"\((\S)\)")
+_STARTS = re.compile(r"\bstarts?(?: and ends?)? with an? (lowercase )?letter( or (?:a )?digit)?",
+                     re.IGNORECASE)
+_NOT_START = re.compile(r"cannot start with ((?:\S+(?: or )?)+)", re.IGNORECASE)
+
+
+def help_problem(label: str, help_text: str, value: str) -> str:
+    """Why ``value`` breaks a rule the field's help text states ("" when none does, or the
+    help states none this reader knows): a length, the characters allowed, how it starts (and
+    ends), a prefix it cannot have."""
+    for clause in re.split(r"[.;](?:\s|$)", help_text):
+        clause = clause.strip()
+        low = clause.lower()
+        if m := _LENGTH.search(clause):
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if not lo <= len(value) <= hi:
+                return f"{label!r} takes {lo} to {hi} characters (the console says: {clause})"
+        elif m := _AT_MOST.search(clause):
+            if len(value) > int(m.group(1)):
+                return f"{label!r} takes at most {m.group(1)} characters"
+        listing = re.split(r":\s", low, maxsplit=1)[-1]
+        if "digits" in listing and "letters" in listing:
+            allowed = "".join(r for name, r in _CLASSES.items()
+                              if re.search(rf"(?<!lowercase )(?<!uppercase ){name}", listing))
+            allowed += "".join(re.escape(c) for c in _LISTED_CHAR.findall(clause))
+            bad = sorted(set(re.sub(f"[{allowed}]", "", value)))
+            if bad:
+                return (f"{label!r} does not take {''.join(bad)!r} (the console says: "
+                        f"{clause})")
+        if m := _STARTS.search(clause):
+            first = r"[a-z]" if m.group(1) else r"[A-Za-z]"
+            pattern = first[:-1] + "0-9]" if m.group(2) else first
+            ends = "end" in m.group(0).lower()
+            if not re.match(pattern, value) or ends and not re.match(pattern, value[-1:]):
+                return f"{label!r}: {value!r} breaks the console's rule: {clause}"
+        if m := _NOT_START.search(clause):
+            prefixes = [p for p in re.split(r"\s+or\s+", m.group(1)) if p]
+            if any(value.lower().startswith(p.lower()) for p in prefixes):
+                return f"{label!r}: {value!r} breaks the console's rule: {clause}"
     return ""
 
 

@@ -362,7 +362,7 @@ def entry_from_facts(norm: Normaliser, facts: Mapping[str, Any], probed: Mapping
                   options=tuple(text(o) for o in x["options"]),
                   minimum=_bound(x, "minimum", 0), maximum=_bound(x, "maximum", 1),
                   max_length=x["max_length"], pattern=x["pattern"],
-                  step=x["step"], section=x["section"],
+                  step=x["step"], section=x["section"], help=text(x["help"]),
                   values=tuple(text(v) for v in x["values"])) for x in f["fields"]),
         submit=f["submit"],
         post=norm.path(f["url"]) if f["url"] and f["method"] == "post" else "",

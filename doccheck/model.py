@@ -187,6 +187,7 @@ class FormField:
     step: str = ""              # the wizard step (its title) the field is on, "" when one page
     values: tuple[str, ...] = ()
     section: str = ""           # the titled group (fieldset legend) the field is in, if any
+    help: str = ""              # the text the console shows under it ("3 to 63 characters: ...")
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,11 @@
 VPC pages (the crawled inventory is exercised in tests/integration/test_docs_corpus_check.py)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from doccheck.check import check_procedure, known_renames, similarity
+from doccheck.check import check_procedure, help_problem, known_renames, similarity
 from doccheck.model import (Control, DocStep, Form, FormField, Inventory, Mention,
                             PageEntry, Procedure)
 
@@ -161,6 +163,54 @@ def test_select_a_resource_where_a_form_is_open_is_that_fields_choice():
     assert labels(checks) == ["ok"] * 4
     # No form open (the VPC list): a row of the list, and this list has no row links.
     assert labels(check_procedure(proc(), inventory()))[-1] == "unreachable"
+
+
+def test_a_control_named_with_the_resource_it_acts_on_is_that_control():
+    """"Click Delete User" on the users list, whose rows have Delete."""
+    proc = Procedure("Delete a RAM user", "ram.md", (
+        step(1, Mention("product", "RAM console")), step(2, Mention("menu", "Users")),
+        step(3, Mention("control", "Delete User")), step(4, Mention("control", "OK"))))
+    checks = check_procedure(proc, inventory())
+    assert checks[2].label == "label_differs" and checks[2].closest == "Delete"
+    proc = Procedure("x", "ram.md", proc.steps[:2] + (step(3, Mention("control",
+                                                                      "Delete Policy")),))
+    assert check_procedure(proc, inventory())[2].label == "missing"   # not a resource noun
+
+
+@pytest.mark.parametrize("value, problem", [
+    ("finance-reports-2024", ""),
+    ("Finance_Reports-2024", "does not take 'FR_'"),
+    ("ab", "takes 3 to 63 characters"),
+    ("-logs", "starts and ends with a letter or digit"),
+    ("http-logs", ""),
+])
+def test_values_against_the_rules_the_console_states_under_a_field(value, problem):
+    help_text = ("3 to 63 characters: lowercase letters, digits and hyphens (-); starts and "
+                 "ends with a letter or digit. Unique among all users of OSS.")
+    got = help_problem("Bucket Name", help_text, value)
+    assert (problem in got and got) if problem else got == ""
+    names = ("2 to 128 characters. Starts with a letter; letters, digits, periods (.), "
+             "underscores (_), hyphens (-) and colons (:).")
+    assert help_problem("Name", names, "web:01.a_b-c") == ""
+    assert "' '" in help_problem("Name", names, "web 01")     # "(:)" is a listed character
+    assert "rule" in help_problem("Name", names, "1web")
+    assert "rule" in help_problem("Description", "At most 256 characters; cannot start with "
+                                                 "http:// or https://.", "https://x")
+
+
+def test_a_documented_value_the_fields_help_rules_out_is_a_defect():
+    inv = inventory()
+    page = inv.pages[1]
+    form = page.forms[0]
+    logon = dataclasses.replace(form.fields[0], help="1 to 64 characters: letters, digits, "
+                                "periods (.), underscores (_) and hyphens (-).")
+    form = dataclasses.replace(form, fields=(logon,) + form.fields[1:])
+    inv = dataclasses.replace(inv, pages=(inv.pages[0], dataclasses.replace(page, forms=(form,)))
+                              + inv.pages[2:])
+    steps = list(create_user("Create").steps)
+    steps[3] = step(4, Mention("field", "Logon Name", "wang.fang@example.com"))
+    checks = check_procedure(Procedure("Create a RAM user", "ram.md", tuple(steps)), inv)
+    assert checks[3].label == "missing" and "'@'" in checks[3].detail
 
 
 def test_products_the_console_lacks_and_controls_of_another_product():

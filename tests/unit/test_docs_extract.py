@@ -135,6 +135,13 @@ def test_markdown_console_tab_kept_api_tab_skipped():
     # a list's search box names no field
     ("You can enter the bucket name in the search box and click **Search**.",
      [M("field", ""), M("control", "Search")]),
+    # a field named bare before the clause that fills it, and its example value
+    ("In Display Name, enter the full name of the employee, for example `Wang Fang`.",
+     [M("field", "Display Name", "Wang Fang")]),
+    ("In **Logon Name**, enter `dev.chen`.", [M("field", "Logon Name", "dev.chen")]),
+    # a sentence ending in a colon introduces the sub-steps that follow
+    ("In the **User Account Information** section, enter the details of the developer:",
+     [M("section", "User Account Information")]),
     ("Click **Create User**. The **Create User** page appears.",
      [M("control", "Create User"), M("page", "Create User")]),
     ("Cliquez sur **Créer un utilisateur** ou click **Créer**.", [M("control", "Créer")]),

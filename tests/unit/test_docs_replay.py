@@ -193,3 +193,51 @@ def test_a_refusal_of_the_documented_values_is_reported_quoting_the_console():
     assert sent[:2] == ["click(1)", 'fill(1, "Bad Name")']
     assert sent[-1].startswith('report_infeasible("the console refused the documented values: '
                                'Operation failed. The name is not valid. (InvalidUserName)')
+
+
+def test_steps_of_a_conditional_part_are_marked_and_skipped_when_they_cannot_be_done():
+    proc = fx.ram_create_user()
+    steps = list(proc.steps)
+    steps.insert(3, dataclasses.replace(steps[2], number="3.1",
+                                        text="If the Users page shows a notice, close it:"))
+    ops, _ = plan(dataclasses.replace(proc, steps=tuple(steps)))
+    assert {op[0] for op in ops if op[0].startswith("3.1")} <= {"3.1?"}
+    task = user_task()
+    task["oracle"]["args"]["plan"] = json.dumps([["3.1?", "press", "Close"],
+                                                 ["3", "press", "Create User"]])
+    sent: list[str] = []
+    start = Observation("http://c/console/ram/users", "Users", PAGE)
+
+    async def step(text: str) -> StepResult:
+        sent.append(text)
+        return StepResult(observation=start)
+    run_async(run_oracle(parse_task(task, "drafted"), {"user_name": "u-1"}, step, start))
+    assert sent[0] == "click(1)"          # no Close here: skipped, and Create User clicked
+
+
+def test_a_replay_clicks_a_tab_where_the_doc_says_or_stops():
+    task = user_task()
+    task["oracle"]["args"]["plan"] = json.dumps([["3", "tab", "Outbound"]])
+    start = Observation("http://c/console/ram/users", "Users", PAGE)
+
+    async def step(text: str) -> StepResult:
+        return StepResult(observation=start)
+    with pytest.raises(DriverError, match=r"^step 3: no tab with 'Outbound'"):
+        run_async(run_oracle(parse_task(task, "drafted"), {"user_name": "u-1"}, step, start))
+
+
+def test_a_console_error_asking_for_a_value_is_the_replays_gap_not_a_refusal():
+    task = user_task()
+    form = ('[1] textbox "Logon Name"\n[2] textbox "Display Name"\n[3] button "Create"\n')
+    asks = ('alert:\n Operation failed.\n MissingParameter: The input parameter "UserName" '
+            'that is mandatory for processing this request is not supplied.\n' + form)
+    pages = {"click(1)": form, "click(3)": asks}
+    start = Observation("http://c/console/ram/users", "Users", PAGE)
+    now = [start]
+
+    async def step(text: str) -> StepResult:
+        if text in pages:
+            now[0] = Observation("http://c/console/ram/users/create", "Create", pages[text])
+        return StepResult(observation=now[0])
+    with pytest.raises(DriverError, match="asks for a value the replay did not give"):
+        run_async(run_oracle(parse_task(task, "drafted"), {"user_name": "u-1"}, step, start))
