@@ -231,6 +231,11 @@ class Checker:
         if label != "missing":
             return _Match(label, found, score, detail="" if label == "ok" else
                           f"the page is titled {found!r}")
+        steps = [s for form in self._forms(where) for s in form.steps]
+        label, found, score = self._compare(m.text, steps)
+        if label != "missing":      # "On the Instance Type page": a step of the open wizard
+            return _Match(label, found, score, detail="" if label == "ok" else
+                          f"the wizard's step is titled {found!r}")
         # One menu click away: "On the Users page" right after opening the console.
         scope = [p for p in self.inv.pages if p.menu_path
                  and (not where.product or p.product == where.product)]

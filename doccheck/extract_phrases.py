@@ -335,6 +335,9 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         # check knows), the choice of that field ("From the VPC drop-down list, select ...")
         noun, ctx.field = ctx.field or m.group(1), ""
         return [Mention("control", "", value="row-select", field=noun)], True
+    if (m := SELECT.search(clause)) and ctx.intro and not ctx.field \
+            and not tpl.value(m.group(1))[0]:
+        return [], True     # "Choose the storage class and the ACL:" introduces sub-steps
     if m := SELECT.search(clause):
         value, _choice, noun = tpl.value(m.group(1))
         if ctx.field:
@@ -398,7 +401,9 @@ def step_mentions(segs: list[Seg]) -> tuple[list[Mention], str]:
             if m and m.group(2):
                 mentions.append(Mention("page", tpl.name(m.group(2))))
             continue
-        ctx.field, ctx.verb, ctx.soft = "", "", False
+        # Each sentence starts afresh: "In the left-side navigation pane, click Instances.
+        # Then, click Create Instance." (the second click is no navigation entry)
+        ctx.field, ctx.verb, ctx.soft, ctx.nav, ctx.top = "", "", False, False, False
         ctx.intro = sentence.rstrip().endswith(":")
         keep = KEEP.search(_LEAD.sub("", sentence))
         if keep:        # "Keep the default **ACL**, **Private**" (its comma is not a clause)

@@ -213,6 +213,21 @@ def test_a_documented_value_the_fields_help_rules_out_is_a_defect():
     assert checks[3].label == "missing" and "'@'" in checks[3].detail
 
 
+def test_a_wizards_step_called_a_page_is_that_step():
+    inv = inventory()
+    wizard = Form("Create VPC", inv.pages[-1].forms[0].fields, submit="OK",
+                  action="Vpc:CreateVpc", post="/console/vpc/vpcs/create",
+                  steps=("Basics", "Network"), next_label="Next")
+    inv = dataclasses.replace(inv, pages=inv.pages[:-1] + (dataclasses.replace(
+        inv.pages[-1], forms=(wizard,)),))
+    proc = Procedure("Create a VPC", "vpc.md", (
+        step(1, Mention("product", "VPC console")), step(2, Mention("menu", "VPCs")),
+        step(3, Mention("control", "Create VPC")),
+        step(4, Mention("page", "Network"), Mention("field", "Name", "v1")),
+        step(5, Mention("page", "Billing"))))
+    assert labels(check_procedure(proc, inv)) == ["ok"] * 4 + ["missing"]
+
+
 def test_products_the_console_lacks_and_controls_of_another_product():
     proc = Procedure("Create a database", "rds.md", (
         step(1, Mention("product", "ApsaraDB RDS console")),))

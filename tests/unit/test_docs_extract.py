@@ -142,6 +142,9 @@ def test_markdown_console_tab_kept_api_tab_skipped():
     # a sentence ending in a colon introduces the sub-steps that follow
     ("In the **User Account Information** section, enter the details of the developer:",
      [M("section", "User Account Information")]),
+    # each sentence starts afresh: the second click is no navigation entry
+    ("In the left-side navigation pane, click **Instances**. Then, click **Create Instance**.",
+     [M("menu", "Instances"), M("control", "Create Instance")]),
     ("Click **Create User**. The **Create User** page appears.",
      [M("control", "Create User"), M("page", "Create User")]),
     ("Cliquez sur **Créer un utilisateur** ou click **Créer**.", [M("control", "Créer")]),
@@ -297,3 +300,12 @@ def test_typical_page_is_fast():
             extract(raw, kind)
             times.append(time.perf_counter() - start)
         assert min(times) < 0.02, (name, min(times))
+
+
+def test_a_choice_that_introduces_sub_steps_names_nothing():
+    page = ("# T\n\n## Do it\n\n1. Click **Create Bucket**.\n2. Choose the storage class and "
+            "the ACL:\n   1. Under **ACL**, select **Private**.\n")
+    (proc,) = extract(page, "text/markdown")
+    assert [list(s.mentions) for s in proc.steps] == [
+        [M("control", "Create Bucket")], [],
+        [M("option", "Private", field="ACL"), M("field", "ACL", "Private")]]
