@@ -35,6 +35,7 @@ with a detail saying so: the check has nothing to contradict, and the agent's ru
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -546,6 +547,21 @@ class Checker:
                     results.append((as_field, match))
                     previous = as_field
                     continue
+            if m.kind == "menu" and ">" not in m.text:
+                match = self._menu(m, where)
+                if match.label == "missing":
+                    # "In the navigation pane, click Buckets, and then click Create Bucket":
+                    # the later click is the reached page's own control, no navigation entry
+                    as_control = Mention("control", m.text)
+                    trial = dataclasses.replace(where, pages=list(where.pages))
+                    alt = self._control(as_control, trial)
+                    if alt.label in ("ok", "label_differs"):
+                        for name in ("pages", "form", "dialog", "lost", "tab"):
+                            setattr(where, name, getattr(trial, name))
+                        m, match = as_control, alt
+                results.append((m, match))
+                previous = m
+                continue
             row_link = m.kind == "control" and m.value != "region" and (
                 m.value == "row-link" or not m.text)
             if row_link and previous is not None and previous.kind == "control" and \

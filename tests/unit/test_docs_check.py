@@ -228,6 +228,19 @@ def test_a_wizards_step_called_a_page_is_that_step():
     assert labels(check_procedure(proc, inv)) == ["ok"] * 4 + ["missing"]
 
 
+def test_a_navigation_sentence_that_goes_on_to_the_pages_own_control():
+    """"In the navigation pane, click Users, and then click Create User": the reader reads
+    both clicks as navigation; the second is the Users page's button."""
+    steps = list(create_user("Create").steps)
+    steps[1:3] = [step(2, Mention("menu", "Users"), Mention("menu", "Create User"))]
+    checks = check_procedure(Procedure("Create a RAM user", "ram.md", tuple(steps)),
+                             inventory())
+    assert labels(checks) == ["ok"] * 4
+    steps[1] = step(2, Mention("menu", "Users"), Mention("menu", "Invite User"))
+    assert labels(check_procedure(Procedure("x", "ram.md", tuple(steps)), inventory()))[1] \
+        == "missing"
+
+
 def test_products_the_console_lacks_and_controls_of_another_product():
     proc = Procedure("Create a database", "rds.md", (
         step(1, Mention("product", "ApsaraDB RDS console")),))
