@@ -556,8 +556,7 @@ class Checker:
                     trial = dataclasses.replace(where, pages=list(where.pages))
                     alt = self._control(as_control, trial)
                     if alt.label in ("ok", "label_differs"):
-                        for name in ("pages", "form", "dialog", "lost", "tab"):
-                            setattr(where, name, getattr(trial, name))
+                        vars(where).update(vars(trial))     # where the click led
                         m, match = as_control, alt
                 results.append((m, match))
                 previous = m

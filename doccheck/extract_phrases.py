@@ -316,13 +316,12 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         here = [Mention("section", tpl.name(m.group(1)))] if kind in ("section", "area") else []
         found, ok = _clause(tpl, rest, ctx) if rest else ([], True)
         return here + found, ok
-    if (m := ENTER.search(clause)) and (INTRO.search(clause) or ctx.intro) and not ctx.field \
-            and "⟨c" not in clause:
-        return [], True     # "enter the details of the developer:" introduces sub-steps
-    if (m := ENTER.search(clause)) and IN_SEARCH_BOX.search(m.group(1)) and not ctx.field:
-        return [Mention("field", "", value=tpl.value(IN_SEARCH_BOX.sub("", m.group(1)))[0])], \
-            True
     if m := ENTER.search(clause):
+        if (INTRO.search(clause) or ctx.intro) and not ctx.field and "⟨c" not in clause:
+            return [], True     # "enter the details of the developer:" introduces sub-steps
+        if IN_SEARCH_BOX.search(m.group(1)) and not ctx.field:
+            return [Mention("field", "", value=tpl.value(
+                IN_SEARCH_BOX.sub("", m.group(1)))[0])], True
         value, _choice, noun = tpl.value(m.group(1))
         name, ctx.field = ctx.field or (noun[:1].upper() + noun[1:] if noun else ""), ""
         return [Mention("field", name, value=value)], True
@@ -335,14 +334,13 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         # check knows), the choice of that field ("From the VPC drop-down list, select ...")
         noun, ctx.field = ctx.field or m.group(1), ""
         return [Mention("control", "", value="row-select", field=noun)], True
-    if (m := SELECT.search(clause)) and ctx.intro and not ctx.field \
-            and not tpl.value(m.group(1))[0]:
-        return [], True     # "Choose the storage class and the ACL:" introduces sub-steps
     if m := SELECT.search(clause):
         value, _choice, noun = tpl.value(m.group(1))
         if ctx.field:
             name, ctx.field = ctx.field, ""
             return [Mention("option", value, field=name), Mention("field", name, value)], True
+        if not value and ctx.intro:
+            return [], True     # "Choose the storage class and the ACL:" introduces sub-steps
         if value and ctx.nav:
             return [Mention("menu", value)], True       # "In the pane on the left, choose X"
         if value:

@@ -220,7 +220,6 @@ def title_misfit(title: str, action: str) -> str:
     return ""
 
 
-
 @dataclass(frozen=True)
 class Declaration:
     """How a prerequisite of one type is declared: its id in the task, its properties (names
