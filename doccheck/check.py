@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -131,6 +132,8 @@ class _Where:
     step_text: str = ""          # the step being resolved, lower case
     tab: str = ""                # the tab of the page the reader opened ("" = the first)
     title: str = ""              # the procedure's title
+    networks: tuple = ()         # the CIDR blocks the page gives its VPCs (page_networks)
+    step: str = ""               # the wizard step the doc says the reader is on ("" unknown)
 
 
 class Checker:
@@ -235,6 +238,7 @@ class Checker:
         steps = [s for form in self._forms(where) for s in form.steps]
         label, found, score = self._compare(m.text, steps)
         if label != "missing":      # "On the Instance Type page": a step of the open wizard
+            where.step = found
             return _Match(label, found, score, detail="" if label == "ok" else
                           f"the wizard's step is titled {found!r}")
         # One menu click away: "On the Users page" right after opening the console.
@@ -268,8 +272,13 @@ class Checker:
             return _Match(label, found, score, detail="" if label == "ok" else
                           f"the section is titled {found!r}")
         scope = [p for p in self.inv.pages if not where.product or p.product == where.product]
+        detail = bool(where.pages) and all(p.pattern.endswith("{}") for p in where.pages)
         for page in scope:
             label, found, score = self._compare(m.text, self._sections(page))
+            if label == "ok" and detail and page.pattern.endswith("{}"):
+                # details pages share their layout ("Basic Information"), and the inventory
+                # records a section only where a control or field sits in it
+                return _Match("ok")
             if label == "ok" and not where.lost:
                 return _Match("unreachable", found, score, page=page,
                               detail=f"the {found!r} section is on the {page.title!r} page "
@@ -301,6 +310,9 @@ class Checker:
                 form = where.form
                 if norm(found) == norm(where.form.submit):
                     self._submitted(where)
+                elif norm(found) == norm(form.next_label or "") and where.step in form.steps:
+                    at = form.steps.index(where.step)
+                    where.step = form.steps[min(at + 1, len(form.steps) - 1)]
                 return _Match(label, found, score, form=form, detail="" if label == "ok" else
                               f"the form's button reads {found!r}")
         label, found, score = self._compare(m.text, [c.label for _, c in here])
@@ -432,7 +444,7 @@ class Checker:
         resource's, the list's): the next step is looked for anywhere in the product."""
         where.pages = [p for p in self.inv.pages
                        if not where.product or p.product == where.product]
-        where.form, where.dialog, where.lost = None, "", True
+        where.form, where.dialog, where.lost, where.step = None, "", True, ""
 
     def _forms(self, where: _Where) -> list[Form]:
         if where.form is not None:
@@ -495,7 +507,7 @@ class Checker:
         if where.form is None and len(forms) >= 1:
             where.form = next(form for form in forms if f in form.fields)
         if m.value:
-            bad = _value_problem(f, m.value)
+            bad = _value_problem(f, m.value, where.networks)
             if bad:
                 return _Match("missing", f.label, score, field=f, detail=bad)
         return _Match(label, f.label, score, field=f, detail="" if label == "ok" else
@@ -506,6 +518,9 @@ class Checker:
             return _Match("ok")
         forms = self._forms(where)
         fields = [f for form in forms for f in form.fields if f.options]
+        if where.step and any(f.step == where.step for f in fields):
+            # "On the Image page, select ...": a choice of that wizard step
+            fields = [f for f in fields if f.step == where.step]
         if m.field:
             named = self._compare(m.field, [f.label for f in fields])
             if named[0] == "missing":      # the field itself is not here: say that
@@ -519,9 +534,12 @@ class Checker:
         if len(named) == 1:         # "select a Security Group": whichever the field offers
             return _Match("ok", named[0].label, 1.0, field=named[0])
         literal = [o for o in options if "{}" not in o]
+        label_like = re.fullmatch(r"[A-Z][a-z]*(?:-[A-Z][a-z]*)+", m.text.strip())
         if len(literal) < len(options) and re.fullmatch(r"[\w.:/-]+", m.text.strip()) and \
+                not label_like and \
                 self._compare(m.text, literal, fuzzy=False)[0] == "missing":
-            return _Match("ok")     # a resource picker: any resource's name or id
+            # a resource picker: any resource's name or id (not a label: "Pay-As-You-Go")
+            return _Match("ok")
         options = literal or options
         label, found, score = self._compare(m.text, options, fuzzy=False)
         if label == "missing":
@@ -581,7 +599,7 @@ class Checker:
     def walk(self, proc: Procedure) -> list[tuple[StepCheck, list[Resolved]]]:
         """The check of each step with what each of its mentions resolved to, in order (the
         replay, :mod:`.replay`, carries these out in a browser)."""
-        where = _Where(product=proc.product, title=proc.title)
+        where = _Where(product=proc.product, title=proc.title, networks=page_networks(proc))
         out: list[tuple[StepCheck, list[Resolved]]] = []
         pending: list[DocStep] = []     # steps flagged unreachable: perhaps only too early
         for step in proc.steps:
@@ -675,11 +693,12 @@ def _worst(results: list[tuple[Mention, _Match]]) -> tuple[Mention, _Match]:
     return max(results, key=lambda r: _RANK[r[1].label])
 
 
-def _value_problem(f: FormField, value: str) -> str:
-    """Why ``f`` does not take ``value`` ("" when it does)."""
+def _value_problem(f: FormField, value: str, networks: Sequence = ()) -> str:
+    """Why ``f`` does not take ``value`` ("" when it does). ``networks``: the VPC blocks the
+    page gives (:func:`page_networks`)."""
     if f.options:
-        if any("{}" in o for o in f.options) or "{" in value:
-            return ""
+        if any("{}" in o for o in f.options) or "{" in value or value in ("on", "off"):
+            return ""           # a switch turned on or off: whichever option that is
         if any(norm(value) == norm(o) or norm(value) in norm(o).split() for o in f.options):
             return ""
         return (f"{f.label!r} offers {', '.join(repr(o) for o in f.options[:8])}, "
@@ -695,7 +714,7 @@ def _value_problem(f: FormField, value: str) -> str:
     if f.max_length is not None and len(value) > f.max_length and "{" not in value:
         return f"{f.label!r} takes at most {f.max_length} characters"
     if f.help and "{" not in value and f.kind in ("text", "textarea"):
-        return help_problem(f.label, f.help, value)
+        return help_problem(f.label, f.help, value, networks)
     return ""
 
 
@@ -709,15 +728,62 @@ _LISTED_CHAR = re.compile(r"\((\S)\)")
 _STARTS = re.compile(r"\bstarts?(?: and ends?)? with an? (lowercase )?letter( or (?:a )?digit)?",
                      re.IGNORECASE)
 _NOT_START = re.compile(r"cannot start with ((?:\S+(?: or )?)+)", re.IGNORECASE)
+# ... and under a CIDR block field ("Inside the VPC's CIDR block, mask /16 to /29"; "10.0.0.0/8,
+# 172.16.0.0/12, 192.168.0.0/16 or a subnet of them").
+_CIDR = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}/\d{1,2}\b")
+_MASK = re.compile(r"\bmask (?:from )?/(\d+) to /(\d+)", re.IGNORECASE)
+_SUBNET_OF = re.compile(r"\bor a subnet of (?:them|these|those)\b", re.IGNORECASE)
+_INSIDE_VPC = re.compile(r"\binside the VPC's CIDR block\b", re.IGNORECASE)
 
 
-def help_problem(label: str, help_text: str, value: str) -> str:
+def _network(text: str) -> ipaddress.IPv4Network | None:
+    if not _CIDR.fullmatch(text.strip()):
+        return None
+    try:
+        return ipaddress.IPv4Network(text.strip(), strict=False)
+    except ValueError:
+        return None
+
+
+def page_networks(proc: Procedure) -> tuple[ipaddress.IPv4Network, ...]:
+    """The CIDR blocks the page gives the VPCs it works with: a sentence of the
+    prerequisites, the page's prose or tables (``Procedure.context``) or the steps that names
+    a VPC and a block, and no vSwitch or subnet ("A VPC with the CIDR block 10.0.0.0/16 has
+    been created", "select the VPC whose CIDR block is ...", a table row "VPC | vpc-a |
+    10.0.0.0/16")."""
+    out: list[ipaddress.IPv4Network] = []
+    for text in (*proc.prerequisites, *proc.context, *(s.text for s in proc.steps)):
+        for sentence in re.split(r"(?<=[.;!?])\s+", text):
+            if re.search(r"\bVPCs?\b", sentence, re.IGNORECASE) and \
+                    not re.search(r"vswitch|subnet", sentence, re.IGNORECASE):
+                out += [n for m in _CIDR.findall(sentence) if (n := _network(m)) is not None]
+    return tuple(dict.fromkeys(out))
+
+
+def help_problem(label: str, help_text: str, value: str, networks: Sequence = ()) -> str:
     """Why ``value`` breaks a rule the field's help text states ("" when none does, or the
     help states none this reader knows): a length, the characters allowed, how it starts (and
-    ends), a prefix it cannot have."""
+    ends), a prefix it cannot have; for a CIDR block its mask, the ranges it must lie in and,
+    for a block inside its VPC's, the VPC blocks the page gives (``networks``, when it gives
+    any)."""
+    net = _network(value)
     for clause in re.split(r"[.;](?:\s|$)", help_text):
         clause = clause.strip()
         low = clause.lower()
+        if net is not None:
+            if (m := _MASK.search(clause)) and \
+                    not int(m.group(1)) <= net.prefixlen <= int(m.group(2)):
+                return (f"{label!r} takes a mask from /{m.group(1)} to /{m.group(2)}, not "
+                        f"{value!r} (the console says: {clause})")
+            ranges = [n for c in _CIDR.findall(clause) if (n := _network(c)) is not None]
+            if _SUBNET_OF.search(clause) and ranges and \
+                    not any(net.subnet_of(r) for r in ranges):
+                return f"{label!r}: {value!r} breaks the console's rule: {clause}"
+            if _INSIDE_VPC.search(clause) and networks and \
+                    not any(net.subnet_of(n) for n in networks):
+                return (f"{label!r}: {value!r} is not inside the VPC's block the page gives "
+                        f"({', '.join(str(n) for n in networks)}); the console says: {clause}")
+            continue
         if m := _LENGTH.search(clause):
             lo, hi = int(m.group(1)), int(m.group(2))
             if not lo <= len(value) <= hi:

@@ -175,6 +175,7 @@ class _Builder:
         self.headings: list[tuple[int, str, str, int]] = []    # level, title, anchor, id
         self.tab: tuple[str, int] | None = None                 # name, heading level (0: html)
         self.prereqs: list[tuple[tuple[int, ...], str]] = []    # parent heading ids, text
+        self.context: list[tuple[tuple[int, ...], str]] = []    # heading ids, text
         self.procs: list[dict] = []
         self.steps = 0
         self.next_id = 0
@@ -224,6 +225,9 @@ class _Builder:
             return
         elif isinstance(block, List) and block.ordered:
             self._list(block)
+        elif isinstance(block, (Para, Note)) or isinstance(block, Table) and \
+                not self._current():
+            self._context(block)
         elif isinstance(block, Table) and self._current():
             # a table written after a step instead of inside it (not indented in Markdown)
             # belongs to that step when the step announces it
@@ -234,6 +238,13 @@ class _Builder:
                 step["mentions"].extend(self._table(block, proc))
                 if step["kind"] == "prose" and step["mentions"]:
                     step["kind"] = "action"
+
+    def _context(self, block: Para | Note | Table) -> None:
+        if isinstance(block, Table):
+            texts = [" ".join(mk.plain(c) for c in row) for row in block.rows]
+        else:
+            texts = [mk.plain(block.segs)]
+        self.context += [(self._path(), t) for t in texts if t.strip()]
 
     def _prereq(self, text: str) -> None:
         if text:
@@ -336,10 +347,13 @@ class _Builder:
                            page_product)
             prereqs = tuple(text for parent, text in self.prereqs
                             if proc["path"][:len(parent)] == parent)
+            context = tuple(text for path, text in self.context
+                            if proc["path"][:len(path)] == path)
             out.append(Procedure(title=proc["title"], source=self.source, steps=steps,
                                  anchor=proc["anchor"], product=product,
                                  prerequisites=prereqs,
-                                 parameters=tuple(proc["parameters"]), tab=proc["tab"]))
+                                 parameters=tuple(proc["parameters"]), tab=proc["tab"],
+                                 context=context))
         return out
 
 

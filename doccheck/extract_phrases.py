@@ -59,6 +59,9 @@ PAGE = _c(rf"{_I('(?:on|go to|navigate to|open|in) the')} ({NAME}) {_I('page')}"
 TAB = _c(rf"{_I('(?:on|click|go to|open|select|choose|in) the')} ({NAME}) {_I('tab')}\b")
 CHECKBOX = _c(rf"({_I('select|clear|deselect|turn on|turn off|enable|disable')})\s+"
               rf"(?:{_I('the')}\s+)?({NAME})\s*{_I('(?:check ?box|switch)')}")
+# "Turn on **IPv6 CIDR Block**": a switch named by its marked-up label alone
+TOGGLE = _c(rf"({_I('turn on|turn off|switch on|switch off|enable|disable')})\s+"
+            rf"(?:{_I('the')}\s+)?({_PH})")
 PATH = rf"{NAME}(?:\s*>\s*{NAME})+"
 MENU = _c(rf"{_I('(?:choose|select|click|go to|navigate to|open)')}\s+(?:{_I('the')}\s+)?({PATH})")
 BARE_PATH = _c(rf"^({PATH})$")
@@ -82,7 +85,7 @@ CLICK_VALUE = _c(rf"^{_I('click')}\s+(?:{_I('the')}\s+)?(⟨c\d+⟩)")
 VERBS = ("enter", "type", "set", "select", "choose", "click", "change")
 LABELLED = _c(r"^(⟨b\d+⟩)\s*[:：]\s*(.+)$")
 ENTER = _c(rf"{_I('(?:enter|type|input|specify|provide|fill in)')}\s+(.+)$")
-SELECT = _c(rf"{_I('(?:select|choose)')}\s+(.+)$")
+SELECT = _c(rf"(?<!\b{_I('you')} ){_I('(?:select|choose)')}\s+(.+)$")   # not "that you select"
 CLICK = _c(rf"{_I('(?:click|double-click|tap|press)')}\s+(?:{_I('the')}\s+)?({NAME})"
            rf"(?:\s+{_I('(?:button|link|icon)')})?")
 PRODUCT = _c(_I(r"\b(ECS|VPC|RAM|OSS|Elastic Compute Service|Virtual Private Cloud|"
@@ -107,6 +110,8 @@ _CLAUSE = re.compile(r",\s+(?:and\s+|then\s+)?|;\s+|\s+and then\s+|\s+and\s+|\s+
 _LEAD = re.compile(_I(r"^(?:optional[:.]?\s*|\(optional\)\s*|then\s+|next\s+|finally\s+|"
                       r"if needed\s+|also\s+)+"))
 _PLACE = re.compile(r"⟨([blmc])(\d+)⟩")
+_PURPOSE = re.compile(_I(r"(?<=\S)\s+to (?:view|see|check|display|verify|confirm|show) .*$"))
+_ASIDE = re.compile(r"\s*\((?!optional\))[^()⟨⟩]*\)", re.IGNORECASE)
 _NOT_PLACEHOLDERS = str.maketrans({"⟨": "〈", "⟩": "〉"})
 _VAGUE = re.compile(_I(r"^(?:a|an|the|your|any|one|some)\s+(.+?)(?:\s+(?:for|of)\b.*)?$"))
 
@@ -290,8 +295,8 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         return _field(tpl.name(m.group(2)), m.group(1), tpl), True
     if m := KEEP.search(clause):
         return _keep(tpl, m.group(1), m.group(2), ctx), True
-    if m := CHECKBOX.search(clause):
-        on = m.group(1).lower() in ("select", "turn on", "enable")
+    if m := CHECKBOX.search(clause) or TOGGLE.search(clause):
+        on = m.group(1).lower() in ("select", "turn on", "switch on", "enable")
         return [Mention("field", tpl.name(m.group(2)), value="on" if on else "off")], True
     if m := SELECT_FROM.search(clause):
         name = tpl.name(m.group(2))
@@ -403,11 +408,15 @@ def step_mentions(segs: list[Seg]) -> tuple[list[Mention], str]:
         # Then, click Create Instance." (the second click is no navigation entry)
         ctx.field, ctx.verb, ctx.soft, ctx.nav, ctx.top = "", "", False, False, False
         ctx.intro = sentence.rstrip().endswith(":")
+        # "Click the ID to view its details, such as its Route Table": what the click is for
+        sentence = _PURPOSE.sub("", sentence)
         keep = KEEP.search(_LEAD.sub("", sentence))
         if keep:        # "Keep the default **ACL**, **Private**" (its comma is not a clause)
             mentions.extend(_keep(tpl, keep.group(1), keep.group(2), ctx))
             continue
-        for clause in _CLAUSE.split(sentence):
+        # an aside in parentheses that marks nothing up ("`ecs.g7.large` (2 vCPU, 8 GiB)") is
+        # no clause of its own
+        for clause in _CLAUSE.split(_ASIDE.sub("", sentence)):
             example = FOR_EXAMPLE.match(clause.strip().rstrip("."))
             if example and mentions and mentions[-1].kind == "field" \
                     and not mentions[-1].value:

@@ -285,7 +285,9 @@ class DocStep:
 @dataclass(frozen=True)
 class Procedure:
     """One procedure of a page. ``source``: the page it came from; ``anchor``: the heading id;
-    ``parameters``: field label -> value from the page's parameter tables."""
+    ``parameters``: field label -> value from the page's parameter tables; ``context``: the
+    page's prose and table rows outside any procedure's steps, in the procedure's section or
+    above it (what the page says of its example resources: "a VPC with the block ...")."""
 
     title: str
     source: str
@@ -295,6 +297,7 @@ class Procedure:
     prerequisites: tuple[str, ...] = ()
     parameters: tuple[tuple[str, str], ...] = ()
     tab: str = ""               # "Console" when it came from a Console/API tab group
+    context: tuple[str, ...] = ()
 
     @property
     def extracted(self) -> bool:

@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from doccheck.check import check_procedure, help_problem, known_renames, similarity
+from doccheck.check import (check_procedure, help_problem, known_renames, page_networks,
+                            similarity)
 from doccheck.model import (Control, DocStep, Form, FormField, Inventory, Mention,
                             PageEntry, Procedure)
 
@@ -198,6 +199,32 @@ def test_values_against_the_rules_the_console_states_under_a_field(value, proble
                                                  "http:// or https://.", "https://x")
 
 
+def test_cidr_blocks_against_the_rules_the_console_states():
+    vpc = ("10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 or a subnet of them, with a mask from /8 "
+           "to /28.")
+    assert help_problem("IPv4 CIDR Block", vpc, "192.168.0.0/16") == ""
+    assert "rule" in help_problem("IPv4 CIDR Block", vpc, "100.64.0.0/16")
+    assert "/8 to /28" in help_problem("IPv4 CIDR Block", vpc, "10.0.0.0/29")
+    vsw = "Inside the VPC's CIDR block, mask /16 to /29, not overlapping another vSwitch."
+    assert "/16 to /29" in help_problem("IPv4 CIDR Block", vsw, "192.168.50.0/30")
+    assert help_problem("IPv4 CIDR Block", vsw, "10.1.0.0/24") == ""      # no VPC block known
+    import ipaddress
+    page = (ipaddress.IPv4Network("10.0.0.0/16"),)
+    assert help_problem("IPv4 CIDR Block", vsw, "10.0.1.0/24", page) == ""
+    assert "10.0.0.0/16" in help_problem("IPv4 CIDR Block", vsw, "10.1.0.0/24", page)
+
+
+def test_the_vpc_blocks_a_page_gives():
+    proc = Procedure("Create a vSwitch", "v.md", (
+        DocStep("1", "Select the VPC whose CIDR block is 10.0.0.0/16."),
+        DocStep("2", "In IPv4 CIDR Block, enter 10.0.1.0/24.")),
+        prerequisites=("A VPC with the CIDR block 192.168.0.0/16 exists.",),
+        context=("VPC app 172.16.0.0/12", "The vSwitch vsw-a of the VPC has 10.9.0.0/24.",
+                 "Allow port 22 from 10.8.0.0/24."))
+    assert [str(n) for n in page_networks(proc)] == ["192.168.0.0/16", "172.16.0.0/12",
+                                                     "10.0.0.0/16"]
+
+
 def test_a_documented_value_the_fields_help_rules_out_is_a_defect():
     inv = inventory()
     page = inv.pages[1]
@@ -226,6 +253,35 @@ def test_a_wizards_step_called_a_page_is_that_step():
         step(4, Mention("page", "Network"), Mention("field", "Name", "v1")),
         step(5, Mention("page", "Billing"))))
     assert labels(check_procedure(proc, inv)) == ["ok"] * 4 + ["missing"]
+
+
+def test_a_choice_on_a_wizards_step_is_one_that_step_offers():
+    """"On the Image page, select ESSD": not any resource picker of a later step's name."""
+    inv = inventory()
+    wizard = Form("Create VPC", (
+        FormField("Image", "Image", "radio", True, ("Ubuntu", "Debian"), step="Image"),
+        FormField("Billing", "Billing Method", "radio", True, ("Subscription", "Pay-As-You-Go"),
+                  step="Image"),
+        FormField("VpcId", "VPC", "select", True, ("{}",), step="Network")),
+        submit="OK", action="Vpc:CreateVpc", post="/console/vpc/vpcs/create",
+        steps=("Image", "Network"), next_label="Next")
+    inv = dataclasses.replace(inv, pages=inv.pages[:-1] + (dataclasses.replace(
+        inv.pages[-1], forms=(wizard,)),))
+
+    def run(*late):
+        return labels(check_procedure(Procedure("Create a VPC", "vpc.md", (
+            step(1, Mention("product", "VPC console")), step(2, Mention("menu", "VPCs")),
+            step(3, Mention("control", "Create VPC")),
+            step(4, Mention("page", "Image"), *late))), inv))[3]
+
+    assert run(Mention("option", "Debian")) == "ok"
+    assert run(Mention("option", "ESSD")) == "missing"
+    assert run(Mention("control", "Next"), Mention("option", "vpc-prod")) == "ok"
+    assert run(Mention("option", "vpc-prod")) == "missing"      # still on the Image step
+    assert labels(check_procedure(Procedure("Create a VPC", "vpc.md", (
+        step(1, Mention("product", "VPC console")), step(2, Mention("menu", "VPCs")),
+        step(3, Mention("control", "Create VPC")),
+        step(4, Mention("option", "Pay-As-Yuo-Go")))), inv))[3] == "missing"   # a label
 
 
 def test_a_navigation_sentence_that_goes_on_to_the_pages_own_control():

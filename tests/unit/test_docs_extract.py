@@ -148,12 +148,34 @@ def test_markdown_console_tab_kept_api_tab_skipped():
     ("Click **Create User**. The **Create User** page appears.",
      [M("control", "Create User"), M("page", "Create User")]),
     ("Cliquez sur **Créer un utilisateur** ou click **Créer**.", [M("control", "Créer")]),
+    # a switch named by its marked-up label alone
+    ("Turn on **IPv6 CIDR Block**.", [M("field", "IPv6 CIDR Block", "on")]),
+    ("Enable **Versioning**.", [M("field", "Versioning", "on")]),
+    # an aside in parentheses is no clause; what a click is for is no action
+    ("Select `ecs.g7.large` (2 vCPU, 8 GiB).", [M("option", "ecs.g7.large")]),
+    ("Click the ID of the VPC to view its details, such as its vRouter and **Route Table**.",
+     [M("control", "", "row-link")]),
+    # "the vSwitch that you select later": a relative clause, no instruction
+    ("Select `cn-hangzhou-i`. Otherwise the zone of the vSwitch that you select later is used.",
+     [M("option", "cn-hangzhou-i")]),
 ])
 def test_step_phrasings(text, mentions):
     page = f"# T\n\n## Do it\n\n1. {text}\n"
     (proc,) = extract(page, "text/markdown")
     assert list(proc.steps[0].mentions) == mentions
     assert proc.steps[0].structured
+
+
+def test_the_pages_prose_and_tables_are_the_procedures_context():
+    page = ("# VPC\n\nThe examples use a VPC named `app` with the CIDR block `10.0.0.0/16`.\n\n"
+            "| Resource | Block |\n| --- | --- |\n| VPC app | `10.0.0.0/16` |\n\n"
+            "## Other\n\nUnrelated words.\n\n1. Click **A**.\n\n"
+            "## Create a vSwitch\n\nA vSwitch lies in its VPC.\n\n1. Click **B**.\n")
+    other, vswitch = extract(page, "text/markdown")
+    assert vswitch.context == ("The examples use a VPC named app with the CIDR block "
+                               "10.0.0.0/16.", "VPC app 10.0.0.0/16",
+                               "A vSwitch lies in its VPC.")
+    assert "Unrelated words." in other.context and "Unrelated words." not in vswitch.context
 
 
 def test_lettered_lines_and_bulleted_parameters_under_a_step():
