@@ -82,6 +82,10 @@ KEEP = _c(rf"^{_I('(?:keep|retain|leave|use) the default')}\s+"
           rf"(?:{_I('(?:value|setting) (?:of|for)')}\s+)?"
           rf"(?:{_I('the')}\s+)?(.+?)(?:\s+{_I('unchanged')})?(?:,\s*(⟨[bc]\d+⟩|{_Q}))?$")
 CLICK_VALUE = _c(rf"^{_I('click')}\s+(?:{_I('the')}\s+)?(⟨c\d+⟩)")
+# "Click **media-01** in the **Bucket Name** column": a resource's link in its row (a click
+# in the Actions column is a row action)
+CLICK_IN_COLUMN = _c(rf"^{_I('click')}\s+(?:{_I('the')}\s+)?({NAME})\s+{_I('in the')}\s+"
+                     rf"({NAME})\s+{_I('column')}\b")
 VERBS = ("enter", "type", "set", "select", "choose", "click", "change")
 LABELLED = _c(r"^(⟨b\d+⟩)\s*[:：]\s*(.+)$")
 ENTER = _c(rf"{_I('(?:enter|type|input|specify|provide|fill in)')}\s+(.+)$")
@@ -181,6 +185,10 @@ class Template:
         if vague:
             return "", False, vague.group(1).strip()
         return (raw.split()[0] if raw.split() else ""), False, ""
+
+
+def norm_words(text: str) -> str:
+    return " ".join(text.lower().split())
 
 
 def _product(tpl: Template, clause: str) -> str:
@@ -334,6 +342,9 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         # "Click `contracts-01`": the resource's link in its row
         return [Mention("control", "", value="row-link",
                         field=tpl.values[m.group(1)].text)], True
+    if (m := CLICK_IN_COLUMN.search(clause)) and norm_words(tpl.name(m.group(2))) not in (
+            "actions", "action", "operation", "operations", "actions column"):
+        return [Mention("control", "", value="row-link", field=tpl.name(m.group(1)))], True
     if m := ROW_SELECT.search(clause):
         # "select the VPC whose block is ...": a row of a list, or where a form is open (the
         # check knows), the choice of that field ("From the VPC drop-down list, select ...")

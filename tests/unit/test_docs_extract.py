@@ -148,6 +148,10 @@ def test_markdown_console_tab_kept_api_tab_skipped():
     ("Click **Create User**. The **Create User** page appears.",
      [M("control", "Create User"), M("page", "Create User")]),
     ("Cliquez sur **Créer un utilisateur** ou click **Créer**.", [M("control", "Créer")]),
+    # a resource's name clicked in its column is its row's link; in the Actions column, an action
+    ("Click **media-01** in the **Bucket Name** column.",
+     [M("control", "", "row-link", "media-01")]),
+    ("Click **Delete** in the **Actions** column.", [M("control", "Delete")]),
     # a switch named by its marked-up label alone
     ("Turn on **IPv6 CIDR Block**.", [M("field", "IPv6 CIDR Block", "on")]),
     ("Enable **Versioning**.", [M("field", "Versioning", "on")]),
