@@ -651,14 +651,21 @@ class Checker:
         return out
 
 
+_RESOURCE_NAME = re.compile(r"(?=[^A-Z ]*[-_.\d])[a-z0-9][a-z0-9._-]*")
+
+
 def _suspect(mention: Mention, worst: _Match, product: str) -> bool:
     """Whether a defect label is only a suspicion (:attr:`StepCheck.suspect`): the control is
     elsewhere in the product the steps are in (``unreachable``: a step left out, steps out of
     order) or several match (``ambiguous``), or a control, navigation entry, page or field near
     it in name is where the step is (a near miss that is not the same words). A value the field
     refuses, an option it does not offer, a product or region the console lacks, a control only
-    another product has, and a name with nothing near it are sure."""
+    another product has, and a name with nothing near it are sure, except a "control" that reads
+    like a resource's name (``web-01``: perhaps its link in a list)."""
     if worst.label == "ambiguous":
+        return True
+    if worst.label == "missing" and mention.kind == "control" and \
+            _RESOURCE_NAME.fullmatch(mention.text):
         return True
     if worst.label == "unreachable":        # unless only another product has it
         return worst.page is None or not product or worst.page.product in ("", product)

@@ -356,6 +356,9 @@ def test_a_defect_is_sure_or_only_a_suspicion_a_run_can_clear():
     # Nothing near it: sure.
     far = check_procedure(create_user("Add New Member"), inventory())[4]
     assert far.label == "missing" and not far.suspect and far.sure_defect
+    # A "control" that reads like a resource's name: perhaps its link in a list.
+    named = check_procedure(create_user("web-01"), inventory())[4]
+    assert named.label == "missing" and named.suspect
     # The control exists in the product, on a page the steps skipped: a suspicion.
     skipped = check_procedure(create_user("Create", skip_open=True), inventory())[2]
     assert skipped.label == "unreachable" and skipped.suspect
