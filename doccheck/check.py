@@ -134,6 +134,7 @@ class _Where:
     title: str = ""              # the procedure's title
     networks: tuple = ()         # the CIDR blocks the page gives its VPCs (page_networks)
     step: str = ""               # the wizard step the doc says the reader is on ("" unknown)
+    before: str = ""             # the page a submit was made on (the console often returns)
 
 
 class Checker:
@@ -342,6 +343,9 @@ class Checker:
             if fits and len(fits) < len(hits) and all(
                     c.action for _, c in hits):
                 hits = fits
+            # After a submit, of several: the one on the page it was made on (a policy's
+            # removal returns to the user's page, whose Delete is the next step's)
+            hits.sort(key=lambda h: h[0].pattern != where.before)
             targets = {c.target for _, c in hits if c.target}
             match = _Match(label, found, score, control=hits[0][1], page=hits[0][0],
                            detail="" if label == "ok" else f"the console's control reads "
@@ -442,6 +446,8 @@ class Checker:
     def _submitted(self, where: _Where) -> None:
         """After a submit the console shows a page the inventory does not record (the new
         resource's, the list's): the next step is looked for anywhere in the product."""
+        if len(where.pages) == 1:
+            where.before = where.pages[0].pattern
         where.pages = [p for p in self.inv.pages
                        if not where.product or p.product == where.product]
         where.form, where.dialog, where.lost, where.step = None, "", True, ""
@@ -602,6 +608,7 @@ class Checker:
         where = _Where(product=proc.product, title=proc.title, networks=page_networks(proc))
         out: list[tuple[StepCheck, list[Resolved]]] = []
         pending: list[DocStep] = []     # steps flagged unreachable: perhaps only too early
+        adrift = ""                     # an earlier step that lost the reader (its number)
         for step in proc.steps:
             results = self._resolve(step, where)
             if pending and results and _worst(results)[1].label in ("missing", "unreachable"):
@@ -633,6 +640,17 @@ class Checker:
                                       "an optional step this console has nothing for: "
                                       + worst.detail), []))
                 continue
+            if adrift and worst.label == "unreachable" and worst.page is not None and \
+                    where.product and worst.page.product != where.product:
+                # Lost since an earlier step: a control only another product has says nothing
+                # of this step's own text (the earlier step's fault is shown; a control or a
+                # field nowhere in the product still is)
+                out.append((StepCheck(step.number, "ok", mention.text or mention.value, "",
+                                      0.0, here, f"not checked: the reader is lost since "
+                                      f"step {adrift}"), []))
+                continue
+            if worst.label == "ok" and any(m.kind in ("menu", "page") for m, _ in results):
+                adrift = ""             # back on a page the console has
             if any(r.label == "unreachable" for _, r in results):
                 pending.append(step)
             lost = any(r.label == "unreachable" or r.label == "missing" and m.kind in
@@ -643,6 +661,7 @@ class Checker:
                 where.pages = [p for p in self.inv.pages
                                if not where.product or p.product == where.product]
                 where.form, where.dialog, where.lost = None, "", True
+                adrift = adrift or step.number
             out.append((StepCheck(step.number, worst.label, mention.text or mention.value,
                                   worst.found if worst.label != "ok" else "",
                                   round(worst.score, 3), here,

@@ -307,6 +307,9 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         on = m.group(1).lower() in ("select", "turn on", "switch on", "enable")
         return [Mention("field", tpl.name(m.group(2)), value="on" if on else "off")], True
     if m := SELECT_FROM.search(clause):
+        if a := re.fullmatch(r"(?i:an?)\s+(⟨[bm]\d+⟩)", m.group(1).strip()):
+            # "Select a **Resource Group** for the VPC": that field, for the resource
+            return [Mention("field", tpl.name(a.group(1)))], True
         name = tpl.name(m.group(2))
         value = tpl.value(m.group(1))[0]
         return [Mention("option", value, field=name), Mention("field", name, value=value)], True
@@ -335,6 +338,10 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         if IN_SEARCH_BOX.search(m.group(1)) and not ctx.field:
             return [Mention("field", "", value=tpl.value(
                 IN_SEARCH_BOX.sub("", m.group(1)))[0])], True
+        if not ctx.field and (a := re.match(r"(?i:an?|the)\s+(⟨[bm]\d+⟩)", m.group(1).strip())):
+            # "Enter an **IPv4 CIDR Block** inside the VPC's block": that field, its value to
+            # come (or left to the reader)
+            return [Mention("field", tpl.name(a.group(1)))], True
         value, _choice, noun = tpl.value(m.group(1))
         name, ctx.field = ctx.field or (noun[:1].upper() + noun[1:] if noun else ""), ""
         return [Mention("field", name, value=value)], True
@@ -408,8 +415,11 @@ def step_mentions(segs: list[Seg]) -> tuple[list[Mention], str]:
     sentences = [s for s in _SENTENCE.split(tpl.text) if s.strip()]
     for sentence in sentences:
         sentence = sentence.strip().rstrip(".")
+        # (a sentence that goes on to an instruction is none: "Find the instance whose Status
+        # is Stopped, and click Start"; "After the instance is stopped, click Start")
         if RESULT.search(tpl.expand(sentence)) and not re.search(
-                _I(r"^(?:click|choose|select|enter|set|on the|in the)\b"), sentence):
+                _I(r"^(?:click|choose|select|enter|set|on the|in the)\b"
+                   r"|[,;]\s*(?:and\s+|then\s+)?(?:click|choose|select|enter|type)\s"), sentence):
             results += 1
             m = PAGE.search(sentence)
             if m and m.group(2):
@@ -440,10 +450,24 @@ def step_mentions(segs: list[Seg]) -> tuple[list[Mention], str]:
             mentions.append(Mention("field", ctx.field))
         ctx.field = ""
     if mentions:
-        return mentions, "action"
+        return _valued(mentions), "action"
     if sentences and results == len(sentences):
         return [], "note"
     return [], "prose"
+
+
+def _valued(mentions: list[Mention]) -> list[Mention]:
+    """A value entered in a later sentence of the step with no field named ("Enter an **IPv4
+    CIDR Block**. For a VPC that uses ..., enter `10.0.1.0/24`.") is the value of the field the
+    step named just before it."""
+    out: list[Mention] = []
+    for m in mentions:
+        if m.kind == "field" and not m.text and m.value and out and out[-1].kind == "field" \
+                and out[-1].text and not out[-1].value:
+            out[-1] = replace(out[-1], value=m.value)
+        else:
+            out.append(m)
+    return out
 
 
 def cell_value(tpl_segs: list[Seg]) -> tuple[str, bool]:

@@ -48,7 +48,7 @@ from consolerl.text import norm
 from .check import GENERIC_SUBMIT, Checker, Resolved
 from .model import (Control, Form, FormField, Inventory, PageEntry, Procedure, StepCheck,
                     TargetKind, WhereKind)
-from .operations import RESOURCE_FIELDS, RESOURCE_PAGES
+from .operations import ID_PARAMS, RESOURCE_FIELDS, RESOURCE_PAGES
 
 REPLAY_FAMILY = "replay"
 # A step number ending in this is a step of a conditional or optional part of the procedure:
@@ -97,7 +97,15 @@ class _Plan:
                 if p.get("type") == "security_group_rule" and \
                         p.get("properties", {}).get("port_range"):
                     return str(p["properties"]["port_range"])   # the rule's row shows it
-            rtype = RESOURCE_PAGES[page_pattern][0]      # the page's own resource
+            own = RESOURCE_PAGES[page_pattern][0]        # the page's own resource
+            for k, v in self.where.items():
+                # a resource of another type the operation names (a vSwitch's row on its
+                # VPC's page)
+                other = ID_PARAMS.get(k.removeprefix("requestParameters."))
+                if other and other != own and isinstance(v, str) and \
+                        v.strip("{}") in self.prereqs.values():
+                    return v
+            rtype = own
         rtype = rtype or RESOURCE_PAGES.get(page_pattern.rstrip("/") + "/{}", (None,))[0]
         rid = self.prereqs.get(rtype) if rtype else None
         if rid is None and self.prereqs:
@@ -130,6 +138,9 @@ class _Plan:
             return
         if f.options:
             label = option or self._option_label(f, doc_value, wanted)
+            if not label and not doc_value and wanted is None and f.required:
+                # "select an instance type": the doc leaves the choice to the reader
+                label = next((o for o in f.options if "{" not in o), "")
             if not label:
                 return
             if f.kind == "radio":
@@ -261,6 +272,10 @@ class _Plan:
             self.add(step, "submit", self.form.submit)
 
 
+def _last_sentence(text: str) -> str:
+    return re.split(r"(?<=[.!?])\s+", text.strip())[-1]
+
+
 def _last_of_several(page: PageEntry, c: Control) -> bool:
     """``c`` is the last of several links of its label on ``page`` (one per tab)."""
     same = [x for x in page.controls if x.role == c.role and x.label == c.label]
@@ -281,8 +296,10 @@ def replay_plan(proc: Procedure, walked: Sequence[tuple[StepCheck, Sequence[Reso
         parts = check.number.split(".")
         # A step of a conditional or optional part ("If the instance is running, stop it
         # first:" and its sub-steps): the replay skips what of it cannot be done.
-        conditional = any(_CONDITIONAL_STEP.search(texts.get(".".join(parts[:i]), ""))
-                          for i in range(1, len(parts) + 1))
+        # ("Find the instance. If it is running, stop it first:": the parent's last sentence)
+        conditional = _CONDITIONAL_STEP.search(texts.get(check.number, "")) or any(
+            _CONDITIONAL_STEP.search(t) or _CONDITIONAL_STEP.search(_last_sentence(t))
+            for t in (texts.get(".".join(parts[:i]), "") for i in range(1, len(parts))))
         step = check.number + (CONDITIONAL if conditional else "")
         for r in resolved:
             if r.label == "missing" and not r.found:

@@ -330,6 +330,19 @@ def test_after_a_flagged_step_the_next_steps_are_not_flagged_for_the_same_break(
     assert labels(check_procedure(proc, inventory())) == ["ok", "ok", "missing", "ok", "ok"]
 
 
+def test_once_lost_a_control_only_another_product_has_is_not_this_steps_fault():
+    proc = Procedure("Create a RAM user", "ram.md", (
+        step(1, Mention("product", "RAM console")),
+        step(2, Mention("menu", "Users")),
+        step(3, Mention("control", "Add New Member")),       # invented: the reader is lost
+        step(4, Mention("control", "Create VPC")),           # only the VPC console has it
+        step(5, Mention("control", "Frobnicate")),           # nowhere: its own text is wrong
+    ))
+    checks = check_procedure(proc, inventory())
+    assert labels(checks) == ["ok", "ok", "missing", "ok", "missing"]
+    assert "lost since step 3" in checks[3].detail
+
+
 def test_a_section_the_page_lacks_but_another_page_has_is_unreachable():
     inv = inventory()
     detail = inv.page(USERS + "/{}")

@@ -152,6 +152,12 @@ def test_markdown_console_tab_kept_api_tab_skipped():
     ("Click **media-01** in the **Bucket Name** column.",
      [M("control", "", "row-link", "media-01")]),
     ("Click **Delete** in the **Actions** column.", [M("control", "Delete")]),
+    ("(Optional) Select a **Resource Group** for the VPC.", [M("field", "Resource Group")]),
+    ("Enter an **IPv4 CIDR Block** inside the VPC's block. For a VPC that uses `10.0.0.0/16`, "
+     "enter `10.0.1.0/24`.", [M("field", "IPv4 CIDR Block", "10.0.1.0/24")]),
+    ("Find the instance whose **Status** is **Stopped**, and click **Start** in the **Actions** "
+     "column.", [M("control", "Start")]),
+    ("After the instance is stopped, click **Start**.", [M("control", "Start")]),
     # a switch named by its marked-up label alone
     ("Turn on **IPv6 CIDR Block**.", [M("field", "IPv6 CIDR Block", "on")]),
     ("Enable **Versioning**.", [M("field", "Versioning", "on")]),

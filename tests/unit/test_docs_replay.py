@@ -156,6 +156,32 @@ def test_a_rules_delete_is_the_rules_not_the_security_groups():
     assert ["4", "row", "22/22", "Delete"] in ops
 
 
+def test_a_row_of_another_resource_on_a_resources_page_is_keyed_by_that_resource():
+    """A vSwitch's Delete on its VPC's details page: the row is the vSwitch's, not the VPC's."""
+    from pathlib import Path
+
+    from doccheck import DocsService, PageIn
+    path = Path(__file__).resolve().parents[2] / "docs/corpus/vpc/delete-vswitch.html"
+    (page,) = DocsService.default().read([PageIn(path.name, path.read_text(), "text/html")])
+    (proc,) = [p for p in page.procedures if p.title.endswith("on the VPC details page")]
+    ops = json.loads(proc.task["oracle"]["args"]["plan"])
+    assert ops == [["3", "link", "{net}"], ["4", "row", "{sw}", "Delete"],
+                   ["5", "confirm", "{sw}", "OK"]]
+
+
+def test_a_choice_the_doc_leaves_to_the_reader_is_made():
+    """"On the Instance Type page, select an instance type": the replay picks one the wizard
+    offers, not none (the console would ask for it)."""
+    from pathlib import Path
+
+    from doccheck import DocsService, PageIn
+    path = Path(__file__).resolve().parents[2] / "docs/corpus-blind-4/ecs/create-instance.md"
+    (page,) = DocsService.default().read([PageIn(path.name, path.read_text(), "text/markdown")])
+    (proc,) = [p for p in page.procedures if p.title == "Create an instance"]
+    ops = json.loads(proc.task["oracle"]["args"]["plan"])
+    assert ["6", "choose", "ecs.t6-c1m1.large"] in ops
+
+
 def test_a_wizard_is_filled_in_the_order_of_its_steps_and_never_sent_on_early():
     """The instance wizard: the doc's "click Next" adds nothing (each value op goes through
     Next to the step that shows it), and values named late (the instance type and image in
@@ -202,6 +228,11 @@ def test_steps_of_a_conditional_part_are_marked_and_skipped_when_they_cannot_be_
                                         text="If the Users page shows a notice, close it:"))
     ops, _ = plan(dataclasses.replace(proc, steps=tuple(steps)))
     assert {op[0] for op in ops if op[0].startswith("3.1")} <= {"3.1?"}
+    # a parent whose last sentence is the condition ("Find it. If it runs, stop it first:")
+    steps[2] = dataclasses.replace(steps[2], text="Find the user. If it has a notice, close it:")
+    steps[3] = dataclasses.replace(steps[3], number="3.2", text="Click Create User.")
+    ops, _ = plan(dataclasses.replace(proc, steps=tuple(steps)))
+    assert {op[0] for op in ops if op[0].startswith("3.2")} == {"3.2?"}
     task = user_task()
     task["oracle"]["args"]["plan"] = json.dumps([["3.1?", "press", "Close"],
                                                  ["3", "press", "Create User"]])
