@@ -359,6 +359,13 @@ class Checker:
             if hits[0][1].role == "tab":
                 where.tab = hits[0][1].label
             return match
+        if m.value == "tab":
+            # "Click the Permissions tab" where the page shows a Permissions section
+            slabel, sfound, sscore = self._compare(m.text, {s for p in where.pages
+                                                            for s in self._sections(p)})
+            if slabel != "missing":
+                return _Match("label_differs", sfound, sscore,
+                              detail=f"{sfound!r} is a section of the page, not a tab")
         generic = self._generic_submit(m, where, here)
         if generic is not None:
             return generic

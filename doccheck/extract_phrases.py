@@ -115,6 +115,7 @@ _LEAD = re.compile(_I(r"^(?:optional[:.]?\s*|\(optional\)\s*|then\s+|next\s+|fin
                       r"if needed\s+|also\s+)+"))
 _PLACE = re.compile(r"⟨([blmc])(\d+)⟩")
 _PURPOSE = re.compile(_I(r"(?<=\S)\s+to (?:view|see|check|display|verify|confirm|show) .*$"))
+_ALTERNATIVE = re.compile(_I(r",?\s+or\s+(?=(?:click|choose|select|go to)\b)"))
 _ASIDE = re.compile(r"\s*\((?!optional\))[^()⟨⟩]*\)", re.IGNORECASE)
 _NOT_PLACEHOLDERS = str.maketrans({"⟨": "〈", "⟩": "〉"})
 _VAGUE = re.compile(_I(r"^(?:a|an|the|your|any|one|some)\s+(.+?)(?:\s+(?:for|of)\b.*)?$"))
@@ -437,6 +438,8 @@ def step_mentions(segs: list[Seg]) -> tuple[list[Mention], str]:
             continue
         # an aside in parentheses that marks nothing up ("`ecs.g7.large` (2 vCPU, 8 GiB)") is
         # no clause of its own
+        # "Click the name of the bucket, or click Manage": the first way is the one read
+        sentence = _ALTERNATIVE.split(sentence, maxsplit=1)[0]
         for clause in _CLAUSE.split(_ASIDE.sub("", sentence)):
             example = FOR_EXAMPLE.match(clause.strip().rstrip("."))
             if example and mentions and mentions[-1].kind == "field" \

@@ -343,6 +343,20 @@ def test_once_lost_a_control_only_another_product_has_is_not_this_steps_fault():
     assert "lost since step 3" in checks[3].detail
 
 
+def test_a_tab_the_page_shows_as_a_section_is_that_section():
+    inv = inventory()
+    page = dataclasses.replace(inv.pages[0], controls=inv.pages[0].controls + (
+        Control("button", "Remove", "dialog:Remove", where="section:Permissions"),))
+    inv = dataclasses.replace(inv, pages=(page,) + inv.pages[1:])
+    proc = Procedure("See a user's permissions", "ram.md", (
+        step(1, Mention("product", "RAM console")), step(2, Mention("menu", "Users")),
+        step(3, Mention("control", "Permissions", "tab")),
+        step(4, Mention("control", "Billing", "tab"))))
+    checks = check_procedure(proc, inv)
+    assert labels(checks) == ["ok", "ok", "label_differs", "missing"]
+    assert "section" in checks[2].detail
+
+
 def test_a_section_the_page_lacks_but_another_page_has_is_unreachable():
     inv = inventory()
     detail = inv.page(USERS + "/{}")

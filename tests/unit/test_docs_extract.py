@@ -158,6 +158,9 @@ def test_markdown_console_tab_kept_api_tab_skipped():
     ("Find the instance whose **Status** is **Stopped**, and click **Start** in the **Actions** "
      "column.", [M("control", "Start")]),
     ("After the instance is stopped, click **Start**.", [M("control", "Start")]),
+    # of two ways, the first is read
+    ("Click the name of the bucket, or click **Manage** in the **Actions** column.",
+     [M("control", "", "row-link")]),
     # a switch named by its marked-up label alone
     ("Turn on **IPv6 CIDR Block**.", [M("field", "IPv6 CIDR Block", "on")]),
     ("Enable **Versioning**.", [M("field", "Versioning", "on")]),
