@@ -108,10 +108,13 @@ def read_corpus(corpus: Path) -> tuple[list[Item], list[float], int]:
     unlabelled = 0
     for page, entries in sorted(by_page.items()):
         path = corpus / page
-        drift = entries[0].get("drift", "") or ""
         started = time.perf_counter()
         procs = extract(path.read_bytes(), content_type(path), source=page)
-        checked = {p.title: (p, check_procedure(p, invs[drift], history[drift]))
+        # each procedure against the console its label names (a page may mix a stale
+        # procedure, checked against the drifted console, with ones for the default console)
+        drifts = {e["title"]: e.get("drift", "") or "" for e in entries}
+        checked = {p.title: (p, check_procedure(p, invs[drifts.get(p.title, "")],
+                                                history[drifts.get(p.title, "")]))
                    for p in procs}
         times.append((time.perf_counter() - started) * 1000)
         unlabelled += len(set(checked) - {e["title"] for e in entries})

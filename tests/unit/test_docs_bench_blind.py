@@ -45,3 +45,27 @@ def test_blind_batches_are_chosen_by_number():
     assert "corpus-blind-1" in [p.name for p in blind_batches("all")]
     with pytest.raises(SystemExit, match="no blind batch corpus-blind-99"):
         blind_batches("99")
+
+
+def test_each_procedure_is_checked_against_the_console_its_label_names(tmp_path):
+    """A page with a procedure for the default console and a stale one: the stale one is
+    checked against the renamed console (its Delete reads Release there), the other not."""
+    from benchmarks.docs import read_corpus
+    page = ("# Buckets\n\n## Delete a bucket\n\n1. Log on to the OSS console.\n"
+            "2. In the left-side navigation pane, click **Buckets**.\n"
+            "3. In the **Actions** column of the bucket, click **Delete**.\n4. Click **OK**.\n\n"
+            "## Delete a bucket again\n\n1. Log on to the OSS console.\n"
+            "2. In the left-side navigation pane, click **Buckets**.\n"
+            "3. In the **Actions** column of the bucket, click **Delete**.\n4. Click **OK**.\n")
+    (tmp_path / "b.md").write_text(page)
+    entry = {"page": "b.md", "status": "correct", "drift": "", "defect": "",
+             "defective_steps": [], "stale_steps": [], "operation": "Oss:DeleteBucket",
+             "note": ""}
+    import yaml
+    (tmp_path / "labels.yaml").write_text(yaml.safe_dump([
+        {**entry, "title": "Delete a bucket"},
+        {**entry, "title": "Delete a bucket again", "status": "stale", "drift": "rename",
+         "stale_steps": ["2", "3", "4"]}]))
+    default, stale = read_corpus(tmp_path)[0]
+    assert [c.label for c in default.checks] == [OK] * 4
+    assert [c.label for c in stale.checks][2] == DIFFERS and stale.checks[2].closest == "Release"
