@@ -420,7 +420,8 @@ def step_mentions(segs: list[Seg]) -> tuple[list[Mention], str]:
         # is Stopped, and click Start"; "After the instance is stopped, click Start")
         if RESULT.search(tpl.expand(sentence)) and not re.search(
                 _I(r"^(?:click|choose|select|enter|set|on the|in the)\b"
-                   r"|[,;]\s*(?:and\s+|then\s+)?(?:click|choose|select|enter|type)\s"), sentence):
+                   r"|(?:[,;]\s*|\s(?=and\s|then\s))(?:and\s+|then\s+)?"
+                   r"(?:click|choose|select|enter|type)\s"), sentence):
             results += 1
             m = PAGE.search(sentence)
             if m and m.group(2):

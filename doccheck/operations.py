@@ -174,6 +174,7 @@ def acts_on(action: str) -> str:
 _REMOVING_WORDS = frozenset({"delete", "remove", "release", "revoke", "detach", "unbind",
                              "disassociate", "unassign"})
 _LIFECYCLE_WORDS = frozenset({"start", "stop", "restart", "reboot"})
+_LIFECYCLE_ACTION = {"start": "Start", "stop": "Stop", "restart": "Reboot", "reboot": "Reboot"}
 _OBJECT_END = frozenset({"from", "of", "on", "in", "for", "to", "with", "by", "that", "using",
                          "via", "at", "under", "and", "or", "as"})
 
@@ -215,6 +216,8 @@ def title_misfit(title: str, action: str) -> str:
                 + ("removes" if doing in REMOVING_VERBS else "does not remove"))
     if doing in LIFECYCLE_VERBS and verb not in _LIFECYCLE_WORDS:
         return f"the title says {verb!r}, but {action} starts or stops a resource"
+    if doing in LIFECYCLE_VERBS and _LIFECYCLE_ACTION[verb] != doing:
+        return f"the title says {verb!r}, but {action} does not"
     if head and head not in acts_on(action):
         return f"the title acts on a {head}, but {action} does not"
     return ""

@@ -56,6 +56,7 @@ REPLAY_FAMILY = "replay"
 CONDITIONAL = "?"
 
 Op = tuple[str, ...]            # (step number, verb, *args)
+_REPEAT = re.compile(r"^\W*repeat\b", re.IGNORECASE)
 _CONDITIONAL_STEP = re.compile(r"^\W*(?:if\b|optional\b|\(optional\))", re.IGNORECASE)
 # The request parameters that name a row on a resource's own page, most telling first.
 _PART_KEYS = ("PolicyName", "PortRange", "SourceCidrIp", "DestCidrIp")
@@ -297,7 +298,12 @@ def replay_plan(proc: Procedure, walked: Sequence[tuple[StepCheck, Sequence[Reso
         # A step of a conditional or optional part ("If the instance is running, stop it
         # first:" and its sub-steps): the replay skips what of it cannot be done.
         # ("Find the instance. If it is running, stop it first:": the parent's last sentence)
+        # (and the steps of a loop: "Remove a policy. ... Repeat until none is left." may run
+        # no time at all)
+        parent = check.number.rsplit(".", 1)[0] if len(parts) > 1 else None
+        siblings = [t for n, t in texts.items() if "." in n and n.rsplit(".", 1)[0] == parent]
         conditional = _CONDITIONAL_STEP.search(texts.get(check.number, "")) or any(
+            _REPEAT.match(t) for t in siblings) or any(
             _CONDITIONAL_STEP.search(t) or _CONDITIONAL_STEP.search(_last_sentence(t))
             for t in (texts.get(".".join(parts[:i]), "") for i in range(1, len(parts))))
         step = check.number + (CONDITIONAL if conditional else "")

@@ -127,6 +127,8 @@ def test_no_operation_is_a_reason_not_a_task():
     ("Create a bucket for website images", "Oss:DeleteBucket", False),
     ("Change the instance type", "Ecs:StartInstance", False),
     ("Restart an instance", "Ecs:RebootInstance", True),
+    ("Stop an instance", "Ecs:RebootInstance", False),
+    ("Start a stopped instance", "Ecs:StartInstance", True),
     ("Release EIPs", "Vpc:ReleaseEipAddress", True),
     ("Allow ping requests", "Ecs:AuthorizeSecurityGroup", True),     # no resource named
     ("Rename an instance", "Ecs:ModifyInstanceAttribute", True),

@@ -158,6 +158,8 @@ def test_markdown_console_tab_kept_api_tab_skipped():
     ("Find the instance whose **Status** is **Stopped**, and click **Start** in the **Actions** "
      "column.", [M("control", "Start")]),
     ("After the instance is stopped, click **Start**.", [M("control", "Start")]),
+    ("Find the instance that is in the **Running** state and click **Stop** in the **Actions** "
+     "column.", [M("control", "Stop")]),
     # of two ways, the first is read
     ("Click the name of the bucket, or click **Manage** in the **Actions** column.",
      [M("control", "", "row-link")]),

@@ -233,6 +233,12 @@ def test_steps_of_a_conditional_part_are_marked_and_skipped_when_they_cannot_be_
     steps[3] = dataclasses.replace(steps[3], number="3.2", text="Click Create User.")
     ops, _ = plan(dataclasses.replace(proc, steps=tuple(steps)))
     assert {op[0] for op in ops if op[0].startswith("3.2")} == {"3.2?"}
+    # the steps of a loop ("Repeat until none is left") may run no time at all
+    steps[2] = dataclasses.replace(steps[2], text="Open the user and remove its policies:")
+    steps.insert(4, dataclasses.replace(steps[3], number="3.3", text="Repeat until none is left.",
+                                        mentions=()))
+    ops, _ = plan(dataclasses.replace(proc, steps=tuple(steps)))
+    assert {op[0] for op in ops if op[0].startswith("3.2")} == {"3.2?"}
     task = user_task()
     task["oracle"]["args"]["plan"] = json.dumps([["3.1?", "press", "Close"],
                                                  ["3", "press", "Create User"]])
