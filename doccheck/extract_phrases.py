@@ -76,8 +76,11 @@ SET = _c(rf"{_I('(?:set|change|modify|configure)')}\s+(?:{_I('the value of')}\s+
 _WHERE = r"(?:drop-down list|drop-down menu|list|field|section|menu|parameter)"
 SELECT_FROM = _c(rf"{_I('(?:select|choose)')}\s+(.+?)\s+{_I('(?:from|in|for|under)')}\s+"
                  rf"(?:{_I('the')}\s+)?({NAME})(?:\s+{_I(_WHERE)})?\s*$")
+# ("... as the vSwitch name": a field written in lower case, by the noun a field's label ends in)
+_FIELD_PHRASE = (r"[\w-]+(?: [\w-]+){0,2} (?i:name|description|block|range|zone|type|"
+                 r"class|policy)")
 ENTER_AS = _c(rf"^(?:{_I('(?:enter|type|input|specify|use)')}\s+)?(⟨c\d+⟩|{_Q})\s+"
-                 rf"{_I('as')}\s+(?:{_I('the')}\s+)?({NAME})$")
+                 rf"{_I('as')}\s+(?:{_I('the')}\s+)?({NAME}|{_FIELD_PHRASE})$")
 KEEP = _c(rf"^{_I('(?:keep|retain|leave|use) the default')}\s+"
           rf"(?:{_I('(?:value|setting) (?:of|for)')}\s+)?"
           rf"(?:{_I('the')}\s+)?(.+?)(?:\s+{_I('unchanged')})?(?:,\s*(⟨[bc]\d+⟩|{_Q}))?$")

@@ -160,6 +160,8 @@ def test_markdown_console_tab_kept_api_tab_skipped():
     ("After the instance is stopped, click **Start**.", [M("control", "Start")]),
     ("Find the instance that is in the **Running** state and click **Stop** in the **Actions** "
      "column.", [M("control", "Stop")]),
+    ("Enter `web-k` as the vSwitch name, and enter `172.20.11.0/24` as the IPv4 CIDR block.",
+     [M("field", "vSwitch name", "web-k"), M("field", "IPv4 CIDR block", "172.20.11.0/24")]),
     # of two ways, the first is read
     ("Click the name of the bucket, or click **Manage** in the **Actions** column.",
      [M("control", "", "row-link")]),
