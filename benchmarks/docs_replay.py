@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from consolerl.tasks import Task, parse_task
-from jobsapi.scheduler import completed_fields
+from jobsapi.scheduler import SchedulerConfig, completed_fields
 from jobsapi.schema import Rollout
 from datagen.oracle import ORACLE_MAX_STEPS, run_oracle
 from env_workers.accounts import PoolConfig, local_cloud_accounts
@@ -26,6 +26,9 @@ from env_workers.worker import WorkerConfig
 from reward_service.actiontrail import TrailConfig
 from reward_service.service import RewardService
 from rollout_service.episode import EpisodeRunner, scripted_policy
+
+
+MAX_ATTEMPTS = SchedulerConfig().max_attempts
 
 
 def _run_of(task_id: str, outcome: Any, seconds: float) -> Rollout:
@@ -60,9 +63,18 @@ async def _replay_all(tasks: Sequence[Task], cloud: Any, redis_url: str, workers
             while not queue.empty():
                 task = queue.get_nowait()
                 started = time.monotonic()
-                outcome = await runner.run(env, task, scripted_policy(run_oracle),
-                                           max_steps=ORACLE_MAX_STEPS,
-                                           trajectory_id=f"replay-{task.id}", seed=0)
+                # Infrastructure errors (a provisioning call the local cloud reset) are tried
+                # again, as the jobs API does (SchedulerConfig.max_attempts); the replay's own
+                # failures are not.
+                for attempt in range(1, MAX_ATTEMPTS + 1):
+                    outcome = await runner.run(env, task, scripted_policy(run_oracle),
+                                               max_steps=ORACLE_MAX_STEPS,
+                                               trajectory_id=f"replay-{task.id}-{attempt}",
+                                               seed=0)
+                    if outcome.env_error is None:
+                        break
+                    progress(f"{task.id}: attempt {attempt} met an infrastructure error: "
+                             f"{str(outcome.env_error.message)[:120]}")
                 run = _run_of(task.id, outcome, time.monotonic() - started)
                 out[task.id] = run
                 progress(f"replayed {len(out)}/{len(tasks)} {task.id}: {run.state} "

@@ -206,7 +206,20 @@ def title_misfit(title: str, action: str) -> str:
     """Why the API ``action`` is not the operation a procedure titled ``title`` does ("" when
     nothing says it is not): a removal caused by a procedure that does not remove (or the
     reverse), a start or stop by one that does not start or stop, or an action on another
-    resource than the one the title names ("Delete a vSwitch" is not ``DeleteVpc``)."""
+    resource than the one the title names ("Delete a vSwitch" is not ``DeleteVpc``). A title
+    of two verbs ("Find a RAM user and delete it") fits an action either fits."""
+    first, *more = re.split(r"\s+and\s+(?=[a-z]+\s+(?:it|them|the|a|an|its)\b)", title)
+    why = _misfit(first, action)
+    for part in more if why else ():
+        verb, head = _title_object(part)
+        if not head:        # "... and delete it": the first part's object
+            part = f"{verb} {' '.join(first.split()[1:])}"
+        if not _misfit(part, action):
+            return ""
+    return why
+
+
+def _misfit(title: str, action: str) -> str:
     verb, head = _title_object(title)
     if not verb or not action:
         return ""

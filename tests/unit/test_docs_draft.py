@@ -128,6 +128,9 @@ def test_no_operation_is_a_reason_not_a_task():
     ("Change the instance type", "Ecs:StartInstance", False),
     ("Restart an instance", "Ecs:RebootInstance", True),
     ("Stop an instance", "Ecs:RebootInstance", False),
+    ("Find a RAM user by logon name and delete it", "Ram:DeleteUser", True),   # two verbs
+    ("Find and delete a vSwitch by ID", "Vpc:DeleteVSwitch", True),
+    ("Find a RAM user by logon name", "Ram:DeleteUser", False),
     ("Start a stopped instance", "Ecs:StartInstance", True),
     ("Release EIPs", "Vpc:ReleaseEipAddress", True),
     ("Allow ping requests", "Ecs:AuthorizeSecurityGroup", True),     # no resource named
