@@ -113,9 +113,10 @@ def read_corpus(corpus: Path) -> tuple[list[Item], list[float], int]:
         # each procedure against the console its label names (a page may mix a stale
         # procedure, checked against the drifted console, with ones for the default console)
         drifts = {e["title"]: e.get("drift", "") or "" for e in entries}
-        checked = {p.title: (p, check_procedure(p, invs[drifts.get(p.title, "")],
-                                                history[drifts.get(p.title, "")]))
-                   for p in procs}
+        checked = {}
+        for p in procs:
+            drift = drifts.get(p.title, "")
+            checked[p.title] = (p, check_procedure(p, invs[drift], history[drift]))
         times.append((time.perf_counter() - started) * 1000)
         unlabelled += len(set(checked) - {e["title"] for e in entries})
         for entry in entries:

@@ -273,10 +273,10 @@ class Checker:
             return _Match(label, found, score, detail="" if label == "ok" else
                           f"the section is titled {found!r}")
         scope = [p for p in self.inv.pages if not where.product or p.product == where.product]
-        detail = bool(where.pages) and all(p.pattern.endswith("{}") for p in where.pages)
+        on_details = bool(where.pages) and all(p.pattern.endswith("{}") for p in where.pages)
         for page in scope:
             label, found, score = self._compare(m.text, self._sections(page))
-            if label == "ok" and detail and page.pattern.endswith("{}"):
+            if label == "ok" and on_details and page.pattern.endswith("{}"):
                 # details pages share their layout ("Basic Information"), and the inventory
                 # records a section only where a control or field sits in it
                 return _Match("ok")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from consolerl.text import norm
 from doccheck.extract_markup import Seg
 from doccheck.model import Mention
 
@@ -191,10 +192,6 @@ class Template:
         return (raw.split()[0] if raw.split() else ""), False, ""
 
 
-def norm_words(text: str) -> str:
-    return " ".join(text.lower().split())
-
-
 def _product(tpl: Template, clause: str) -> str:
     for ph in re.findall(r"⟨l\d+⟩", clause):
         link = tpl.values[ph]
@@ -353,7 +350,7 @@ def _clause(tpl: Template, clause: str, ctx: _Ctx, retry: bool = False
         # "Click `contracts-01`": the resource's link in its row
         return [Mention("control", "", value="row-link",
                         field=tpl.values[m.group(1)].text)], True
-    if (m := CLICK_IN_COLUMN.search(clause)) and norm_words(tpl.name(m.group(2))) not in (
+    if (m := CLICK_IN_COLUMN.search(clause)) and norm(tpl.name(m.group(2))) not in (
             "actions", "action", "operation", "operations", "actions column"):
         return [Mention("control", "", value="row-link", field=tpl.name(m.group(1)))], True
     if m := ROW_SELECT.search(clause):
@@ -440,10 +437,10 @@ def step_mentions(segs: list[Seg]) -> tuple[list[Mention], str]:
         if keep:        # "Keep the default **ACL**, **Private**" (its comma is not a clause)
             mentions.extend(_keep(tpl, keep.group(1), keep.group(2), ctx))
             continue
-        # an aside in parentheses that marks nothing up ("`ecs.g7.large` (2 vCPU, 8 GiB)") is
-        # no clause of its own
         # "Click the name of the bucket, or click Manage": the first way is the one read
         sentence = _ALTERNATIVE.split(sentence, maxsplit=1)[0]
+        # an aside in parentheses that marks nothing up ("`ecs.g7.large` (2 vCPU, 8 GiB)") is
+        # no clause of its own
         for clause in _CLAUSE.split(_ASIDE.sub("", sentence)):
             example = FOR_EXAMPLE.match(clause.strip().rstrip("."))
             if example and mentions and mentions[-1].kind == "field" \
