@@ -1,7 +1,7 @@
 # console-rl — set-up, tests, local services.
 #   make setup       system packages (redis-server, chromium) + .venv + the package + vLLM (.venv-vllm)
 #   make demo        SFT then GRPO on the local cloud (runs/demo: metrics, curves, summary)
-#   make learning-check  oracle SFT, SRC data and SFT, GRPO; then held-out success of the three (<= 2 h)
+#   make learning-check  oracle SFT, GRPO; then held-out success of the two (<= 2 h)
 #   make secrets-check  no password, AccessKey secret or API token in a run's outputs (RUN=runs/demo)
 #   make test        the fast suite (unit + integration against real local services)
 #   make test-slow   the slow tests (multi-node, ray job submit, the learning regression; ~40 min)
@@ -141,7 +141,7 @@ LC_DIR := runs/learning-check
 learning-check: $(PY)
 	$(PY) -m cluster.job --config configs/learning-check.yaml $(ARGS)
 	$(PY) -m cluster.evaluate --config configs/learning-check.yaml --runs 7 \
-	    --baseline $(LC_DIR)/sft --also src-sft=$(LC_DIR)/sft-src --model $(LC_DIR)/final \
+	    --baseline $(LC_DIR)/sft --model $(LC_DIR)/final \
 	    --out $(LC_DIR)/evaluation.json $(ARGS)
 
 # Every file of the run folder, its Redis (live or its AOF), its cloud's SQLite state and Ray's
