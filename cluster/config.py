@@ -92,13 +92,19 @@ class SftSection(SftConfig):
     ``augment_copies``: variants of each exported trajectory that SFT also trains on
     (:mod:`datagen.augment`, written to ``<run.dir>/sft-augment.jsonl``; 0 = none) with the
     transforms ``augment_kinds`` (comma-separated: ids, values, decoys, wording), seeded by
-    ``seed``."""
+    ``seed``; ``engine_tasks``: tasks the data engine synthesises from the console's
+    inventory (:mod:`datagen.engine`, into ``<run.dir>/engine/tasks``; the families of
+    ``eval.tasks`` kept out) with up to ``engine_wrong`` wrong documents made from them, whose
+    confirmed teacher trajectories SFT also trains on (``<run.dir>/sft-engine.jsonl``; 0 =
+    none)."""
 
     enabled: bool = False
     tasks: str = ""
     episodes_per_task: int = 1
     augment_copies: Annotated[int, AtLeast(0)] = 0
     augment_kinds: str = ",".join(AUGMENT_KINDS)
+    engine_tasks: Annotated[int, AtLeast(0)] = 0
+    engine_wrong: Annotated[int, AtLeast(0)] = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()

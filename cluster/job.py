@@ -51,11 +51,13 @@ from cluster.runtime import (PeakMemory, Session, handle_stop_signals, on_driver
                              progress, stop_actors, stop_exit_code, stopping)
 from consolerl.config import load_config, to_dict
 from consolerl.errors import ConfigError, ConsoleRLError
+from consolerl.tasks import TASKS_DIR
 from env_workers.leases import AccountPool
 from env_workers.pool import EnvPoolConfig
 from infra.llm import OpenAIChatClient
 from rollout_service.experience import ExperienceStream
 from datagen.augment import augment_file
+from datagen.engine import make_tasks as make_engine_tasks
 from datagen.export import ExportConfig, account_secrets, run_export
 from env_workers.accounts import load_pool_accounts
 from rollout_service.policy import PolicyConfig, PolicyServer
@@ -283,6 +285,33 @@ def augmented_sft_data(config: JobConfig, run_dir: Path, data: str, model: str,
     return str(train)
 
 
+def engine_sft_data(config: JobConfig, run_dir: Path, data: str, model: str,
+                    progress: Callable[[str], None] = progress) -> str:
+    """``data``, or with ``sft.engine_tasks`` ``data`` then the teacher's confirmed
+    trajectories on the data engine's tasks (:func:`datagen.engine.make_tasks` into
+    ``<run_dir>/engine/tasks``, the evaluation's ``eval.tasks`` kept out; exported with the
+    job's cloud and agent settings into ``<run_dir>/sft-engine.jsonl``) in
+    ``<run_dir>/sft-data-engine.jsonl``, whose path it returns."""
+    sft = config.sft
+    if not sft.engine_tasks:
+        return data
+    run_dir = Path(run_dir)
+    made = make_engine_tasks(run_dir / "engine" / "tasks", sft.engine_tasks, sft.engine_wrong,
+                             sft.seed, config.eval.tasks)
+    (run_dir / "engine" / "summary.json").write_text(json.dumps(made, indent=2) + "\n")
+    engine = run_dir / "sft-engine.jsonl"
+    exported = export_oracle(config, str(engine), "all", "", 1, model,
+                             suite=str(run_dir / "engine" / "tasks"))
+    progress(f"SFT: the data engine made {made['tasks']} tasks and {made['wrong_docs']} "
+             f"wrong documents; the teacher's trajectories confirmed on {exported['written']} "
+             f"({exported['turns']} turns) in {exported['wall_s']} s")
+    combined = run_dir / "sft-data-engine.jsonl"
+    original = Path(data).read_text(encoding="utf-8")
+    combined.write_text(original + ("\n" if original and not original.endswith("\n") else "")
+                        + engine.read_text(encoding="utf-8"), encoding="utf-8")
+    return str(combined)
+
+
 def sft_stage(config: JobConfig, run_dir: Path, start_model: str,
               progress: Callable[[str], None] = progress) -> str:
     """The training job's SFT stage: export oracle trajectories of train-split ``sft.tasks`` into
@@ -302,6 +331,7 @@ def sft_stage(config: JobConfig, run_dir: Path, start_model: str,
                                  start_model)
         progress(f"SFT: exported {exported['written']} oracle trajectories "
                  f"({exported['turns']} turns) in {exported['wall_s']} s")
+    data = engine_sft_data(config, Path(run_dir), data, start_model, progress)
     data = augmented_sft_data(config, Path(run_dir), data, start_model, progress)
     _train_stage(replace(sft, data=data, out=str(out), model=start_model), config.agent,
                  run_dir, "sft", "SFT", progress)
@@ -309,15 +339,15 @@ def sft_stage(config: JobConfig, run_dir: Path, start_model: str,
 
 
 def export_oracle(config: JobConfig, out: str, split: str, tasks: str,
-                  episodes_per_task: int, model: str) -> dict[str, Any]:
-    """The oracle's trajectories on ``split``'s tasks matching ``tasks`` into ``out``
-    (:func:`datagen.export.run_export`, the SFT record format) with the job's own cloud, Redis,
-    lease prefix, env workers and agent settings; ``model`` names the tokenizer. Returns the
-    export's summary."""
+                  episodes_per_task: int, model: str, suite: str = "") -> dict[str, Any]:
+    """The oracle's trajectories on ``split``'s tasks matching ``tasks`` (of ``suite``; ""
+    the task suite) into ``out`` (:func:`datagen.export.run_export`, the SFT record format)
+    with the job's own cloud, Redis, lease prefix, env workers and agent settings; ``model``
+    names the tokenizer. Returns the export's summary."""
     pool = env_pool(config, None)
     return asyncio.run(run_export(ExportConfig(
         out=out, split=split, tasks=tasks, episodes_per_task=episodes_per_task,
-        workers=pool.workers, agent=config.agent, model=model,
+        workers=pool.workers, agent=config.agent, model=model, suite=suite or str(TASKS_DIR),
         cloud_endpoint=config.cloud.endpoint, console_url=pool.worker.console_url,
         redis_url=pool.pool.redis_url, accounts_file=config.cloud.accounts_file,
         lease_prefix=pool.pool.key_prefix)))
