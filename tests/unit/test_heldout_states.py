@@ -58,7 +58,9 @@ def test_the_learning_check_records_the_eval_tasks_once_each_and_keeps_them_on_r
 
 def test_sft_and_src_train_on_their_own_files_never_the_heldout_states(tmp_path, exports,
                                                                        monkeypatch):
-    config = _config(tmp_path)
+    # Augmentation (its own tests: test_augment.py) would add sft-train.jsonl to what SFT
+    # reads; here the question is only which exports each stage trains on.
+    config = _config(tmp_path, "sft.augment_copies=0")
     in_thread(job.heldout_states_stage, config, tmp_path, "default", progress=lambda _: None)
     trained: list[str] = []
 
