@@ -264,6 +264,14 @@ def _sft_child(config: JobConfig, run_dir: str, start_model: str) -> str:
     return sft_stage(config, Path(run_dir), start_model, progress=progress)
 
 
+def _concat_jsonl(out: Path, first: str | Path, then: Path) -> None:
+    """``first``'s lines then ``then``'s, into ``out`` (a newline between them when ``first``
+    does not end with one)."""
+    head = Path(first).read_text(encoding="utf-8")
+    out.write_text(head + ("\n" if head and not head.endswith("\n") else "")
+                   + then.read_text(encoding="utf-8"), encoding="utf-8")
+
+
 def augmented_sft_data(config: JobConfig, run_dir: Path, data: str, model: str,
                        progress: Callable[[str], None] = progress) -> str:
     """What SFT trains on: ``data`` itself, or with ``sft.augment_copies`` the variants of its
@@ -277,9 +285,7 @@ def augmented_sft_data(config: JobConfig, run_dir: Path, data: str, model: str,
     secrets = account_secrets(load_pool_accounts(env_pool(config, None).pool))
     summary = augment_file(data, augmented, augment, HFChatTokenizer(resolve_model(model)),
                            secrets, progress=lambda _: None)
-    original = Path(data).read_text(encoding="utf-8")
-    train.write_text(original + ("\n" if original and not original.endswith("\n") else "")
-                     + augmented.read_text(encoding="utf-8"), encoding="utf-8")
+    _concat_jsonl(train, data, augmented)
     progress(f"SFT: {summary['records_out']} augmented trajectories ({summary['turns_out']} "
              f"turns, {augment.copies} per trajectory) in {summary['wall_s']} s")
     return str(train)
@@ -306,9 +312,7 @@ def engine_sft_data(config: JobConfig, run_dir: Path, data: str, model: str,
              f"wrong documents; the teacher's trajectories confirmed on {exported['written']} "
              f"({exported['turns']} turns) in {exported['wall_s']} s")
     combined = run_dir / "sft-data-engine.jsonl"
-    original = Path(data).read_text(encoding="utf-8")
-    combined.write_text(original + ("\n" if original and not original.endswith("\n") else "")
-                        + engine.read_text(encoding="utf-8"), encoding="utf-8")
+    _concat_jsonl(combined, data, engine)
     return str(combined)
 
 

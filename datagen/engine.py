@@ -53,6 +53,7 @@ from consolerl.errors import ConfigError, ConsoleRLError
 from consolerl.tasks import TASKS_DIR, load_suite, parse_task
 from consolerl.text import norm
 from datagen.augment import heldout_sentences
+from datagen.oracle import WALK_VERBS
 from doccheck import DocsService, PageIn, labels_by_drift
 
 # ---- walks ------------------------------------------------------------------------------------
@@ -65,8 +66,8 @@ class Walk:
     """One way to an API call. ``menu``: the navigation path of the page it starts on (the
     product first); ``noun``: the resource a row or detail page belongs to ("security
     group"); ``detail``: the walk opens that resource's page first; ``row``: its first click
-    is in the resource's row; ``tab``: the tab the control sits on ("" none); ``clicks``: the
-    labels clicked before the form or confirmation; ``form``: the form filled (fields as the
+    is in the resource's row; ``tab``: the tab the control sits on ("" none); ``control``: the
+    label clicked before the form or confirmation (or the one that posts); ``form``: the form filled (fields as the
     inventory has them) with its submit label; ``confirm``: the confirming button."""
 
     drift: str
@@ -75,7 +76,7 @@ class Walk:
     page_title: str
     noun: str
     action: str
-    clicks: tuple[str, ...]
+    control: str
     detail: bool = False
     row: bool = False
     tab: str = ""
@@ -118,13 +119,13 @@ def _tab_of(page: Any, control: Any) -> str:
     return ""
 
 
-def _from_page(inv: Any, start: Any, page: Any, noun: str, detail: bool, drift: str,
+def _from_page(inv: Any, start: Any, page: Any, noun: str, detail: bool,
                wheres: frozenset[str]) -> Iterable[Walk]:
     for c in page.controls:
         if c.where.kind.value not in wheres or _RESOURCE in c.label:
             continue
-        base = Walk(drift, start.product, start.menu_path, start.title, noun, "",
-                    (c.label,), detail=detail, row=c.where.kind.value == "row",
+        base = Walk(inv.drift, start.product, start.menu_path, start.title, noun, "",
+                    c.label, detail=detail, row=c.where.kind.value == "row",
                     tab=_tab_of(page, c))
         kind = c.target.kind.value
         if kind == "page":
@@ -152,14 +153,13 @@ def walks(inv: Any, nouns: Mapping[str, str] | None = None) -> list[Walk]:
         if not start.menu_path:
             continue
         noun = (nouns or {}).get(start.pattern) or singular(start.title)
-        out += _from_page(inv, start, start, noun, False, inv.drift,
-                          frozenset({"toolbar", "row"}))
+        out += _from_page(inv, start, start, noun, False, frozenset({"toolbar", "row"}))
         for c in start.controls:
             if c.where.kind.value == "row" and c.label == _RESOURCE \
                     and c.target.kind.value == "page":
                 detail = inv.page(c.target.name)
                 if detail is not None:
-                    out += _from_page(inv, start, detail, noun, True, inv.drift,
+                    out += _from_page(inv, start, detail, noun, True,
                                       frozenset({"toolbar", "page", "section"}))
     return out
 
@@ -263,13 +263,11 @@ STYLES: tuple[Style, ...] = (
 
 @dataclass(frozen=True)
 class Page:
-    """A synthesised page: its Markdown, the walk and style it came from, and the values its
-    fields were given (label -> value)."""
+    """A synthesised page: its Markdown, and the walk and style it came from."""
 
     text: str
     walk: Walk
     style: str
-    values: tuple[tuple[str, str], ...] = ()
 
 
 def _a(noun: str) -> str:
@@ -277,13 +275,12 @@ def _a(noun: str) -> str:
 
 
 def _title(walk: Walk) -> str:
-    verb = walk.clicks[-1]
     if walk.form is not None and _RESOURCE not in walk.form.title and not walk.row \
             and not walk.detail:
         return walk.form.title
     if walk.form is not None:
         return walk.form.title.replace(_RESOURCE, _a(walk.noun))
-    return f"{verb} {_a(walk.noun)}"
+    return f"{walk.control} {_a(walk.noun)}"
 
 
 def write_page(walk: Walk, style: Style, rng: random.Random, console: str) -> Page | None:
@@ -295,11 +292,9 @@ def write_page(walk: Walk, style: Style, rng: random.Random, console: str) -> Pa
     if walk.detail:
         steps.append(style.detail.format(**fmt))
     if walk.tab:
-        steps.append(style.tab.format(tab=walk.tab, **{k: v for k, v in fmt.items()
-                                                        if k != "tab"}))
-    first = walk.clicks[0]
-    steps.append((style.row_action if walk.row else style.click).format(c=first, **fmt))
-    values: list[tuple[str, str]] = []
+        steps.append(style.tab.format(tab=walk.tab, **fmt))
+    steps.append((style.row_action if walk.row else style.click).format(c=walk.control,
+                                                                        **fmt))
     if walk.form is not None:
         lines = []
         for f in walk.form.fields:
@@ -310,7 +305,6 @@ def write_page(walk: Walk, style: Style, rng: random.Random, console: str) -> Pa
                 if f.required and not any(_RESOURCE in o for o in f.options):
                     return None
                 continue
-            values.append((f.label, v))
             template = style.choose if f.kind in ("select", "radio") else style.text
             lines.append(template.format(f=f.label, v=v, o=v))
         if style.bullets and lines:
@@ -323,15 +317,15 @@ def write_page(walk: Walk, style: Style, rng: random.Random, console: str) -> Pa
         steps.append(style.confirm.format(c=walk.confirm))
     body = "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
     text = f"# {_title(walk)}\n\n## Procedure\n\n{body}\n"
-    return Page(text, walk, style.name, tuple(values))
+    return Page(text, walk, style.name)
 
 
 # ---- tasks -------------------------------------------------------------------------------------
 
 @dataclass
 class Synthesis:
-    """What :func:`synthesise` made: the kept tasks, and per walk key how many pages were
-    tried and why others were dropped."""
+    """What :func:`synthesise` made: the kept tasks and their pages, how many walks it read,
+    and per reason how many walks or pages it dropped."""
 
     tasks: list[dict] = field(default_factory=list)
     pages: list[Page] = field(default_factory=list)
@@ -463,8 +457,7 @@ def _walk_ops(plan: Sequence[Sequence[str]]) -> str | None:
     for op in plan:
         verb, args = op[1], op[2:]
         verb = "link" if verb == "last_link" else verb
-        if verb not in ("link", "row", "press", "field", "select", "choose", "submit",
-                        "confirm", "reveal") or any(c in a for a in args for c in "|;"):
+        if verb not in WALK_VERBS or any(c in a for a in args for c in "|;"):
             return None
         out.append(f"{verb}:{'|'.join(args)}")
     return "; ".join(out)
@@ -486,13 +479,12 @@ def wrong_doc(task: Mapping[str, Any], rng: random.Random, taken: Iterable[str] 
             candidates.append((i, "control", args[0]))
         elif verb in ("field", "select") and args:
             candidates.append((i, "field", args[0]))
+            # a select's option (a radio's, ``choose``, names no field the oracle could read)
             if verb == "select" and len(args) > 1:
                 candidates.append((i, "option", args[1]))
-        elif verb == "choose" and args:
-            candidates.append((i, "option", args[0]))
     rng.shuffle(candidates)
     for i, kind, label in candidates:
-        if _RESOURCE in label or "{" in label:
+        if "{" in label:                    # a resource or placeholder, not a label
             continue
         step = plan[i][0]
         at = next((k for k, line in enumerate(lines)
@@ -508,17 +500,14 @@ def wrong_doc(task: Mapping[str, Any], rng: random.Random, taken: Iterable[str] 
             continue
         lines2 = list(lines)
         lines2[at] = lines[at].replace(label, new)
-        where = "page"
         args: dict[str, str] = {"steps": walk}
         if kind == "option":
-            field_name = plan[i][2] if plan[i][1] == "select" else ""
-            if not field_name:
-                continue
+            field_name = plan[i][2]
             family, args["field"], args["option"] = "wrongdoc_option", field_name, new
-            reason = f'No "{new}" option for {field_name} on this {where}.'
+            reason = f'No "{new}" option for {field_name} on this page.'
         else:
             family, args["absent"] = "wrongdoc_missing", new
-            reason = f'No "{new}" {_NOUN[kind]} on this {where}.'
+            reason = f'No "{new}" {_NOUN[kind]} on this page.'
         out = {k: v for k, v in task.items() if k not in ("oracle", "success", "engine",
                                                             "parameters")}
         keep_params = {k: v for k, v in (task.get("parameters") or {}).items()

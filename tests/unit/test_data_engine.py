@@ -34,17 +34,17 @@ def test_singular(title: str, noun: str) -> None:
 
 def test_walks_cover_forms_dialogs_details_and_tabs(service: DocsService) -> None:
     found = walks(service.inventories[""])
-    by = {(w.action, w.clicks, w.detail, w.row, w.tab) for w in found}
+    by = {(w.action, w.control, w.detail, w.row, w.tab) for w in found}
     # a toolbar link to a form
-    assert ("Ram:CreateUser", ("Create User",), False, False, "") in by
+    assert ("Ram:CreateUser", "Create User", False, False, "") in by
     # a row's button opening a confirmation
     dialog = [w for w in found if w.action == "Ram:DeleteUser" and w.row]
     assert dialog and dialog[0].confirm == "OK" and dialog[0].noun == "user"
     # the resource's own page first
-    assert ("Ecs:ModifyInstanceAttribute", ("Rename",), True, False, "") in by
+    assert ("Ecs:ModifyInstanceAttribute", "Rename", True, False, "") in by
     # a control on the second of two tabs
-    assert ("Ecs:AuthorizeSecurityGroupEgress", ("Add Rule",), True, False, "Outbound") in by
-    assert ("Ecs:AuthorizeSecurityGroup", ("Add Rule",), True, False, "Inbound") in by
+    assert ("Ecs:AuthorizeSecurityGroupEgress", "Add Rule", True, False, "Outbound") in by
+    assert ("Ecs:AuthorizeSecurityGroup", "Add Rule", True, False, "Inbound") in by
     # a search form causes no API action and is no walk
     assert all(w.action for w in found)
 
