@@ -227,8 +227,8 @@ class Style:
 
 STYLES: tuple[Style, ...] = (
     Style("aliyun",
-          ("Log on to the {console} console.",
-           "In the left-side navigation pane, choose {menu}."),
+          ("Log on to the {console} management console.",
+           "In the navigation pane on the left, choose {menu}."),
           "Find the {noun} and click **{c}** in the **Actions** column.",
           "Find the {noun} and click its ID.",
           "Click **{c}**.", "Click the **{tab}** tab.",
@@ -250,8 +250,8 @@ STYLES: tuple[Style, ...] = (
           "Set **{f}** to `{v}`.", "Choose **{o}** for **{f}**.",
           "When you are done, click **{c}**.", "Confirm by clicking **{c}**."),
     Style("table",
-          ("Log on to the {console} console.",
-           "In the left-side navigation pane, click {menu}."),
+          ("Sign in to the {console} management console.",
+           "In the left navigation pane, click {menu}."),
           "Find the {noun} that you want to manage and click **{c}** in its row.",
           "Click the name of the {noun}.",
           "Click **{c}**.", "Click the **{tab}** tab.",
